@@ -1,0 +1,140 @@
+//! Latency benchmarks: mongotx operations against the raw driver baseline, measured in one run.
+
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+use clap::Parser;
+use mongodb::Client;
+use mongotx::test_server::TestServer;
+use mongotx::{CollectionSpec, Store, Update};
+use serde::{Deserialize, Serialize};
+
+/// Measures per-operation round-trip latency of mongotx and of the raw driver on the same server.
+#[derive(Debug, Parser)]
+#[command(name = "mongotx-bench", version)]
+struct Args {
+    /// Operations per measurement.
+    #[arg(long, default_value_t = 1000)]
+    n: usize,
+    /// Warm-up operations before each measurement (not counted).
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Account {
+    #[serde(rename = "_id")]
+    id: String,
+    owner: String,
+    balance: i64,
+}
+
+/// Latency percentiles of one measurement.
+struct Stats {
+    median: Duration,
+    p90: Duration,
+    p99: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    Stats { median: at(0.5), p90: at(0.9), p99: at(0.99) }
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    if args.n == 0 {
+        return Err("--n must be at least 1".into());
+    }
+    let server = TestServer::start()?;
+    let client = Client::with_uri_str(server.uri()).await?;
+    let db = client.database(&format!("mongotx_bench_{}", bson::oid::ObjectId::new().to_hex()));
+    println!("server: {} at {}; n = {} per operation (after {} warm-up)", server.kind(), server.uri(), args.n, args.warmup);
+
+    let store = Store::new(db.clone());
+    let spec = CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
+    let repo = store.repository::<Account>(spec).await?;
+    let raw = db.collection::<Document>("raw_accounts");
+
+    let total = args.n + args.warmup;
+    let mut results: Vec<(&str, Stats)> = Vec::new();
+
+    // Raw driver baselines: the same document shapes, no stamping, checks or validation.
+    let mut samples = Vec::with_capacity(total);
+    for i in 0..total {
+        let d = doc! { "_id": format!("r{i}"), "owner": "O", "balance": 0_i64, "_schema": 1_i64, "_version": 1_i64 };
+        let t = Instant::now();
+        raw.insert_one(d).await?;
+        samples.push(t.elapsed());
+    }
+    results.push(("driver insert_one", stats(samples.split_off(args.warmup))));
+
+    let mut samples = Vec::with_capacity(total);
+    for i in 0..total {
+        let t = Instant::now();
+        raw.find_one(doc! { "_id": format!("r{i}") }).await?;
+        samples.push(t.elapsed());
+    }
+    results.push(("driver find_one by _id", stats(samples.split_off(args.warmup))));
+
+    let mut samples = Vec::with_capacity(total);
+    for i in 0..total {
+        let t = Instant::now();
+        let r = raw
+            .update_one(
+                doc! { "_id": format!("r{i}"), "_version": 1_i64, "_txn": null, "_deleted": null },
+                doc! { "$set": { "owner": "P", "_version": 2_i64 } },
+            )
+            .await?;
+        samples.push(t.elapsed());
+        if r.matched_count != 1 {
+            return Err("raw conditional update matched nothing".into());
+        }
+    }
+    results.push(("driver conditional update_one", stats(samples.split_off(args.warmup))));
+
+    // mongotx repository operations.
+    let mut samples = Vec::with_capacity(total);
+    for i in 0..total {
+        let a = Account { id: format!("m{i}"), owner: "O".into(), balance: 0 };
+        let t = Instant::now();
+        repo.insert(&a).await?;
+        samples.push(t.elapsed());
+    }
+    results.push(("mongotx insert", stats(samples.split_off(args.warmup))));
+
+    let mut samples = Vec::with_capacity(total);
+    for i in 0..total {
+        let t = Instant::now();
+        repo.get(format!("m{i}")).await?;
+        samples.push(t.elapsed());
+    }
+    results.push(("mongotx get", stats(samples.split_off(args.warmup))));
+
+    let mut samples = Vec::with_capacity(total);
+    let update = Update::new().set("owner", "P");
+    for i in 0..total {
+        let t = Instant::now();
+        repo.update(format!("m{i}"), 1, &update).await?;
+        samples.push(t.elapsed());
+    }
+    results.push(("mongotx update (conditional)", stats(samples.split_off(args.warmup))));
+
+    println!("\n{:<32} {:>12} {:>12} {:>12}", "operation", "median µs", "p90 µs", "p99 µs");
+    for (name, s) in &results {
+        println!("{:<32} {:>12.1} {:>12.1} {:>12.1}", name, micros(s.median), micros(s.p90), micros(s.p99));
+    }
+    println!("\nmedian ratio mongotx / driver (same run):");
+    for (ours, theirs) in [(3, 0), (4, 1), (5, 2)] {
+        let ratio = results[ours].1.median.as_secs_f64() / results[theirs].1.median.as_secs_f64();
+        println!("  {:<30} {:>6.2}x  (vs {})", results[ours].0, ratio, results[theirs].0);
+    }
+    db.drop().await?;
+    Ok(())
+}

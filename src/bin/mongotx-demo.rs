@@ -1,0 +1,290 @@
+//! A guided tour of mongotx's features against a real server.
+//!
+//! Uses `MONGODB_URI` when set, otherwise starts the local test server from `tools/`. Every step
+//! prints what happens and checks that it happened; any surprise exits non-zero.
+
+use std::error::Error;
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Document};
+use clap::Parser;
+use mongodb::Client;
+use mongotx::test_server::TestServer;
+use mongotx::{
+    fields, Adjust, CollectionSpec, LockWait, Query, RepoError, Repository, Store, Update,
+};
+use serde::{Deserialize, Serialize};
+
+/// Walks through every mongotx feature, printing what happens.
+#[derive(Debug, Parser)]
+#[command(name = "mongotx-demo", version)]
+struct Args {
+    /// Database to use (a fresh uniquely named one by default, dropped at the end).
+    #[arg(long)]
+    db: Option<String>,
+    /// Keep the database after the tour.
+    #[arg(long)]
+    keep: bool,
+}
+
+type DemoResult<T = ()> = Result<T, Box<dyn Error>>;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Account {
+    #[serde(rename = "_id")]
+    id: String,
+    owner: String,
+    balance: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Profile {
+    #[serde(rename = "_id")]
+    id: String,
+    given_name: String,
+    family_name: String,
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let args = Args::parse();
+    if let Err(error) = run(args).await {
+        eprintln!("\nDEMO FAILED: {error}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> DemoResult {
+    let server = TestServer::start()?;
+    println!("== mongotx demo ==");
+    println!("server: {} at {}", server.kind(), server.uri());
+
+    let client = Client::with_uri_str(server.uri()).await?;
+    let db_name = args
+        .db
+        .clone()
+        .unwrap_or_else(|| format!("mongotx_demo_{}", ObjectId::new().to_hex()));
+    let db = client.database(&db_name);
+    println!("database: {db_name}\n");
+
+    let caps = mongotx::probe(&db).await?;
+    step("Server probe");
+    println!(
+        "  duplicate _id rejected, {} concurrent compare-and-set increments lost nothing ({} retries), find-and-modify returns the new document",
+        caps.contention_tasks, caps.contention_retries
+    );
+    println!(
+        "  server version {}, server-side $jsonSchema validation: {}",
+        caps.version.as_deref().unwrap_or("unknown"),
+        if caps.json_schema_validation { "enforced" } else { "not enforced (validated on the client)" }
+    );
+
+    let store = Store::builder(db.clone())
+        .lock_wait(LockWait {
+            max_wait: Duration::from_millis(300),
+            ..LockWait::default()
+        })
+        .build();
+    let accounts_spec =
+        CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
+    let accounts: Repository<Account> = store.repository(accounts_spec).await?;
+
+    tour_basics(&accounts).await?;
+    tour_conflict(&accounts).await?;
+    tour_delete(&accounts).await?;
+    tour_upgrade(&store, &db).await?;
+    tour_bad_input(&accounts, &db).await?;
+    tour_locked(&accounts, &db).await?;
+
+    if !args.keep {
+        db.drop().await?;
+    }
+    println!("\nAll steps behaved as described.");
+    Ok(())
+}
+
+fn step(title: &str) {
+    println!("\n-- {title}");
+}
+
+fn expect(condition: bool, what: &str) -> DemoResult {
+    if condition {
+        Ok(())
+    } else {
+        Err(format!("expected {what}").into())
+    }
+}
+
+async fn tour_basics(accounts: &Repository<Account>) -> DemoResult {
+    step("Insert and read stamped documents");
+    for (id, owner, balance) in [("alice", "Alice", 100), ("bob", "Bob", 50)] {
+        let account = Account { id: id.into(), owner: owner.into(), balance, note: None };
+        accounts.insert(&account).await?;
+    }
+    let alice = accounts.get("alice").await?;
+    println!(
+        "  inserted alice and bob; get(alice) -> owner {:?}, balance {}, version {}",
+        alice.owner, alice.balance, alice.version
+    );
+    expect(alice.version == 1, "version 1 after insert")?;
+
+    let version = accounts.adjust("alice", 1, &Adjust::new().by("balance", 25_i64)).await?;
+    let alice = accounts.get("alice").await?;
+    println!("  adjust(alice, balance += 25) -> balance {}, version {version}", alice.balance);
+    expect(alice.balance == 125 && version == 2, "balance 125 at version 2")?;
+
+    let rich = accounts
+        .find(Query::new().filter(doc! { "balance": { "$gt": 60_i64 } }).sort(doc! { "_id": 1 }))
+        .await?;
+    let ids: Vec<&str> = rich.iter().map(|a| a.id.as_str()).collect();
+    println!("  find(balance > 60) -> {ids:?}");
+    expect(ids == ["alice"], "only alice above 60")
+}
+
+async fn tour_conflict(accounts: &Repository<Account>) -> DemoResult {
+    step("Two concurrent updates of the same version: one wins, one gets VersionConflict");
+    let read = accounts.get("alice").await?;
+    println!("  both writers read alice at version {}", read.version);
+    let first = accounts.update("alice", read.version, &Update::new().set("owner", "Alice A."));
+    let second = accounts.update("alice", read.version, &Update::new().set("note", "VIP"));
+    let (a, b) = tokio::join!(first, second);
+    let (winner, loser) = match (&a, &b) {
+        (Ok(_), Err(_)) => ("owner -> \"Alice A.\"", &b),
+        (Err(_), Ok(_)) => ("note -> \"VIP\"", &a),
+        _ => return Err(format!("expected exactly one winner, got {a:?} and {b:?}").into()),
+    };
+    println!("  winner: {winner}");
+    match loser {
+        Err(error @ RepoError::VersionConflict { expected, actual, .. }) => {
+            println!("  loser: {error}");
+            expect(actual == &(expected + 1), "actual = expected + 1")?;
+        }
+        other => return Err(format!("expected VersionConflict, got {other:?}").into()),
+    }
+    let reread = accounts.get("alice").await?;
+    let retry = if reread.owner == "Alice A." {
+        Update::new().set("note", "VIP")
+    } else {
+        Update::new().set("owner", "Alice A.")
+    };
+    let version = accounts.update("alice", reread.version, &retry).await?;
+    let alice = accounts.get("alice").await?;
+    println!(
+        "  the loser re-reads (version {}) and retries -> version {version}: owner {:?}, note {:?}",
+        reread.version, alice.owner, alice.note
+    );
+    expect(alice.owner == "Alice A." && alice.note.as_deref() == Some("VIP"), "both changes kept")
+}
+
+async fn tour_delete(accounts: &Repository<Account>) -> DemoResult {
+    step("Soft delete: Deleted is not NotFound");
+    let bob = accounts.get("bob").await?;
+    let version = accounts.delete("bob", bob.version).await?;
+    println!("  delete(bob) -> tombstone at version {version}");
+    match accounts.get("bob").await {
+        Err(error @ RepoError::Deleted { .. }) => println!("  get(bob)   -> {error}"),
+        other => return Err(format!("expected Deleted, got {other:?}").into()),
+    }
+    match accounts.get("carol").await {
+        Err(error @ RepoError::NotFound { .. }) => println!("  get(carol) -> {error}"),
+        other => return Err(format!("expected NotFound, got {other:?}").into()),
+    }
+    match accounts.update("bob", version, &Update::new().set("owner", "Zombie")).await {
+        Err(error @ RepoError::Deleted { .. }) => println!("  update(bob) -> {error}"),
+        other => return Err(format!("expected Deleted, got {other:?}").into()),
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let purged = accounts.purge_tombstones(Duration::ZERO).await?;
+    let after = accounts.get("bob").await;
+    println!(
+        "  purge_tombstones(retention 0) removed {purged}; get(bob) -> {}",
+        after.as_ref().err().map(ToString::to_string).unwrap_or_default()
+    );
+    expect(matches!(after, Err(RepoError::NotFound { .. })), "NotFound after purge")
+}
+
+async fn tour_upgrade(store: &Store, db: &mongodb::Database) -> DemoResult {
+    step("Schema upgrade on read");
+    // A profile written by an older release, in schema version 1: one `name` field.
+    db.collection::<Document>("profiles")
+        .insert_one(doc! {
+            "_id": "ada", "name": "Ada Lovelace",
+            fields::SCHEMA_VERSION: 1_i64, fields::VERSION: 1_i64,
+        })
+        .await?;
+    println!("  stored (version 1 shape): {{ _id: \"ada\", name: \"Ada Lovelace\" }}");
+    let spec = CollectionSpec::new("profiles", 2, include_str!("../../schemas/profiles.json"))?
+        .upgrade(1, |mut d: Document| {
+            let name = d.get_str("name").map_err(|e| e.to_string())?.to_string();
+            d.remove("name");
+            let mut words = name.splitn(2, ' ');
+            d.insert("given_name", words.next().unwrap_or_default());
+            d.insert("family_name", words.next().unwrap_or_default());
+            Ok(d)
+        });
+    let profiles: Repository<Profile> = store.repository(spec).await?;
+    let ada = profiles.get("ada").await?;
+    println!(
+        "  get(ada) with code at schema version 2 -> given_name {:?}, family_name {:?} (stored as version {})",
+        ada.given_name, ada.family_name, ada.stored_schema_version
+    );
+    expect(ada.given_name == "Ada" && ada.family_name == "Lovelace", "the split name")?;
+    let version = profiles.update("ada", ada.version, &Update::new().set("family_name", "King")).await?;
+    let stored = db.collection::<Document>("profiles").find_one(doc! { "_id": "ada" }).await?;
+    let stamped = stored.as_ref().and_then(|d| d.get_i64(fields::SCHEMA_VERSION).ok());
+    println!("  update(ada) -> version {version}; the document is now stored in schema version {stamped:?}");
+    expect(stamped == Some(2), "the write to stamp schema version 2")
+}
+
+async fn tour_bad_input(accounts: &Repository<Account>, db: &mongodb::Database) -> DemoResult {
+    step("Bad input gets a typed error and changes nothing");
+    let count = || db.collection::<Document>("accounts").count_documents(doc! {});
+    let before = count().await?;
+    let bad = Account { id: "dora".into(), owner: String::new(), balance: 1, note: None };
+    let results = [
+        accounts.insert(&bad).await.map(|_| 0),
+        accounts.update("alice", 0, &Update::new().set("owner", "x")).await,
+        accounts.update("alice", 4, &Update::new().set("balance", "lots")).await,
+        accounts.adjust("alice", 4, &Adjust::new().by("balance", f64::NAN)).await,
+        accounts.update("alice", 4, &Update::new().set("_version", 9_i64)).await,
+        accounts.get(7).await.map(|_| 0),
+    ];
+    for result in results {
+        match result {
+            Err(error) => println!("  {error}"),
+            Ok(_) => return Err("bad input was accepted".into()),
+        }
+    }
+    expect(count().await? == before, "no document count change")
+}
+
+async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> DemoResult {
+    step("A document held by a transaction makes writers wait, then fail Locked");
+    let txn = ObjectId::new();
+    db.collection::<Document>("accounts")
+        .update_one(doc! { "_id": "alice" }, doc! { "$set": { fields::ACTIVE_TXN: txn } })
+        .await?;
+    let alice = accounts.get("alice").await?;
+    let started = Instant::now();
+    let result = accounts.update("alice", alice.version, &Update::new().set("owner", "x")).await;
+    match result {
+        Err(error @ RepoError::Locked { .. }) => {
+            println!("  after {:?}: {error}", started.elapsed());
+        }
+        other => return Err(format!("expected Locked, got {other:?}").into()),
+    }
+    db.collection::<Document>("accounts")
+        .update_one(doc! { "_id": "alice" }, doc! { "$unset": { fields::ACTIVE_TXN: "" } })
+        .await?;
+    let version = accounts.update("alice", alice.version, &Update::new().set("owner", "Alice")).await?;
+    println!("  once the holder lets go, the same write succeeds -> version {version}");
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! Collection definitions: name, current schema version, upgrade steps and JSON Schema.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use bson::Document;
+use thiserror::Error;
+
+use crate::fields;
+use crate::schema::{BsonType, JsonSchema, SchemaError};
+
+/// One upgrade step: turns a document of schema version `n` into version `n + 1`.
+pub type UpgradeStep = Arc<dyn Fn(Document) -> Result<Document, String> + Send + Sync>;
+
+/// Why a collection definition cannot be used.
+#[derive(Debug, Error)]
+pub enum SpecError {
+    /// The JSON Schema text is not a usable schema.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// The schema does not declare a system field the way mongotx stores it.
+    #[error("collection {collection}: schema must declare system field `{field}` {requirement}")]
+    SystemField {
+        /// Collection name.
+        collection: String,
+        /// The field.
+        field: &'static str,
+        /// What the schema must say about it.
+        requirement: &'static str,
+    },
+    /// The schema version or the upgrade steps are inconsistent.
+    #[error("collection {collection}: {reason}")]
+    Versions {
+        /// Collection name.
+        collection: String,
+        /// What is inconsistent.
+        reason: String,
+    },
+    /// The collection name is not usable.
+    #[error("collection name {name:?} is invalid: {reason}")]
+    Name {
+        /// The name given.
+        name: String,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+}
+
+/// Everything mongotx needs to know about one collection.
+#[derive(Clone)]
+pub struct CollectionSpec {
+    name: String,
+    schema_version: i64,
+    schema: JsonSchema,
+    upgrades: BTreeMap<i64, UpgradeStep>,
+}
+
+impl fmt::Debug for CollectionSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CollectionSpec")
+            .field("name", &self.name)
+            .field("schema_version", &self.schema_version)
+            .field("upgrades_from", &self.upgrades.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl CollectionSpec {
+    /// Defines a collection from its name, current schema version and JSON Schema text.
+    pub fn new(
+        name: impl Into<String>,
+        schema_version: i64,
+        schema_json: &str,
+    ) -> Result<CollectionSpec, SpecError> {
+        let name = name.into();
+        let schema = JsonSchema::parse(&name, schema_json)?;
+        CollectionSpec::with_schema(name, schema_version, schema)
+    }
+
+    /// Defines a collection from an already parsed schema.
+    pub fn with_schema(
+        name: impl Into<String>,
+        schema_version: i64,
+        schema: JsonSchema,
+    ) -> Result<CollectionSpec, SpecError> {
+        let name = name.into();
+        check_name(&name)?;
+        if schema_version < 1 {
+            return Err(SpecError::Versions {
+                collection: name,
+                reason: format!("schema version must be at least 1, got {schema_version}"),
+            });
+        }
+        check_system_fields(&name, &schema)?;
+        Ok(CollectionSpec {
+            name,
+            schema_version,
+            schema,
+            upgrades: BTreeMap::new(),
+        })
+    }
+
+    /// Adds the step that upgrades documents from schema version `from` to `from + 1`.
+    pub fn upgrade(
+        mut self,
+        from: i64,
+        step: impl Fn(Document) -> Result<Document, String> + Send + Sync + 'static,
+    ) -> CollectionSpec {
+        self.upgrades.insert(from, Arc::new(step));
+        self
+    }
+
+    /// The collection name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The schema version new writes are stamped with.
+    pub fn schema_version(&self) -> i64 {
+        self.schema_version
+    }
+
+    /// The collection's JSON Schema.
+    pub fn schema(&self) -> &JsonSchema {
+        &self.schema
+    }
+
+    /// Checks that every older version has an upgrade step and no step targets a future version.
+    pub fn check_upgrades(&self) -> Result<(), SpecError> {
+        for from in 1..self.schema_version {
+            if !self.upgrades.contains_key(&from) {
+                return Err(SpecError::Versions {
+                    collection: self.name.clone(),
+                    reason: format!(
+                        "schema version is {} but there is no upgrade step from version {from}",
+                        self.schema_version
+                    ),
+                });
+            }
+        }
+        if let Some((&from, _)) = self
+            .upgrades
+            .iter()
+            .find(|(&from, _)| from < 1 || from >= self.schema_version)
+        {
+            return Err(SpecError::Versions {
+                collection: self.name.clone(),
+                reason: format!(
+                    "upgrade step from version {from} does not lead to a version between 2 and {}",
+                    self.schema_version
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs the upgrade steps from `from` to the current version; `Err` carries the failing version.
+    pub(crate) fn upgrade_document(
+        &self,
+        mut doc: Document,
+        from: i64,
+    ) -> Result<Document, (i64, String)> {
+        for version in from..self.schema_version {
+            let step = self
+                .upgrades
+                .get(&version)
+                .ok_or_else(|| (version, "no upgrade step is defined".to_string()))?;
+            doc = step(doc).map_err(|reason| (version, reason))?;
+            if fields::ALL.iter().any(|f| doc.contains_key(*f)) {
+                return Err((version, "the step set a system field".to_string()));
+            }
+        }
+        Ok(doc)
+    }
+}
+
+fn check_name(name: &str) -> Result<(), SpecError> {
+    let reason = if name.is_empty() {
+        Some("it is empty")
+    } else if name.starts_with("system.") {
+        Some("the system. prefix is reserved by MongoDB")
+    } else if name.contains('$') || name.contains('\0') {
+        Some("it contains '$' or a NUL character")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(SpecError::Name {
+            name: name.to_string(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn check_system_fields(collection: &str, schema: &JsonSchema) -> Result<(), SpecError> {
+    let expect = |field: &'static str, ty: BsonType, required: bool, requirement: &'static str| {
+        let typed = schema
+            .allowed_types(field)
+            .is_some_and(|types| types.contains(&ty));
+        let is_required = schema.validate_unset(field).is_err();
+        if typed && is_required == required {
+            Ok(())
+        } else {
+            Err(SpecError::SystemField {
+                collection: collection.to_string(),
+                field,
+                requirement,
+            })
+        }
+    };
+    if schema.allowed_types("_id").is_none() || schema.validate_unset("_id").is_ok() {
+        return Err(SpecError::SystemField {
+            collection: collection.to_string(),
+            field: "_id",
+            requirement: "as a required property with a bsonType",
+        });
+    }
+    expect(
+        fields::SCHEMA_VERSION,
+        BsonType::Long,
+        true,
+        "as a required property of bsonType long",
+    )?;
+    expect(
+        fields::VERSION,
+        BsonType::Long,
+        true,
+        "as a required property of bsonType long",
+    )?;
+    expect(
+        fields::ACTIVE_TXN,
+        BsonType::ObjectId,
+        false,
+        "as an optional property of bsonType objectId",
+    )?;
+    expect(
+        fields::DELETED,
+        BsonType::Date,
+        false,
+        "as an optional property of bsonType date",
+    )?;
+    expect(
+        fields::DELETING,
+        BsonType::Bool,
+        false,
+        "as an optional property of bsonType bool",
+    )?;
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! The error type of the repository surface.
+
+use std::time::Duration;
+
+use bson::Bson;
+use thiserror::Error;
+
+use crate::collection::SpecError;
+
+/// Boxed error produced by a [`HoldResolver`](crate::hold::HoldResolver).
+pub type HoldError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything a repository call can fail with; each message names the collection and the id.
+#[derive(Debug, Error)]
+pub enum RepoError {
+    /// No document has this id: it never existed or its tombstone was purged.
+    #[error("{collection}/{id}: not found")]
+    NotFound {
+        /// Collection name.
+        collection: String,
+        /// The id asked for.
+        id: String,
+    },
+    /// The document is a tombstone.
+    #[error("{collection}/{id}: deleted (tombstone at version {version})")]
+    Deleted {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The tombstone's version.
+        version: i64,
+    },
+    /// The document changed since the caller read it.
+    #[error("{collection}/{id}: version conflict: expected version {expected}, found {actual}")]
+    VersionConflict {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The version the caller named.
+        expected: i64,
+        /// The version stored now.
+        actual: i64,
+    },
+    /// A transaction held the document for longer than the writer was willing to wait.
+    #[error("{collection}/{id}: locked by transaction {} (waited {waited:?})", holder.as_ref().map(Bson::to_string).unwrap_or_else(|| "(several in turn)".into()))]
+    Locked {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The ActiveTransaction last seen holding it.
+        holder: Option<Bson>,
+        /// How long the writer waited.
+        waited: Duration,
+    },
+    /// An insert named an id that is already taken (by a live document or a tombstone).
+    #[error("{collection}/{id}: duplicate id")]
+    DuplicateId {
+        /// Collection name.
+        collection: String,
+        /// The duplicated id.
+        id: String,
+    },
+    /// The stored document has a schema version newer than this code understands.
+    #[error("{collection}/{id}: stored schema version {found} is newer than the supported version {supported}; the document is left untouched")]
+    SchemaTooNew {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The stored schema version.
+        found: i64,
+        /// The newest version the code knows.
+        supported: i64,
+    },
+    /// Upgrading a stored document to the current schema version failed.
+    #[error("{collection}/{id}: upgrade from schema version {from} failed: {reason}")]
+    Upgrade {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The schema version the failing step started from.
+        from: i64,
+        /// What the step reported.
+        reason: String,
+    },
+    /// The document or change does not satisfy the collection's schema.
+    #[error("{collection}/{id}: invalid field `{field}`: {reason}")]
+    Invalid {
+        /// Collection name.
+        collection: String,
+        /// The document id, or "(new)" before one is known.
+        id: String,
+        /// Dotted path of the offending field.
+        field: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The caller tried to set a system field, which only mongotx writes.
+    #[error("{collection}/{id}: field `{field}` is a system field and cannot be set by callers")]
+    SystemField {
+        /// Collection name.
+        collection: String,
+        /// The document id, or "(new)".
+        id: String,
+        /// The system field named.
+        field: String,
+    },
+    /// An expected version that no document can have (versions start at 1).
+    #[error("{collection}/{id}: expected version {version} is invalid (versions start at 1)")]
+    InvalidVersion {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The version given.
+        version: i64,
+    },
+    /// An id whose BSON type the collection's schema does not allow.
+    #[error("{collection}: id {id} has type {found}, but the schema allows {expected}")]
+    InvalidId {
+        /// Collection name.
+        collection: String,
+        /// The id given.
+        id: String,
+        /// Its BSON type.
+        found: String,
+        /// The types the schema allows.
+        expected: String,
+    },
+    /// An increment that is not a finite number of a supported type.
+    #[error("{collection}/{id}: increment of `{field}` by {amount} is invalid: {reason}")]
+    InvalidIncrement {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The field to increment.
+        field: String,
+        /// The amount given.
+        amount: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// An update or adjust with nothing in it.
+    #[error("{collection}/{id}: the change is empty")]
+    EmptyChange {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+    },
+    /// A stored document lacks valid system fields (it was not written by mongotx).
+    #[error("{collection}/{id}: stored document is not a mongotx document: {reason}")]
+    Malformed {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The caller's value could not be serialized to a BSON document.
+    #[error("{collection}: value cannot be stored: {reason}")]
+    Encode {
+        /// Collection name.
+        collection: String,
+        /// Serializer message.
+        reason: String,
+    },
+    /// A stored document could not be deserialized into the caller's type.
+    #[error("{collection}/{id}: stored document does not fit the Rust type: {source}")]
+    Decode {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The deserializer error.
+        #[source]
+        source: bson::de::Error,
+    },
+    /// The collection definition is unusable.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The transaction layer failed while resolving a document's holder.
+    #[error("{collection}/{id}: resolving holder transaction {holder} failed: {source}")]
+    Hold {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The holding transaction.
+        holder: Bson,
+        /// What went wrong.
+        #[source]
+        source: HoldError,
+    },
+    /// The server or the connection failed.
+    #[error("{collection}/{id}: {operation} failed: {source}")]
+    Database {
+        /// Collection name.
+        collection: String,
+        /// The document id, or "*" for multi-document operations.
+        id: String,
+        /// The operation attempted.
+        operation: &'static str,
+        /// The driver error.
+        #[source]
+        source: mongodb::error::Error,
+    },
+}
+
+impl RepoError {
+    /// Whether retrying the same call (after re-reading, for version conflicts) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            RepoError::VersionConflict { .. } | RepoError::Locked { .. }
+        ) || matches!(self, RepoError::Database { source, .. } if is_transient(source))
+    }
+}
+
+fn is_transient(error: &mongodb::error::Error) -> bool {
+    matches!(
+        error.kind.as_ref(),
+        mongodb::error::ErrorKind::Io(_) | mongodb::error::ErrorKind::ConnectionPoolCleared { .. }
+    ) || error.contains_label(mongodb::error::RETRYABLE_WRITE_ERROR)
+        || error.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR)
+}
+
+/// Renders an id for error messages: strings quoted, other values as extended JSON-ish text.
+pub fn show_id(id: &Bson) -> String {
+    match id {
+        Bson::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}

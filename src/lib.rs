@@ -1,0 +1,30 @@
+//! mongotx: all-or-nothing multi-document changes, optimistic locking and soft deletes on
+//! MongoDB, built only on single-document atomic operations.
+//!
+//! Layers, bottom up:
+//! - [`store`] and [`repository`]: typed collections of stamped documents (system [`fields`],
+//!   versions, tombstones, schema versions and [`schema`] validation);
+//! - [`hold`]: the seam where the transaction layer tells the repository what a held document means;
+//! - [`probe`], [`local_server`] and [`test_server`]: checking a server's guarantees and providing one
+//!   for tests and the demo.
+
+pub mod changes;
+pub mod collection;
+pub mod error;
+pub mod fields;
+pub mod hold;
+pub mod local_server;
+pub mod probe;
+pub mod repository;
+pub mod schema;
+pub mod store;
+pub mod test_server;
+
+pub use changes::{Adjust, Update};
+pub use collection::{CollectionSpec, SpecError};
+pub use error::RepoError;
+pub use hold::{CommittedView, HoldResolver, LockWait, NoTransactions};
+pub use probe::{probe, ProbeError, ServerCapabilities};
+pub use repository::{Query, Repository, Stamped, FIRST_VERSION};
+pub use schema::{BsonType, JsonSchema, SchemaError, Violation};
+pub use store::{ServerValidation, Store, StoreBuilder};

@@ -1,0 +1,205 @@
+//! Shared integration-test harness: one server per test binary, one database per test.
+//!
+//! The server comes from `mongotx::test_server` (MONGODB_URI, Docker with the `docker` feature,
+//! or the local mongo-java-server). It is probed once per binary; a server that fails the probe,
+//! or no server at all, fails every test with a message saying how to provide one.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use bson::oid::ObjectId;
+use mongodb::{Client, Database};
+use mongotx::test_server::TestServer;
+use mongotx::{CollectionSpec, ServerCapabilities, Store};
+use serde::{Deserialize, Serialize};
+
+static SERVER: OnceLock<Result<TestServer, String>> = OnceLock::new();
+static PROBED: tokio::sync::OnceCell<Result<ServerCapabilities, String>> =
+    tokio::sync::OnceCell::const_new();
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// The server's connection string; panics (failing the test) when no server can be provided.
+pub fn server_uri() -> String {
+    let server = SERVER.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        TestServer::start().map_err(|e| e.to_string())
+    });
+    match server {
+        Ok(server) => server.uri().to_string(),
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// A new client on the test server (each test runtime needs its own).
+pub async fn client() -> Client {
+    Client::with_uri_str(server_uri())
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"))
+}
+
+/// The server's capabilities, probed once per test binary; panics if the server is refused.
+pub async fn capabilities() -> ServerCapabilities {
+    let probed = PROBED
+        .get_or_init(|| async {
+            let client = client().await;
+            let db = client.database(&format!("mongotx_probe_{}", ObjectId::new().to_hex()));
+            let result = mongotx::probe(&db).await.map_err(|e| e.to_string());
+            let _ = db.drop().await;
+            result
+        })
+        .await;
+    match probed {
+        Ok(caps) => caps.clone(),
+        Err(message) => panic!("the test server was refused by the probe: {message}"),
+    }
+}
+
+/// A database of its own for one test; dropped when the guard goes out of scope.
+pub struct TestDb {
+    pub client: Client,
+    pub db: Database,
+    pub store: Store,
+}
+
+impl TestDb {
+    /// A fresh, uniquely named database on a probed server.
+    pub async fn new() -> TestDb {
+        capabilities().await;
+        let client = client().await;
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("mongotx_test_{}_{n}", &ObjectId::new().to_hex()[..16]);
+        let db = client.database(&name);
+        let store = Store::new(db.clone());
+        TestDb { client, db, store }
+    }
+
+    /// Another client on the same database (for many-clients concurrency).
+    pub async fn other_client_db(&self) -> Database {
+        client().await.database(self.db.name())
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // A failing test keeps its database for inspection; a passing one cleans up. The drop
+        // runs on a thread with its own runtime and client, because the test's runtime may be
+        // blocked right here.
+        if std::thread::panicking() {
+            return;
+        }
+        let name = self.db.name().to_string();
+        let uri = server_uri();
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(client) = Client::with_uri_str(uri).await {
+                    let _ = client.database(&name).drop().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The accounts collection definition from `schemas/accounts.json`.
+pub fn accounts_spec() -> CollectionSpec {
+    CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))
+        .unwrap_or_else(|e| panic!("schemas/accounts.json: {e}"))
+}
+
+/// The notes collection definition from `schemas/notes.json`.
+pub fn notes_spec() -> CollectionSpec {
+    CollectionSpec::new("notes", 1, include_str!("../../schemas/notes.json"))
+        .unwrap_or_else(|e| panic!("schemas/notes.json: {e}"))
+}
+
+/// The profiles collection at schema version 2, with the upgrade from version 1.
+pub fn profiles_spec() -> CollectionSpec {
+    CollectionSpec::new("profiles", 2, include_str!("../../schemas/profiles.json"))
+        .unwrap_or_else(|e| panic!("schemas/profiles.json: {e}"))
+        .upgrade(1, split_name)
+}
+
+/// Upgrade step 1 → 2 of profiles: `name` becomes `given_name` + `family_name`.
+pub fn split_name(mut doc: bson::Document) -> Result<bson::Document, String> {
+    let name = match doc.remove("name") {
+        Some(bson::Bson::String(name)) => name,
+        _ => return Err("version 1 profile has no string `name`".to_string()),
+    };
+    let (given, family) = match name.split_once(' ') {
+        Some((given, family)) => (given.to_string(), family.to_string()),
+        None => (name.clone(), String::new()),
+    };
+    doc.insert("given_name", given);
+    doc.insert("family_name", family);
+    Ok(doc)
+}
+
+/// An account as the application sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Account {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner: String,
+    pub balance: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Account {
+    /// An account with no currency and no note.
+    pub fn new(id: &str, owner: &str, balance: i64) -> Account {
+        Account {
+            id: id.to_string(),
+            owner: owner.to_string(),
+            balance,
+            currency: None,
+            note: None,
+        }
+    }
+}
+
+/// A profile in the current (version 2) shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub given_name: String,
+    pub family_name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+}
+
+/// A note with a generated ObjectId.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Note {
+    #[serde(rename = "_id", skip_serializing_if = "Option::is_none")]
+    pub id: Option<ObjectId>,
+    pub text: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// Every document of a collection exactly as stored (system fields included), sorted by `_id`.
+pub async fn raw_snapshot(db: &Database, collection: &str) -> Vec<bson::Document> {
+    use futures::TryStreamExt;
+    db.collection::<bson::Document>(collection)
+        .find(bson::doc! {})
+        .sort(bson::doc! { "_id": 1 })
+        .await
+        .unwrap_or_else(|e| panic!("snapshot of {collection}: {e}"))
+        .try_collect()
+        .await
+        .unwrap_or_else(|e| panic!("snapshot of {collection}: {e}"))
+}

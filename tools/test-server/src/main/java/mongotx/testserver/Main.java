@@ -1,0 +1,73 @@
+package mongotx.testserver;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.net.InetSocketAddress;
+import java.util.List;
+
+import de.bwaldvogel.mongo.MongoServer;
+import de.bwaldvogel.mongo.MongoVersion;
+import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
+
+/**
+ * Starts mongo-java-server (in-memory backend) on a loopback port for the mongotx test suite.
+ *
+ * <p>Usage: {@code java -jar mongotx-test-server.jar [--host 127.0.0.1] [--port 0]}. Port 0 picks a
+ * free port. Once listening it prints one line {@code MONGOTX_TEST_SERVER_PORT=<port>} to stdout.
+ * It shuts down when stdin reaches end-of-file, so a parent process that dies (or simply closes
+ * the pipe) never leaves a server behind, and also on SIGINT/SIGTERM.
+ */
+public final class Main {
+
+    /**
+     * The Rust driver 3.x refuses servers whose maximum wire version is below 9 (MongoDB 4.4),
+     * while mongo-java-server's newest built-in version reports 8. The server implements the
+     * OP_MSG commands the driver uses, so it announces 4.4 / wire 9.
+     */
+    private static final MongoVersion ANNOUNCED_VERSION = new MongoVersion() {
+        @Override
+        public List<Integer> getVersionArray() {
+            return List.of(4, 4, 0);
+        }
+
+        @Override
+        public int getWireVersion() {
+            return 9;
+        }
+    };
+
+    private Main() {
+    }
+
+    public static void main(String[] args) throws IOException {
+        String host = "127.0.0.1";
+        int port = 0;
+        for (int i = 0; i < args.length; i++) {
+            switch (args[i]) {
+                case "--host" -> host = args[++i];
+                case "--port" -> port = Integer.parseInt(args[++i]);
+                default -> {
+                    System.err.println("unknown argument: " + args[i]);
+                    System.exit(2);
+                }
+            }
+        }
+
+        MemoryBackend backend = new MemoryBackend();
+        backend.version(ANNOUNCED_VERSION);
+        MongoServer server = new MongoServer(backend);
+        server.bind(host, port);
+        InetSocketAddress address = server.getLocalAddress();
+        Runtime.getRuntime().addShutdownHook(new Thread(server::shutdownNow));
+        System.out.println("MONGOTX_TEST_SERVER_PORT=" + address.getPort());
+        System.out.flush();
+
+        InputStream in = System.in;
+        byte[] buffer = new byte[256];
+        while (in.read(buffer) >= 0) {
+            // Input is ignored; only end-of-file matters.
+        }
+        server.shutdownNow();
+        System.exit(0);
+    }
+}
