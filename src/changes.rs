@@ -105,7 +105,10 @@ pub(crate) fn path_problem(path: &str) -> Option<&'static str> {
     if path.split('.').any(|c| c.starts_with('$')) {
         return Some("path components cannot start with '$'");
     }
-    if path.split('.').any(|c| c.bytes().all(|b| b.is_ascii_digit())) {
+    if path
+        .split('.')
+        .any(|c| c.bytes().all(|b| b.is_ascii_digit()))
+    {
         return Some("array positions cannot be addressed");
     }
     if path.contains('\0') {
@@ -273,9 +276,15 @@ mod tests {
 
     #[test]
     fn addition_promotes_like_mongodb() {
-        assert_eq!(add(&Bson::Int32(i32::MAX), &Bson::Int32(1)), Some(Bson::Int64(i64::from(i32::MAX) + 1)));
+        assert_eq!(
+            add(&Bson::Int32(i32::MAX), &Bson::Int32(1)),
+            Some(Bson::Int64(i64::from(i32::MAX) + 1))
+        );
         assert_eq!(add(&Bson::Int64(1), &Bson::Int32(1)), Some(Bson::Int64(2)));
-        assert_eq!(add(&Bson::Int64(1), &Bson::Double(0.5)), Some(Bson::Double(1.5)));
+        assert_eq!(
+            add(&Bson::Int64(1), &Bson::Double(0.5)),
+            Some(Bson::Double(1.5))
+        );
         assert_eq!(add(&Bson::Int64(i64::MAX), &Bson::Int64(1)), None);
         assert_eq!(add(&Bson::String("a".into()), &Bson::Int32(1)), None);
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use bson::Bson;
+use bson::{oid::ObjectId, Bson};
 use thiserror::Error;
 
 use crate::collection::SpecError;
@@ -44,14 +44,14 @@ pub enum RepoError {
         actual: i64,
     },
     /// A transaction held the document for longer than the writer was willing to wait.
-    #[error("{collection}/{id}: locked by transaction {} (waited {waited:?})", holder.as_ref().map(Bson::to_string).unwrap_or_else(|| "(several in turn)".into()))]
+    #[error("{collection}/{id}: locked by transaction {} (waited {waited:?})", holder.map(|h| h.to_hex()).unwrap_or_else(|| "(several in turn)".into()))]
     Locked {
         /// Collection name.
         collection: String,
         /// The document id.
         id: String,
         /// The ActiveTransaction last seen holding it.
-        holder: Option<Bson>,
+        holder: Option<ObjectId>,
         /// How long the writer waited.
         waited: Duration,
     },
@@ -193,7 +193,7 @@ pub enum RepoError {
         /// The document id.
         id: String,
         /// The holding transaction.
-        holder: Bson,
+        holder: ObjectId,
         /// What went wrong.
         #[source]
         source: HoldError,
@@ -207,9 +207,9 @@ pub enum RepoError {
         id: String,
         /// The operation attempted.
         operation: &'static str,
-        /// The driver error.
+        /// The driver error (boxed: it is large and rare).
         #[source]
-        source: mongodb::error::Error,
+        source: Box<mongodb::error::Error>,
     },
 }
 

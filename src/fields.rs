@@ -4,7 +4,7 @@
 //! (and `_id` is already MongoDB's convention for engine-owned fields). They are part of the
 //! on-disk format: changing one is a schema migration, not a refactor.
 
-use bson::{Bson, Document};
+use bson::{oid::ObjectId, Bson, Document};
 
 /// Stored name of the schema version: which shape of the document this is (`long`).
 pub const SCHEMA_VERSION: &str = "_schema";
@@ -34,7 +34,7 @@ pub struct SystemFields {
     /// Current document version.
     pub version: i64,
     /// The ActiveTransaction holding the document, if any.
-    pub active_txn: Option<Bson>,
+    pub active_txn: Option<ObjectId>,
     /// When the document was deleted, if it is a tombstone.
     pub deleted_at: Option<bson::DateTime>,
     /// Whether a deleting transaction is in flight.
@@ -48,7 +48,13 @@ impl SystemFields {
         let version = read_integer(doc, VERSION)?;
         let active_txn = match doc.get(ACTIVE_TXN) {
             None | Some(Bson::Null) => None,
-            Some(other) => Some(other.clone()),
+            Some(Bson::ObjectId(txn)) => Some(*txn),
+            Some(other) => {
+                return Err(format!(
+                    "system field `{ACTIVE_TXN}` must be an objectId, found {}",
+                    crate::schema::BsonType::of(other)
+                ))
+            }
         };
         let deleted_at = match doc.get(DELETED) {
             None | Some(Bson::Null) => None,
@@ -56,7 +62,7 @@ impl SystemFields {
             Some(other) => {
                 return Err(format!(
                     "system field `{DELETED}` must be a date, found {}",
-                    other.element_type() as u8
+                    crate::schema::BsonType::of(other)
                 ))
             }
         };

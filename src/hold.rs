@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::{Bson, Document};
+use bson::{oid::ObjectId, Bson, Document};
 use mongodb::Database;
 use rand::Rng;
 
@@ -34,7 +34,7 @@ pub trait HoldResolver: Send + Sync + 'static {
         db: &Database,
         collection: &str,
         stored: &Document,
-        holder: &Bson,
+        holder: &ObjectId,
     ) -> Result<CommittedView, HoldError>;
 
     /// Resolves `holder` if it has expired; `Ok(true)` means the document may have been freed.
@@ -43,7 +43,7 @@ pub trait HoldResolver: Send + Sync + 'static {
         db: &Database,
         collection: &str,
         id: &Bson,
-        holder: &Bson,
+        holder: &ObjectId,
     ) -> Result<bool, HoldError>;
 }
 
@@ -59,7 +59,7 @@ impl HoldResolver for NoTransactions {
         _db: &Database,
         _collection: &str,
         _stored: &Document,
-        _holder: &Bson,
+        _holder: &ObjectId,
     ) -> Result<CommittedView, HoldError> {
         Ok(CommittedView::Stored)
     }
@@ -69,7 +69,7 @@ impl HoldResolver for NoTransactions {
         _db: &Database,
         _collection: &str,
         _id: &Bson,
-        _holder: &Bson,
+        _holder: &ObjectId,
     ) -> Result<bool, HoldError> {
         Ok(false)
     }

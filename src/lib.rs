@@ -24,7 +24,7 @@ pub use changes::{Adjust, Update};
 pub use collection::{CollectionSpec, SpecError};
 pub use error::RepoError;
 pub use hold::{CommittedView, HoldResolver, LockWait, NoTransactions};
-pub use probe::{probe, ProbeError, ServerCapabilities};
+pub use probe::{probe, probe_with, ProbeError, ServerCapabilities};
 pub use repository::{Query, Repository, Stamped, FIRST_VERSION};
 pub use schema::{BsonType, JsonSchema, SchemaError, Violation};
 pub use store::{ServerValidation, Store, StoreBuilder};

@@ -181,7 +181,11 @@ impl Drop for LocalServer {
     }
 }
 
-fn startup_failure(child: &mut Child, stderr_tail: &Mutex<String>, reason: String) -> LocalServerError {
+fn startup_failure(
+    child: &mut Child,
+    stderr_tail: &Mutex<String>,
+    reason: String,
+) -> LocalServerError {
     let _ = child.kill();
     let _ = child.wait();
     // Give the stderr thread a moment to collect the JVM's last words.

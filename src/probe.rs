@@ -260,4 +260,3 @@ pub(crate) fn error_code(error: &mongodb::error::Error) -> Option<i32> {
         _ => None,
     }
 }
-

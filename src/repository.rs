@@ -130,7 +130,7 @@ enum Change<'a> {
 /// What a failed conditional write should do next, after looking at the document.
 enum Next {
     Retry,
-    Wait(Bson),
+    Wait(ObjectId),
     Fail(RepoError),
     Upgrade(Document, i64),
 }
@@ -320,7 +320,10 @@ where
                     &shown,
                     Violation {
                         field: "_id".into(),
-                        reason: format!("the value's _id {} differs from the id written", show_id(own)),
+                        reason: format!(
+                            "the value's _id {} differs from the id written",
+                            show_id(own)
+                        ),
                     },
                 ))
             }
@@ -332,7 +335,11 @@ where
     }
 
     /// Deletes the document at `expected_version`, leaving a tombstone; returns its version.
-    pub async fn delete(&self, id: impl Into<Bson>, expected_version: i64) -> Result<i64, RepoError> {
+    pub async fn delete(
+        &self,
+        id: impl Into<Bson>,
+        expected_version: i64,
+    ) -> Result<i64, RepoError> {
         let id = id.into();
         self.check_write(&id, expected_version)?;
         self.write(id, expected_version, Change::Delete).await
@@ -353,7 +360,11 @@ where
             .delete_many(filter)
             .await
             .map_err(|e| self.db_error("*", "purge tombstones", e))?;
-        tracing::info!(collection = self.name(), purged = result.deleted_count, "purged tombstones");
+        tracing::info!(
+            collection = self.name(),
+            purged = result.deleted_count,
+            "purged tombstones"
+        );
         Ok(result.deleted_count)
     }
 
@@ -388,7 +399,10 @@ where
                 return Ok(new_version);
             }
 
-            match self.diagnose(&id, &shown, expected, current, &change).await? {
+            match self
+                .diagnose(&id, &shown, expected, current, &change)
+                .await?
+            {
                 Next::Fail(error) => return Err(error),
                 Next::Upgrade(stored, stored_schema) => {
                     if self
@@ -409,7 +423,7 @@ where
                         .map_err(|source| RepoError::Hold {
                             collection: self.name().to_string(),
                             id: shown.clone(),
-                            holder: holder.clone(),
+                            holder,
                             source,
                         })?;
                     last_holder = Some(holder);
@@ -569,13 +583,10 @@ where
                         changes::unset_path(&mut doc, path);
                     }
                 }),
-            Change::Adjust(adjust) => adjust
-                .increments()
-                .iter()
-                .try_for_each(|(path, amount)| {
-                    changes::increment_path(&mut doc, path, amount)
-                        .map_err(|reason| (Some(path.clone()), reason))
-                }),
+            Change::Adjust(adjust) => adjust.increments().iter().try_for_each(|(path, amount)| {
+                changes::increment_path(&mut doc, path, amount)
+                    .map_err(|reason| (Some(path.clone()), reason))
+            }),
             Change::Replace(_) | Change::Delete => Ok(()),
         };
         if let Err((field, reason)) = applied {
@@ -629,12 +640,14 @@ where
                     .map_err(|source| RepoError::Hold {
                         collection: self.name().to_string(),
                         id: shown.clone(),
-                        holder: holder.clone(),
+                        holder: *holder,
                         source,
                     })?;
                 match view {
                     // Past the commit point a pending delete is a delete.
-                    CommittedView::Stored if sys.deleting => return Ok(Visible::Deleted(sys.version)),
+                    CommittedView::Stored if sys.deleting => {
+                        return Ok(Visible::Deleted(sys.version))
+                    }
                     CommittedView::Stored => (stored, sys),
                     CommittedView::PreImage(pre) => {
                         let pre_sys = self.system_fields(&shown, &pre)?;
@@ -901,16 +914,26 @@ where
         }
     }
 
-    fn db_error(&self, shown: &str, operation: &'static str, source: mongodb::error::Error) -> RepoError {
+    fn db_error(
+        &self,
+        shown: &str,
+        operation: &'static str,
+        source: mongodb::error::Error,
+    ) -> RepoError {
         RepoError::Database {
             collection: self.name().to_string(),
             id: shown.to_string(),
             operation,
-            source,
+            source: Box::new(source),
         }
     }
 
-    fn write_error(&self, shown: &str, operation: &'static str, source: mongodb::error::Error) -> RepoError {
+    fn write_error(
+        &self,
+        shown: &str,
+        operation: &'static str,
+        source: mongodb::error::Error,
+    ) -> RepoError {
         if probe::error_code(&source) == Some(probe::VALIDATION_FAILED) {
             return self.invalid(
                 shown,

@@ -133,12 +133,14 @@ impl Store {
                 collection,
                 id: "*".to_string(),
                 operation,
-                source,
+                source: Box::new(source),
             }
         };
 
         if self.installs_validator().await {
-            self.install_validator(&spec).await.map_err(db_error("installing the validator"))?;
+            self.install_validator(&spec)
+                .await
+                .map_err(db_error("installing the validator"))?;
         } else {
             tracing::info!(
                 collection = %name,

@@ -66,7 +66,7 @@ enum Guard {
     None,
     Local(#[allow(dead_code)] LocalServer),
     #[cfg(feature = "docker")]
-    Docker(#[allow(dead_code)] docker::Container),
+    Docker(#[allow(dead_code)] Box<docker::Container>),
 }
 
 impl TestServer {
@@ -88,7 +88,7 @@ impl TestServer {
                     return Ok(TestServer {
                         uri,
                         kind: ServerKind::Docker,
-                        _guard: Guard::Docker(container),
+                        _guard: Guard::Docker(Box::new(container)),
                     })
                 }
                 Err(reason) => {

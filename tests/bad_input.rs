@@ -7,18 +7,36 @@ use common::{raw_snapshot, Account, TestDb};
 use mongotx::{Adjust, RepoError, Repository, Update};
 
 /// A database holding one account "acc" (balance 10, version 1), plus the raw repository view.
-async fn seeded() -> (TestDb, Repository<Account>, Repository<Document>, Vec<Document>) {
+async fn seeded() -> (
+    TestDb,
+    Repository<Account>,
+    Repository<Document>,
+    Vec<Document>,
+) {
     let t = TestDb::new().await;
-    let accounts = t.store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    let raw = t.store.repository::<Document>(common::accounts_spec()).await.unwrap();
-    accounts.insert(&Account::new("acc", "Owner", 10)).await.unwrap();
+    let accounts = t
+        .store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    let raw = t
+        .store
+        .repository::<Document>(common::accounts_spec())
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("acc", "Owner", 10))
+        .await
+        .unwrap();
     let before = raw_snapshot(&t.db, "accounts").await;
     (t, accounts, raw, before)
 }
 
 fn invalid_field(result: Result<impl std::fmt::Debug, RepoError>) -> String {
     match result {
-        Err(RepoError::Invalid { field, collection, .. }) => {
+        Err(RepoError::Invalid {
+            field, collection, ..
+        }) => {
             assert_eq!(collection, "accounts");
             field
         }
@@ -37,7 +55,9 @@ async fn insert_with_a_wrong_field_type_is_invalid() {
     assert_eq!(invalid_field(Err::<(), _>(err)), "balance");
     assert!(text.contains("balance") && text.contains("long"), "{text}");
     // An int where the schema wants a long is also a wrong type.
-    let err = raw.insert(&doc! { "_id": "y", "owner": "O", "balance": 5_i32 }).await;
+    let err = raw
+        .insert(&doc! { "_id": "y", "owner": "O", "balance": 5_i32 })
+        .await;
     assert_eq!(invalid_field(err), "balance");
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
@@ -53,7 +73,9 @@ async fn insert_missing_a_required_field_is_invalid() {
 #[tokio::test]
 async fn insert_with_an_undeclared_or_out_of_range_field_is_invalid() {
     let (t, _, raw, before) = seeded().await;
-    let err = raw.insert(&doc! { "_id": "x", "owner": "O", "balance": 1_i64, "colour": "red" }).await;
+    let err = raw
+        .insert(&doc! { "_id": "x", "owner": "O", "balance": 1_i64, "colour": "red" })
+        .await;
     assert_eq!(invalid_field(err), "colour");
     let err = raw
         .insert(&doc! { "_id": "x", "owner": "O", "balance": 1_i64, "currency": "JPY" })
@@ -63,7 +85,9 @@ async fn insert_with_an_undeclared_or_out_of_range_field_is_invalid() {
         .insert(&doc! { "_id": "x", "owner": "O", "balance": 1_i64, "limits": { "daily": -1_i64 } })
         .await;
     assert_eq!(invalid_field(err), "limits.daily");
-    let err = raw.insert(&doc! { "_id": "", "owner": "O", "balance": 1_i64 }).await;
+    let err = raw
+        .insert(&doc! { "_id": "", "owner": "O", "balance": 1_i64 })
+        .await;
     assert_eq!(invalid_field(err), "_id");
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
@@ -79,11 +103,18 @@ async fn callers_cannot_set_system_fields() {
             other => panic!("{field}: expected SystemField, got {other:?}"),
         }
     }
-    let err = raw.update("acc", 1, &Update::new().set("_version", 99_i64)).await;
-    assert!(matches!(err, Err(RepoError::SystemField { ref field, .. }) if field == "_version"), "{err:?}");
+    let err = raw
+        .update("acc", 1, &Update::new().set("_version", 99_i64))
+        .await;
+    assert!(
+        matches!(err, Err(RepoError::SystemField { ref field, .. }) if field == "_version"),
+        "{err:?}"
+    );
     let err = raw.update("acc", 1, &Update::new().unset("_txn")).await;
     assert!(matches!(err, Err(RepoError::SystemField { .. })), "{err:?}");
-    let err = raw.adjust("acc", 1, &Adjust::new().by("_version", 1_i64)).await;
+    let err = raw
+        .adjust("acc", 1, &Adjust::new().by("_version", 1_i64))
+        .await;
     assert!(matches!(err, Err(RepoError::SystemField { .. })), "{err:?}");
     let mut replacement = doc! { "_id": "acc", "owner": "O", "balance": 1_i64 };
     replacement.insert("_deleted", bson::DateTime::now());
@@ -97,9 +128,15 @@ async fn non_positive_expected_versions_are_rejected() {
     let (t, accounts, _, before) = seeded().await;
     for version in [0, -1, i64::MIN] {
         let results = [
-            accounts.update("acc", version, &Update::new().set("owner", "x")).await,
-            accounts.adjust("acc", version, &Adjust::new().by("balance", 1_i64)).await,
-            accounts.replace("acc", version, &Account::new("acc", "x", 1)).await,
+            accounts
+                .update("acc", version, &Update::new().set("owner", "x"))
+                .await,
+            accounts
+                .adjust("acc", version, &Adjust::new().by("balance", 1_i64))
+                .await,
+            accounts
+                .replace("acc", version, &Account::new("acc", "x", 1))
+                .await,
             accounts.delete("acc", version).await,
         ];
         for result in results {
@@ -123,7 +160,9 @@ async fn non_finite_or_non_numeric_increments_are_rejected() {
         Bson::Decimal128("1".parse().unwrap()),
     ];
     for amount in amounts {
-        let err = accounts.adjust("acc", 1, &Adjust::new().by("limits.rate", amount.clone())).await;
+        let err = accounts
+            .adjust("acc", 1, &Adjust::new().by("limits.rate", amount.clone()))
+            .await;
         assert!(
             matches!(&err, Err(RepoError::InvalidIncrement { field, .. }) if field == "limits.rate"),
             "{amount:?}: {err:?}"
@@ -136,13 +175,19 @@ async fn non_finite_or_non_numeric_increments_are_rejected() {
 async fn increments_must_fit_the_declared_numeric_type() {
     let (t, accounts, _, before) = seeded().await;
     // A double added to a long field would turn it into a double.
-    let err = accounts.adjust("acc", 1, &Adjust::new().by("balance", 0.5)).await;
+    let err = accounts
+        .adjust("acc", 1, &Adjust::new().by("balance", 0.5))
+        .await;
     assert_eq!(invalid_field(err), "balance");
     // A string field cannot be incremented at all.
-    let err = accounts.adjust("acc", 1, &Adjust::new().by("owner", 1_i64)).await;
+    let err = accounts
+        .adjust("acc", 1, &Adjust::new().by("owner", 1_i64))
+        .await;
     assert_eq!(invalid_field(err), "owner");
     // An undeclared field is rejected by additionalProperties: false.
-    let err = accounts.adjust("acc", 1, &Adjust::new().by("points", 1_i64)).await;
+    let err = accounts
+        .adjust("acc", 1, &Adjust::new().by("points", 1_i64))
+        .await;
     assert_eq!(invalid_field(err), "points");
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
@@ -151,19 +196,42 @@ async fn increments_must_fit_the_declared_numeric_type() {
 async fn ids_of_the_wrong_type_are_rejected() {
     let (t, accounts, raw, before) = seeded().await;
     let check = |result: Result<(), RepoError>| match result {
-        Err(RepoError::InvalidId { found, expected, .. }) => {
+        Err(RepoError::InvalidId {
+            found, expected, ..
+        }) => {
             assert_eq!(found, "int");
             assert_eq!(expected, "string");
         }
         other => panic!("expected InvalidId, got {other:?}"),
     };
     check(accounts.get(42).await.map(|_| ()));
-    check(accounts.update(42, 1, &Update::new().set("owner", "x")).await.map(|_| ()));
-    check(accounts.adjust(42, 1, &Adjust::new().by("balance", 1_i64)).await.map(|_| ()));
+    check(
+        accounts
+            .update(42, 1, &Update::new().set("owner", "x"))
+            .await
+            .map(|_| ()),
+    );
+    check(
+        accounts
+            .adjust(42, 1, &Adjust::new().by("balance", 1_i64))
+            .await
+            .map(|_| ()),
+    );
     check(accounts.delete(42, 1).await.map(|_| ()));
-    check(raw.insert(&doc! { "_id": 42, "owner": "O", "balance": 1_i64 }).await.map(|_| ()));
-    let notes = t.store.repository::<common::Note>(common::notes_spec()).await.unwrap();
-    assert!(matches!(notes.get("not-an-oid").await, Err(RepoError::InvalidId { .. })));
+    check(
+        raw.insert(&doc! { "_id": 42, "owner": "O", "balance": 1_i64 })
+            .await
+            .map(|_| ()),
+    );
+    let notes = t
+        .store
+        .repository::<common::Note>(common::notes_spec())
+        .await
+        .unwrap();
+    assert!(matches!(
+        notes.get("not-an-oid").await,
+        Err(RepoError::InvalidId { .. })
+    ));
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
 
@@ -178,7 +246,12 @@ async fn updates_are_validated_field_by_field() {
         (Update::new().set("limits.weekly", 5_i64), "limits.weekly"),
         (Update::new().unset("owner"), "owner"),
         (Update::new().set("_id", "renamed"), "_id"),
-        (Update::new().set("limits", doc! {}).set("limits.daily", 1_i64), "limits.daily"),
+        (
+            Update::new()
+                .set("limits", doc! {})
+                .set("limits.daily", 1_i64),
+            "limits.daily",
+        ),
         (Update::new().set("note", "a").unset("note"), "note"),
         (Update::new().set("a..b", 1), "a..b"),
         (Update::new().set("$where", 1), "$where"),
@@ -204,9 +277,13 @@ async fn empty_changes_are_rejected() {
 #[tokio::test]
 async fn replace_with_a_different_id_is_invalid() {
     let (t, accounts, _, before) = seeded().await;
-    let err = accounts.replace("acc", 1, &Account::new("other", "O", 1)).await;
+    let err = accounts
+        .replace("acc", 1, &Account::new("other", "O", 1))
+        .await;
     assert_eq!(invalid_field(err), "_id");
-    let err = accounts.replace("acc", 1, &Account::new("acc", "", 1)).await;
+    let err = accounts
+        .replace("acc", 1, &Account::new("acc", "", 1))
+        .await;
     assert_eq!(invalid_field(err), "owner");
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
@@ -214,8 +291,15 @@ async fn replace_with_a_different_id_is_invalid() {
 #[tokio::test]
 async fn values_that_are_not_documents_cannot_be_stored() {
     let t = TestDb::new().await;
-    let numbers = t.store.repository::<i64>(common::accounts_spec()).await.unwrap();
+    let numbers = t
+        .store
+        .repository::<i64>(common::accounts_spec())
+        .await
+        .unwrap();
     let err = numbers.insert(&5).await.unwrap_err();
-    assert!(matches!(&err, RepoError::Encode { collection, .. } if collection == "accounts"), "{err:?}");
+    assert!(
+        matches!(&err, RepoError::Encode { collection, .. } if collection == "accounts"),
+        "{err:?}"
+    );
     assert!(raw_snapshot(&t.db, "accounts").await.is_empty());
 }

@@ -16,7 +16,12 @@ async fn repositories(t: &TestDb) -> Vec<Repository<Account>> {
     let mut repos = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
         let store = Store::new(t.other_client_db().await);
-        repos.push(store.repository::<Account>(common::accounts_spec()).await.unwrap());
+        repos.push(
+            store
+                .repository::<Account>(common::accounts_spec())
+                .await
+                .unwrap(),
+        );
     }
     repos
 }
@@ -27,7 +32,10 @@ async fn thirty_two_tasks_of_fifty_read_modify_write_increments_end_at_1600() {
     const INCREMENTS: usize = 50;
     let t = TestDb::new().await;
     let repos = repositories(&t).await;
-    repos[0].insert(&Account::new("counter", "C", 0)).await.unwrap();
+    repos[0]
+        .insert(&Account::new("counter", "C", 0))
+        .await
+        .unwrap();
 
     let conflicts = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::with_capacity(TASKS);
@@ -53,8 +61,13 @@ async fn thirty_two_tasks_of_fifty_read_modify_write_increments_end_at_1600() {
                             versions.push(version);
                             break;
                         }
-                        Err(RepoError::VersionConflict { expected, actual, .. }) => {
-                            assert!(actual > expected, "versions only grow: {expected} -> {actual}");
+                        Err(RepoError::VersionConflict {
+                            expected, actual, ..
+                        }) => {
+                            assert!(
+                                actual > expected,
+                                "versions only grow: {expected} -> {actual}"
+                            );
                             conflicts.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(other) => return Err(other),
@@ -67,7 +80,10 @@ async fn thirty_two_tasks_of_fifty_read_modify_write_increments_end_at_1600() {
     let mut all_versions = BTreeSet::new();
     for handle in handles {
         for version in handle.await.unwrap().unwrap() {
-            assert!(all_versions.insert(version), "version {version} was handed out twice");
+            assert!(
+                all_versions.insert(version),
+                "version {version} was handed out twice"
+            );
         }
     }
 
@@ -87,7 +103,10 @@ async fn concurrent_adjusts_with_retries_lose_nothing() {
     const ADJUSTS: usize = 20;
     let t = TestDb::new().await;
     let repos = repositories(&t).await;
-    repos[0].insert(&Account::new("pot", "P", 1_000)).await.unwrap();
+    repos[0]
+        .insert(&Account::new("pot", "P", 1_000))
+        .await
+        .unwrap();
 
     let mut handles = Vec::new();
     for task in 0..TASKS {
@@ -98,7 +117,10 @@ async fn concurrent_adjusts_with_retries_lose_nothing() {
                 let amount = if task % 2 == 0 { 3_i64 } else { -1_i64 };
                 loop {
                     let version = repo.get("pot").await?.version;
-                    match repo.adjust("pot", version, &Adjust::new().by("balance", amount)).await {
+                    match repo
+                        .adjust("pot", version, &Adjust::new().by("balance", amount))
+                        .await
+                    {
                         Ok(_) => break,
                         Err(e) if e.is_retryable() => retries += 1,
                         Err(e) => return Err(e),
@@ -127,7 +149,8 @@ async fn concurrent_inserts_of_one_id_have_exactly_one_winner() {
     for task in 0..24 {
         let repo = repos[task % CLIENTS].clone();
         handles.push(tokio::spawn(async move {
-            repo.insert(&Account::new("race", &format!("owner{task}"), task as i64)).await
+            repo.insert(&Account::new("race", &format!("owner{task}"), task as i64))
+                .await
         }));
     }
     let mut winners = 0;

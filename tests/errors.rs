@@ -27,7 +27,11 @@ fn a_schema_must_declare_every_system_field_as_stored() {
             s["properties"].as_object_mut().unwrap().remove(field);
         });
         match CollectionSpec::new("accounts", 1, &text) {
-            Err(SpecError::SystemField { field: named, collection, .. }) => {
+            Err(SpecError::SystemField {
+                field: named,
+                collection,
+                ..
+            }) => {
                 assert_eq!(named, field);
                 assert_eq!(collection, "accounts");
             }
@@ -38,10 +42,14 @@ fn a_schema_must_declare_every_system_field_as_stored() {
     let text = accounts_schema_with(|s| s["properties"]["_version"]["bsonType"] = "string".into());
     assert!(matches!(
         CollectionSpec::new("accounts", 1, &text),
-        Err(SpecError::SystemField { field: "_version", .. })
+        Err(SpecError::SystemField {
+            field: "_version",
+            ..
+        })
     ));
     let text = accounts_schema_with(|s| {
-        s["required"] = serde_json::json!(["_id", "_schema", "_version", "owner", "balance", "_txn"]);
+        s["required"] =
+            serde_json::json!(["_id", "_schema", "_version", "owner", "balance", "_txn"]);
     });
     assert!(matches!(
         CollectionSpec::new("accounts", 1, &text),
@@ -52,21 +60,38 @@ fn a_schema_must_declare_every_system_field_as_stored() {
 #[test]
 fn unusable_schemas_names_and_versions_are_refused() {
     let schema = include_str!("../schemas/accounts.json");
-    assert!(matches!(CollectionSpec::new("accounts", 1, "{ not json"), Err(SpecError::Schema(_))));
-    let text = accounts_schema_with(|s| s["$schema"] = "http://json-schema.org/draft-04/schema#".into());
+    assert!(matches!(
+        CollectionSpec::new("accounts", 1, "{ not json"),
+        Err(SpecError::Schema(_))
+    ));
+    let text =
+        accounts_schema_with(|s| s["$schema"] = "http://json-schema.org/draft-04/schema#".into());
     let err = CollectionSpec::new("accounts", 1, &text).unwrap_err();
     assert!(matches!(err, SpecError::Schema(_)), "{err:?}");
     assert!(err.to_string().contains("$schema"), "{err}");
     for name in ["", "system.users", "a$b"] {
-        assert!(matches!(CollectionSpec::new(name, 1, schema), Err(SpecError::Name { .. })), "{name:?}");
+        assert!(
+            matches!(
+                CollectionSpec::new(name, 1, schema),
+                Err(SpecError::Name { .. })
+            ),
+            "{name:?}"
+        );
     }
-    assert!(matches!(CollectionSpec::new("accounts", 0, schema), Err(SpecError::Versions { .. })));
+    assert!(matches!(
+        CollectionSpec::new("accounts", 0, schema),
+        Err(SpecError::Versions { .. })
+    ));
 }
 
 #[tokio::test]
 async fn a_document_without_system_fields_is_malformed() {
     let t = TestDb::new().await;
-    let accounts = t.store.repository::<Account>(common::accounts_spec()).await.unwrap();
+    let accounts = t
+        .store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
     t.db.collection::<Document>("accounts")
         .insert_one(doc! { "_id": "foreign", "owner": "F", "balance": 1_i64 })
         .await
@@ -78,10 +103,19 @@ async fn a_document_without_system_fields_is_malformed() {
     let before = raw_snapshot(&t.db, "accounts").await;
 
     let err = accounts.get("foreign").await.unwrap_err();
-    assert!(matches!(&err, RepoError::Malformed { reason, .. } if reason.contains("_schema")), "{err:?}");
+    assert!(
+        matches!(&err, RepoError::Malformed { reason, .. } if reason.contains("_schema")),
+        "{err:?}"
+    );
     let err = accounts.get("odd").await.unwrap_err();
-    assert!(matches!(&err, RepoError::Malformed { reason, .. } if reason.contains("_version")), "{err:?}");
-    let err = accounts.update("foreign", 1, &Update::new().set("owner", "x")).await.unwrap_err();
+    assert!(
+        matches!(&err, RepoError::Malformed { reason, .. } if reason.contains("_version")),
+        "{err:?}"
+    );
+    let err = accounts
+        .update("foreign", 1, &Update::new().set("owner", "x"))
+        .await
+        .unwrap_err();
     assert!(matches!(err, RepoError::Malformed { .. }), "{err:?}");
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
@@ -96,23 +130,51 @@ async fn a_stored_document_that_does_not_fit_the_type_is_a_decode_error() {
         balance: String,
     }
     let t = TestDb::new().await;
-    let accounts = t.store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    accounts.insert(&Account::new("typed", "T", 3)).await.unwrap();
-    let strict = t.store.repository::<Strict>(common::accounts_spec()).await.unwrap();
+    let accounts = t
+        .store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("typed", "T", 3))
+        .await
+        .unwrap();
+    let strict = t
+        .store
+        .repository::<Strict>(common::accounts_spec())
+        .await
+        .unwrap();
     let err = strict.get("typed").await.unwrap_err();
-    assert!(matches!(&err, RepoError::Decode { id, .. } if id == "\"typed\""), "{err:?}");
+    assert!(
+        matches!(&err, RepoError::Decode { id, .. } if id == "\"typed\""),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_database_error() {
-    let mut options = ClientOptions::parse("mongodb://127.0.0.1:9/").await.unwrap();
+    let mut options = ClientOptions::parse("mongodb://127.0.0.1:9/")
+        .await
+        .unwrap();
     options.server_selection_timeout = Some(Duration::from_millis(300));
     let client = Client::with_options(options).unwrap();
     let store = Store::builder(client.database("nowhere"))
         .server_validation(mongotx::ServerValidation::Never)
         .build();
-    let err = store.repository::<Account>(common::accounts_spec()).await.unwrap_err();
-    assert!(matches!(&err, RepoError::Database { operation: "creating indexes", .. }), "{err:?}");
+    let err = store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            RepoError::Database {
+                operation: "creating indexes",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(!err.to_string().is_empty());
 }
 
@@ -120,7 +182,10 @@ async fn an_unreachable_server_is_a_database_error() {
 async fn the_server_validator_matches_the_probed_capability() {
     let t = TestDb::new().await;
     let caps = common::capabilities().await;
-    t.store.repository::<Account>(common::accounts_spec()).await.unwrap();
+    t.store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
     // Bypass the client-side checks with a raw insert of an invalid live document.
     let raw = t
         .db

@@ -28,7 +28,10 @@ fn short_wait(max_wait_ms: u64) -> LockWait {
 async fn hold(db: &Database, id: &str, txn: ObjectId) {
     let result = db
         .collection::<Document>("accounts")
-        .update_one(doc! { "_id": id }, doc! { "$set": { fields::ACTIVE_TXN: txn } })
+        .update_one(
+            doc! { "_id": id },
+            doc! { "$set": { fields::ACTIVE_TXN: txn } },
+        )
         .await
         .unwrap();
     assert_eq!(result.matched_count, 1);
@@ -36,7 +39,10 @@ async fn hold(db: &Database, id: &str, txn: ObjectId) {
 
 async fn release(db: &Database, id: &str) {
     db.collection::<Document>("accounts")
-        .update_one(doc! { "_id": id }, doc! { "$unset": { fields::ACTIVE_TXN: "" } })
+        .update_one(
+            doc! { "_id": id },
+            doc! { "$unset": { fields::ACTIVE_TXN: "" } },
+        )
         .await
         .unwrap();
 }
@@ -44,9 +50,17 @@ async fn release(db: &Database, id: &str) {
 #[tokio::test]
 async fn a_writer_waits_for_a_held_document_then_fails_locked() {
     let t = TestDb::new().await;
-    let store = Store::builder(t.db.clone()).lock_wait(short_wait(300)).build();
-    let accounts = store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    accounts.insert(&Account::new("held", "H", 1)).await.unwrap();
+    let store = Store::builder(t.db.clone())
+        .lock_wait(short_wait(300))
+        .build();
+    let accounts = store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("held", "H", 1))
+        .await
+        .unwrap();
     let txn = ObjectId::new();
     hold(&t.db, "held", txn).await;
     let before = raw_snapshot(&t.db, "accounts").await;
@@ -54,21 +68,44 @@ async fn a_writer_waits_for_a_held_document_then_fails_locked() {
     for attempt in 0..4 {
         let started = Instant::now();
         let result = match attempt {
-            0 => accounts.update("held", 1, &Update::new().set("owner", "x")).await,
-            1 => accounts.adjust("held", 1, &Adjust::new().by("balance", 1_i64)).await,
-            2 => accounts.replace("held", 1, &Account::new("held", "x", 1)).await,
+            0 => {
+                accounts
+                    .update("held", 1, &Update::new().set("owner", "x"))
+                    .await
+            }
+            1 => {
+                accounts
+                    .adjust("held", 1, &Adjust::new().by("balance", 1_i64))
+                    .await
+            }
+            2 => {
+                accounts
+                    .replace("held", 1, &Account::new("held", "x", 1))
+                    .await
+            }
             _ => accounts.delete("held", 1).await,
         };
         let elapsed = started.elapsed();
         match result {
-            Err(RepoError::Locked { holder, waited, collection, .. }) => {
-                assert_eq!(holder, Some(Bson::ObjectId(txn)));
+            Err(RepoError::Locked {
+                holder,
+                waited,
+                collection,
+                ..
+            }) => {
+                assert_eq!(holder, Some(txn));
                 assert_eq!(collection, "accounts");
-                assert!(waited >= Duration::from_millis(300), "waited only {waited:?}");
+                assert!(
+                    waited >= Duration::from_millis(300),
+                    "waited only {waited:?}"
+                );
             }
             other => panic!("attempt {attempt}: expected Locked, got {other:?}"),
         }
-        assert!(elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(3), "{elapsed:?}");
+        assert!(
+            elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(3),
+            "{elapsed:?}"
+        );
     }
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
@@ -76,9 +113,17 @@ async fn a_writer_waits_for_a_held_document_then_fails_locked() {
 #[tokio::test]
 async fn a_writer_proceeds_once_the_holder_lets_go() {
     let t = TestDb::new().await;
-    let store = Store::builder(t.db.clone()).lock_wait(short_wait(5_000)).build();
-    let accounts = store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    accounts.insert(&Account::new("busy", "B", 1)).await.unwrap();
+    let store = Store::builder(t.db.clone())
+        .lock_wait(short_wait(5_000))
+        .build();
+    let accounts = store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("busy", "B", 1))
+        .await
+        .unwrap();
     hold(&t.db, "busy", ObjectId::new()).await;
 
     let db = t.db.clone();
@@ -87,7 +132,10 @@ async fn a_writer_proceeds_once_the_holder_lets_go() {
         release(&db, "busy").await;
     });
     let started = Instant::now();
-    let v = accounts.update("busy", 1, &Update::new().set("owner", "after")).await.unwrap();
+    let v = accounts
+        .update("busy", 1, &Update::new().set("owner", "after"))
+        .await
+        .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(150));
     releaser.await.unwrap();
     assert_eq!(v, 2);
@@ -97,9 +145,17 @@ async fn a_writer_proceeds_once_the_holder_lets_go() {
 #[tokio::test]
 async fn the_version_is_checked_after_waiting() {
     let t = TestDb::new().await;
-    let store = Store::builder(t.db.clone()).lock_wait(short_wait(5_000)).build();
-    let accounts = store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    accounts.insert(&Account::new("moved", "M", 1)).await.unwrap();
+    let store = Store::builder(t.db.clone())
+        .lock_wait(short_wait(5_000))
+        .build();
+    let accounts = store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("moved", "M", 1))
+        .await
+        .unwrap();
     hold(&t.db, "moved", ObjectId::new()).await;
 
     // The holder commits a change (version 2) and lets go; the waiting writer read version 1.
@@ -114,9 +170,21 @@ async fn the_version_is_checked_after_waiting() {
             .await
             .unwrap();
     });
-    let err = accounts.update("moved", 1, &Update::new().set("owner", "Late")).await;
+    let err = accounts
+        .update("moved", 1, &Update::new().set("owner", "Late"))
+        .await;
     committer.await.unwrap();
-    assert!(matches!(err, Err(RepoError::VersionConflict { expected: 1, actual: 2, .. })), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Err(RepoError::VersionConflict {
+                expected: 1,
+                actual: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
     assert_eq!(accounts.get("moved").await.unwrap().owner, "Committed");
 }
 
@@ -132,7 +200,7 @@ impl HoldResolver for FreeingResolver {
         _db: &Database,
         _collection: &str,
         _stored: &Document,
-        _holder: &Bson,
+        _holder: &ObjectId,
     ) -> Result<CommittedView, HoldError> {
         Ok(CommittedView::Stored)
     }
@@ -142,12 +210,12 @@ impl HoldResolver for FreeingResolver {
         db: &Database,
         collection: &str,
         id: &Bson,
-        holder: &Bson,
+        holder: &ObjectId,
     ) -> Result<bool, HoldError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         db.collection::<Document>(collection)
             .update_one(
-                doc! { "_id": id.clone(), fields::ACTIVE_TXN: holder.clone() },
+                doc! { "_id": id.clone(), fields::ACTIVE_TXN: *holder },
                 doc! { "$unset": { fields::ACTIVE_TXN: "" } },
             )
             .await?;
@@ -158,20 +226,35 @@ impl HoldResolver for FreeingResolver {
 #[tokio::test]
 async fn an_expired_holder_is_resolved_instead_of_waited_on() {
     let t = TestDb::new().await;
-    let resolver = Arc::new(FreeingResolver { calls: AtomicUsize::new(0) });
+    let resolver = Arc::new(FreeingResolver {
+        calls: AtomicUsize::new(0),
+    });
     // A long wait budget: if the resolver were not consulted, the write would take 10 s.
     let store = Store::builder(t.db.clone())
         .lock_wait(short_wait(10_000))
         .hold_resolver(resolver.clone())
         .build();
-    let accounts = store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    accounts.insert(&Account::new("stale", "S", 1)).await.unwrap();
+    let accounts = store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("stale", "S", 1))
+        .await
+        .unwrap();
     hold(&t.db, "stale", ObjectId::new()).await;
 
     let started = Instant::now();
-    let v = accounts.update("stale", 1, &Update::new().set("owner", "Fresh")).await.unwrap();
+    let v = accounts
+        .update("stale", 1, &Update::new().set("owner", "Fresh"))
+        .await
+        .unwrap();
     assert_eq!(v, 2);
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(resolver.calls.load(Ordering::SeqCst), 1);
     let raw = raw_snapshot(&t.db, "accounts").await;
     assert!(!raw[0].contains_key(fields::ACTIVE_TXN));
@@ -189,7 +272,7 @@ impl HoldResolver for ViewResolver {
         _db: &Database,
         _collection: &str,
         _stored: &Document,
-        _holder: &Bson,
+        _holder: &ObjectId,
     ) -> Result<CommittedView, HoldError> {
         Ok(self.view.clone())
     }
@@ -199,7 +282,7 @@ impl HoldResolver for ViewResolver {
         _db: &Database,
         _collection: &str,
         _id: &Bson,
-        _holder: &Bson,
+        _holder: &ObjectId,
     ) -> Result<bool, HoldError> {
         Ok(false)
     }
@@ -209,14 +292,24 @@ async fn store_with_view(t: &TestDb, view: CommittedView) -> mongotx::Repository
     let store = Store::builder(t.db.clone())
         .hold_resolver(Arc::new(ViewResolver { view }))
         .build();
-    store.repository::<Account>(common::accounts_spec()).await.unwrap()
+    store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn readers_see_the_pre_image_of_an_uncommitted_change() {
     let t = TestDb::new().await;
-    let plain = t.store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    plain.insert(&Account::new("pre", "Before", 10)).await.unwrap();
+    let plain = t
+        .store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    plain
+        .insert(&Account::new("pre", "Before", 10))
+        .await
+        .unwrap();
     let pre_image = raw_snapshot(&t.db, "accounts").await.remove(0);
     // The transaction applied its change: new owner, version 2, held.
     let txn = ObjectId::new();
@@ -243,24 +336,43 @@ async fn readers_see_the_pre_image_of_an_uncommitted_change() {
 #[tokio::test]
 async fn an_uncommitted_insert_is_invisible_and_a_committed_delete_is_deleted() {
     let t = TestDb::new().await;
-    let plain = t.store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    plain.insert(&Account::new("pending", "P", 1)).await.unwrap();
-    plain.insert(&Account::new("visible", "V", 1)).await.unwrap();
+    let plain = t
+        .store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    plain
+        .insert(&Account::new("pending", "P", 1))
+        .await
+        .unwrap();
+    plain
+        .insert(&Account::new("visible", "V", 1))
+        .await
+        .unwrap();
     hold(&t.db, "pending", ObjectId::new()).await;
 
     let accounts = store_with_view(&t, CommittedView::Absent).await;
-    assert!(matches!(accounts.get("pending").await, Err(RepoError::NotFound { .. })));
+    assert!(matches!(
+        accounts.get("pending").await,
+        Err(RepoError::NotFound { .. })
+    ));
     let found = accounts.find(Query::new()).await.unwrap();
-    let ids: Vec<&str> = found.iter().map(|a| a.id.as_str()).collect();
+    let ids: Vec<&str> = found.iter().map(|a| a.value.id.as_str()).collect();
     assert_eq!(ids, vec!["visible"]);
 
     // A delete past its commit point (deleting flag, held) reads as deleted.
     t.db.collection::<Document>("accounts")
-        .update_one(doc! { "_id": "pending" }, doc! { "$set": { fields::DELETING: true, fields::VERSION: 2_i64 } })
+        .update_one(
+            doc! { "_id": "pending" },
+            doc! { "$set": { fields::DELETING: true, fields::VERSION: 2_i64 } },
+        )
         .await
         .unwrap();
     let accounts = store_with_view(&t, CommittedView::Stored).await;
-    assert!(matches!(accounts.get("pending").await, Err(RepoError::Deleted { version: 2, .. })));
+    assert!(matches!(
+        accounts.get("pending").await,
+        Err(RepoError::Deleted { version: 2, .. })
+    ));
     let found = accounts.find(Query::new()).await.unwrap();
     assert_eq!(found.len(), 1);
 }
@@ -275,7 +387,7 @@ impl HoldResolver for BrokenResolver {
         _db: &Database,
         _collection: &str,
         _stored: &Document,
-        holder: &Bson,
+        holder: &ObjectId,
     ) -> Result<CommittedView, HoldError> {
         Err(format!("transaction {holder} cannot be read").into())
     }
@@ -285,7 +397,7 @@ impl HoldResolver for BrokenResolver {
         _db: &Database,
         _collection: &str,
         _id: &Bson,
-        holder: &Bson,
+        holder: &ObjectId,
     ) -> Result<bool, HoldError> {
         Err(format!("transaction {holder} cannot be resolved").into())
     }
@@ -294,17 +406,31 @@ impl HoldResolver for BrokenResolver {
 #[tokio::test]
 async fn resolver_failures_are_reported_as_hold_errors() {
     let t = TestDb::new().await;
-    let store = Store::builder(t.db.clone()).hold_resolver(Arc::new(BrokenResolver)).build();
-    let accounts = store.repository::<Account>(common::accounts_spec()).await.unwrap();
-    accounts.insert(&Account::new("stuck", "S", 1)).await.unwrap();
+    let store = Store::builder(t.db.clone())
+        .hold_resolver(Arc::new(BrokenResolver))
+        .build();
+    let accounts = store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("stuck", "S", 1))
+        .await
+        .unwrap();
     let txn = ObjectId::new();
     hold(&t.db, "stuck", txn).await;
     let before = raw_snapshot(&t.db, "accounts").await;
 
     let err = accounts.get("stuck").await.unwrap_err();
-    assert!(matches!(&err, RepoError::Hold { holder, .. } if *holder == Bson::ObjectId(txn)), "{err:?}");
+    assert!(
+        matches!(&err, RepoError::Hold { holder, .. } if *holder == txn),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("cannot be read"));
-    let err = accounts.update("stuck", 1, &Update::new().set("owner", "x")).await.unwrap_err();
+    let err = accounts
+        .update("stuck", 1, &Update::new().set("owner", "x"))
+        .await
+        .unwrap_err();
     assert!(matches!(err, RepoError::Hold { .. }), "{err:?}");
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
@@ -318,8 +444,12 @@ fn backoff_grows_is_jittered_and_capped() {
     };
     for attempt in 0..20 {
         let pause = wait.backoff(attempt);
-        let ceiling = Duration::from_millis(4 * (1_u64 << attempt.min(16))).min(Duration::from_millis(50));
-        assert!(pause <= ceiling && pause >= ceiling / 2, "attempt {attempt}: {pause:?}");
+        let ceiling =
+            Duration::from_millis(4 * (1_u64 << attempt.min(16))).min(Duration::from_millis(50));
+        assert!(
+            pause <= ceiling && pause >= ceiling / 2,
+            "attempt {attempt}: {pause:?}"
+        );
     }
     let samples: std::collections::HashSet<Duration> = (0..32).map(|_| wait.backoff(5)).collect();
     assert!(samples.len() > 1, "backoff must be jittered");

@@ -23,7 +23,11 @@ async fn plant_v1(t: &TestDb, id: &str, name: &str, version: i64) {
 #[tokio::test]
 async fn an_older_document_is_upgraded_on_read_and_left_as_stored() {
     let t = TestDb::new().await;
-    let profiles = t.store.repository::<Profile>(common::profiles_spec()).await.unwrap();
+    let profiles = t
+        .store
+        .repository::<Profile>(common::profiles_spec())
+        .await
+        .unwrap();
     plant_v1(&t, "ada", "Ada Lovelace", 3).await;
     let before = raw_snapshot(&t.db, "profiles").await;
 
@@ -43,7 +47,11 @@ async fn an_older_document_is_upgraded_on_read_and_left_as_stored() {
 #[tokio::test]
 async fn a_field_update_of_an_older_document_stores_it_in_the_current_shape() {
     let t = TestDb::new().await;
-    let profiles = t.store.repository::<Profile>(common::profiles_spec()).await.unwrap();
+    let profiles = t
+        .store
+        .repository::<Profile>(common::profiles_spec())
+        .await
+        .unwrap();
     plant_v1(&t, "alan", "Alan Turing", 1).await;
 
     let v = profiles
@@ -53,7 +61,11 @@ async fn a_field_update_of_an_older_document_stores_it_in_the_current_shape() {
     assert_eq!(v, 2);
 
     let raw = raw_snapshot(&t.db, "profiles").await;
-    assert_eq!(raw[0].get_i64(fields::SCHEMA_VERSION).unwrap(), 2, "writes stamp the current version");
+    assert_eq!(
+        raw[0].get_i64(fields::SCHEMA_VERSION).unwrap(),
+        2,
+        "writes stamp the current version"
+    );
     assert_eq!(raw[0].get_str("given_name").unwrap(), "Alan");
     assert_eq!(raw[0].get_str("family_name").unwrap(), "Turing");
     assert_eq!(raw[0].get_str("email").unwrap(), "alan@example.org");
@@ -61,9 +73,23 @@ async fn a_field_update_of_an_older_document_stores_it_in_the_current_shape() {
 
     // The version still guards the upgrade path.
     plant_v1(&t, "grace", "Grace Hopper", 4).await;
-    let err = profiles.update("grace", 3, &Update::new().set("email", "g@example.org")).await;
-    assert!(matches!(err, Err(RepoError::VersionConflict { expected: 3, actual: 4, .. })), "{err:?}");
-    let err = profiles.adjust("grace", 4, &Adjust::new().by("logins", 1_i64)).await;
+    let err = profiles
+        .update("grace", 3, &Update::new().set("email", "g@example.org"))
+        .await;
+    assert!(
+        matches!(
+            err,
+            Err(RepoError::VersionConflict {
+                expected: 3,
+                actual: 4,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let err = profiles
+        .adjust("grace", 4, &Adjust::new().by("logins", 1_i64))
+        .await;
     assert_eq!(err.unwrap(), 5);
     let read = profiles.get("grace").await.unwrap();
     assert_eq!((read.version, read.stored_schema_version), (5, 2));
@@ -72,12 +98,19 @@ async fn a_field_update_of_an_older_document_stores_it_in_the_current_shape() {
 #[tokio::test]
 async fn delete_and_replace_accept_older_documents() {
     let t = TestDb::new().await;
-    let profiles = t.store.repository::<Profile>(common::profiles_spec()).await.unwrap();
+    let profiles = t
+        .store
+        .repository::<Profile>(common::profiles_spec())
+        .await
+        .unwrap();
     plant_v1(&t, "old1", "Old One", 1).await;
     plant_v1(&t, "old2", "Old Two", 1).await;
 
     assert_eq!(profiles.delete("old1", 1).await.unwrap(), 2);
-    assert!(matches!(profiles.get("old1").await, Err(RepoError::Deleted { .. })));
+    assert!(matches!(
+        profiles.get("old1").await,
+        Err(RepoError::Deleted { .. })
+    ));
 
     let replacement = Profile {
         id: "old2".into(),
@@ -94,7 +127,11 @@ async fn delete_and_replace_accept_older_documents() {
 #[tokio::test]
 async fn a_document_newer_than_the_code_is_refused_and_never_overwritten() {
     let t = TestDb::new().await;
-    let profiles = t.store.repository::<Profile>(common::profiles_spec()).await.unwrap();
+    let profiles = t
+        .store
+        .repository::<Profile>(common::profiles_spec())
+        .await
+        .unwrap();
     t.db.collection::<Document>("profiles")
         .insert_one(doc! {
             "_id": "future",
@@ -110,20 +147,45 @@ async fn a_document_newer_than_the_code_is_refused_and_never_overwritten() {
 
     let too_new = |r: Result<i64, RepoError>| {
         assert!(
-            matches!(r, Err(RepoError::SchemaTooNew { found: 3, supported: 2, .. })),
+            matches!(
+                r,
+                Err(RepoError::SchemaTooNew {
+                    found: 3,
+                    supported: 2,
+                    ..
+                })
+            ),
             "{r:?}"
         )
     };
     too_new(profiles.get("future").await.map(|s| s.version));
-    too_new(profiles.find(mongotx::Query::new()).await.map(|v| v.len() as i64));
-    too_new(profiles.update("future", 1, &Update::new().set("email", "f@x.io")).await);
-    too_new(profiles.adjust("future", 1, &Adjust::new().by("logins", 1_i64)).await);
+    too_new(
+        profiles
+            .find(mongotx::Query::new())
+            .await
+            .map(|v| v.len() as i64),
+    );
+    too_new(
+        profiles
+            .update("future", 1, &Update::new().set("email", "f@x.io"))
+            .await,
+    );
+    too_new(
+        profiles
+            .adjust("future", 1, &Adjust::new().by("logins", 1_i64))
+            .await,
+    );
     too_new(
         profiles
             .replace(
                 "future",
                 1,
-                &Profile { id: "future".into(), given_name: "G".into(), family_name: "H".into(), email: None },
+                &Profile {
+                    id: "future".into(),
+                    given_name: "G".into(),
+                    family_name: "H".into(),
+                    email: None,
+                },
             )
             .await,
     );
@@ -134,7 +196,11 @@ async fn a_document_newer_than_the_code_is_refused_and_never_overwritten() {
 #[tokio::test]
 async fn a_failing_upgrade_step_is_reported_with_its_version() {
     let t = TestDb::new().await;
-    let profiles = t.store.repository::<Profile>(common::profiles_spec()).await.unwrap();
+    let profiles = t
+        .store
+        .repository::<Profile>(common::profiles_spec())
+        .await
+        .unwrap();
     // A version 1 profile without `name` cannot be split.
     t.db.collection::<Document>("profiles")
         .insert_one(doc! { "_id": "broken", fields::SCHEMA_VERSION: 1_i64, fields::VERSION: 1_i64 })
@@ -142,16 +208,25 @@ async fn a_failing_upgrade_step_is_reported_with_its_version() {
         .unwrap();
     let before = raw_snapshot(&t.db, "profiles").await;
     let err = profiles.get("broken").await.unwrap_err();
-    assert!(matches!(&err, RepoError::Upgrade { from: 1, reason, .. } if reason.contains("name")), "{err:?}");
-    let err = profiles.update("broken", 1, &Update::new().set("email", "b@x.io")).await;
-    assert!(matches!(err, Err(RepoError::Upgrade { from: 1, .. })), "{err:?}");
+    assert!(
+        matches!(&err, RepoError::Upgrade { from: 1, reason, .. } if reason.contains("name")),
+        "{err:?}"
+    );
+    let err = profiles
+        .update("broken", 1, &Update::new().set("email", "b@x.io"))
+        .await;
+    assert!(
+        matches!(err, Err(RepoError::Upgrade { from: 1, .. })),
+        "{err:?}"
+    );
     assert_eq!(raw_snapshot(&t.db, "profiles").await, before);
 }
 
 #[tokio::test]
 async fn a_version_without_its_upgrade_step_is_refused_at_open() {
     let t = TestDb::new().await;
-    let spec = CollectionSpec::new("profiles", 2, include_str!("../schemas/profiles.json")).unwrap();
+    let spec =
+        CollectionSpec::new("profiles", 2, include_str!("../schemas/profiles.json")).unwrap();
     let err = t.store.repository::<Profile>(spec).await.unwrap_err();
     assert!(
         matches!(&err, RepoError::Spec(SpecError::Versions { collection, reason }) if collection == "profiles" && reason.contains("from version 1")),
@@ -162,7 +237,10 @@ async fn a_version_without_its_upgrade_step_is_refused_at_open() {
         .upgrade(1, common::split_name)
         .upgrade(2, Ok);
     let err = t.store.repository::<Profile>(spec).await.unwrap_err();
-    assert!(matches!(err, RepoError::Spec(SpecError::Versions { .. })), "{err:?}");
+    assert!(
+        matches!(err, RepoError::Spec(SpecError::Versions { .. })),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

@@ -39,7 +39,11 @@ struct Stats {
 fn stats(mut samples: Vec<Duration>) -> Stats {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    Stats { median: at(0.5), p90: at(0.9), p99: at(0.99) }
+    Stats {
+        median: at(0.5),
+        p90: at(0.9),
+        p99: at(0.99),
+    }
 }
 
 fn micros(d: Duration) -> f64 {
@@ -54,8 +58,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let server = TestServer::start()?;
     let client = Client::with_uri_str(server.uri()).await?;
-    let db = client.database(&format!("mongotx_bench_{}", bson::oid::ObjectId::new().to_hex()));
-    println!("server: {} at {}; n = {} per operation (after {} warm-up)", server.kind(), server.uri(), args.n, args.warmup);
+    let db = client.database(&format!(
+        "mongotx_bench_{}",
+        bson::oid::ObjectId::new().to_hex()
+    ));
+    println!(
+        "server: {} at {}; n = {} per operation (after {} warm-up)",
+        server.kind(),
+        server.uri(),
+        args.n,
+        args.warmup
+    );
 
     let store = Store::new(db.clone());
     let spec = CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
@@ -81,7 +94,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         raw.find_one(doc! { "_id": format!("r{i}") }).await?;
         samples.push(t.elapsed());
     }
-    results.push(("driver find_one by _id", stats(samples.split_off(args.warmup))));
+    results.push((
+        "driver find_one by _id",
+        stats(samples.split_off(args.warmup)),
+    ));
 
     let mut samples = Vec::with_capacity(total);
     for i in 0..total {
@@ -97,12 +113,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err("raw conditional update matched nothing".into());
         }
     }
-    results.push(("driver conditional update_one", stats(samples.split_off(args.warmup))));
+    results.push((
+        "driver conditional update_one",
+        stats(samples.split_off(args.warmup)),
+    ));
 
     // mongotx repository operations.
     let mut samples = Vec::with_capacity(total);
     for i in 0..total {
-        let a = Account { id: format!("m{i}"), owner: "O".into(), balance: 0 };
+        let a = Account {
+            id: format!("m{i}"),
+            owner: "O".into(),
+            balance: 0,
+        };
         let t = Instant::now();
         repo.insert(&a).await?;
         samples.push(t.elapsed());
@@ -124,16 +147,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         repo.update(format!("m{i}"), 1, &update).await?;
         samples.push(t.elapsed());
     }
-    results.push(("mongotx update (conditional)", stats(samples.split_off(args.warmup))));
+    results.push((
+        "mongotx update (conditional)",
+        stats(samples.split_off(args.warmup)),
+    ));
 
-    println!("\n{:<32} {:>12} {:>12} {:>12}", "operation", "median µs", "p90 µs", "p99 µs");
+    println!(
+        "\n{:<32} {:>12} {:>12} {:>12}",
+        "operation", "median µs", "p90 µs", "p99 µs"
+    );
     for (name, s) in &results {
-        println!("{:<32} {:>12.1} {:>12.1} {:>12.1}", name, micros(s.median), micros(s.p90), micros(s.p99));
+        println!(
+            "{:<32} {:>12.1} {:>12.1} {:>12.1}",
+            name,
+            micros(s.median),
+            micros(s.p90),
+            micros(s.p99)
+        );
     }
     println!("\nmedian ratio mongotx / driver (same run):");
     for (ours, theirs) in [(3, 0), (4, 1), (5, 2)] {
         let ratio = results[ours].1.median.as_secs_f64() / results[theirs].1.median.as_secs_f64();
-        println!("  {:<30} {:>6.2}x  (vs {})", results[ours].0, ratio, results[theirs].0);
+        println!(
+            "  {:<30} {:>6.2}x  (vs {})",
+            results[ours].0, ratio, results[theirs].0
+        );
     }
     db.drop().await?;
     Ok(())

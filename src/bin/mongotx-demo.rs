@@ -84,7 +84,11 @@ async fn run(args: Args) -> DemoResult {
     println!(
         "  server version {}, server-side $jsonSchema validation: {}",
         caps.version.as_deref().unwrap_or("unknown"),
-        if caps.json_schema_validation { "enforced" } else { "not enforced (validated on the client)" }
+        if caps.json_schema_validation {
+            "enforced"
+        } else {
+            "not enforced (validated on the client)"
+        }
     );
 
     let store = Store::builder(db.clone())
@@ -126,7 +130,12 @@ fn expect(condition: bool, what: &str) -> DemoResult {
 async fn tour_basics(accounts: &Repository<Account>) -> DemoResult {
     step("Insert and read stamped documents");
     for (id, owner, balance) in [("alice", "Alice", 100), ("bob", "Bob", 50)] {
-        let account = Account { id: id.into(), owner: owner.into(), balance, note: None };
+        let account = Account {
+            id: id.into(),
+            owner: owner.into(),
+            balance,
+            note: None,
+        };
         accounts.insert(&account).await?;
     }
     let alice = accounts.get("alice").await?;
@@ -136,15 +145,27 @@ async fn tour_basics(accounts: &Repository<Account>) -> DemoResult {
     );
     expect(alice.version == 1, "version 1 after insert")?;
 
-    let version = accounts.adjust("alice", 1, &Adjust::new().by("balance", 25_i64)).await?;
+    let version = accounts
+        .adjust("alice", 1, &Adjust::new().by("balance", 25_i64))
+        .await?;
     let alice = accounts.get("alice").await?;
-    println!("  adjust(alice, balance += 25) -> balance {}, version {version}", alice.balance);
-    expect(alice.balance == 125 && version == 2, "balance 125 at version 2")?;
+    println!(
+        "  adjust(alice, balance += 25) -> balance {}, version {version}",
+        alice.balance
+    );
+    expect(
+        alice.balance == 125 && version == 2,
+        "balance 125 at version 2",
+    )?;
 
     let rich = accounts
-        .find(Query::new().filter(doc! { "balance": { "$gt": 60_i64 } }).sort(doc! { "_id": 1 }))
+        .find(
+            Query::new()
+                .filter(doc! { "balance": { "$gt": 60_i64 } })
+                .sort(doc! { "_id": 1 }),
+        )
         .await?;
-    let ids: Vec<&str> = rich.iter().map(|a| a.id.as_str()).collect();
+    let ids: Vec<&str> = rich.iter().filter_map(|a| a.id.as_str()).collect();
     println!("  find(balance > 60) -> {ids:?}");
     expect(ids == ["alice"], "only alice above 60")
 }
@@ -153,8 +174,10 @@ async fn tour_conflict(accounts: &Repository<Account>) -> DemoResult {
     step("Two concurrent updates of the same version: one wins, one gets VersionConflict");
     let read = accounts.get("alice").await?;
     println!("  both writers read alice at version {}", read.version);
-    let first = accounts.update("alice", read.version, &Update::new().set("owner", "Alice A."));
-    let second = accounts.update("alice", read.version, &Update::new().set("note", "VIP"));
+    let rename = Update::new().set("owner", "Alice A.");
+    let tag = Update::new().set("note", "VIP");
+    let first = accounts.update("alice", read.version, &rename);
+    let second = accounts.update("alice", read.version, &tag);
     let (a, b) = tokio::join!(first, second);
     let (winner, loser) = match (&a, &b) {
         (Ok(_), Err(_)) => ("owner -> \"Alice A.\"", &b),
@@ -163,7 +186,11 @@ async fn tour_conflict(accounts: &Repository<Account>) -> DemoResult {
     };
     println!("  winner: {winner}");
     match loser {
-        Err(error @ RepoError::VersionConflict { expected, actual, .. }) => {
+        Err(
+            error @ RepoError::VersionConflict {
+                expected, actual, ..
+            },
+        ) => {
             println!("  loser: {error}");
             expect(actual == &(expected + 1), "actual = expected + 1")?;
         }
@@ -181,7 +208,10 @@ async fn tour_conflict(accounts: &Repository<Account>) -> DemoResult {
         "  the loser re-reads (version {}) and retries -> version {version}: owner {:?}, note {:?}",
         reread.version, alice.owner, alice.note
     );
-    expect(alice.owner == "Alice A." && alice.note.as_deref() == Some("VIP"), "both changes kept")
+    expect(
+        alice.owner == "Alice A." && alice.note.as_deref() == Some("VIP"),
+        "both changes kept",
+    )
 }
 
 async fn tour_delete(accounts: &Repository<Account>) -> DemoResult {
@@ -197,7 +227,10 @@ async fn tour_delete(accounts: &Repository<Account>) -> DemoResult {
         Err(error @ RepoError::NotFound { .. }) => println!("  get(carol) -> {error}"),
         other => return Err(format!("expected NotFound, got {other:?}").into()),
     }
-    match accounts.update("bob", version, &Update::new().set("owner", "Zombie")).await {
+    match accounts
+        .update("bob", version, &Update::new().set("owner", "Zombie"))
+        .await
+    {
         Err(error @ RepoError::Deleted { .. }) => println!("  update(bob) -> {error}"),
         other => return Err(format!("expected Deleted, got {other:?}").into()),
     }
@@ -206,9 +239,16 @@ async fn tour_delete(accounts: &Repository<Account>) -> DemoResult {
     let after = accounts.get("bob").await;
     println!(
         "  purge_tombstones(retention 0) removed {purged}; get(bob) -> {}",
-        after.as_ref().err().map(ToString::to_string).unwrap_or_default()
+        after
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+            .unwrap_or_default()
     );
-    expect(matches!(after, Err(RepoError::NotFound { .. })), "NotFound after purge")
+    expect(
+        matches!(after, Err(RepoError::NotFound { .. })),
+        "NotFound after purge",
+    )
 }
 
 async fn tour_upgrade(store: &Store, db: &mongodb::Database) -> DemoResult {
@@ -236,25 +276,53 @@ async fn tour_upgrade(store: &Store, db: &mongodb::Database) -> DemoResult {
         "  get(ada) with code at schema version 2 -> given_name {:?}, family_name {:?} (stored as version {})",
         ada.given_name, ada.family_name, ada.stored_schema_version
     );
-    expect(ada.given_name == "Ada" && ada.family_name == "Lovelace", "the split name")?;
-    let version = profiles.update("ada", ada.version, &Update::new().set("family_name", "King")).await?;
-    let stored = db.collection::<Document>("profiles").find_one(doc! { "_id": "ada" }).await?;
-    let stamped = stored.as_ref().and_then(|d| d.get_i64(fields::SCHEMA_VERSION).ok());
+    expect(
+        ada.given_name == "Ada" && ada.family_name == "Lovelace",
+        "the split name",
+    )?;
+    let version = profiles
+        .update(
+            "ada",
+            ada.version,
+            &Update::new().set("family_name", "King"),
+        )
+        .await?;
+    let stored = db
+        .collection::<Document>("profiles")
+        .find_one(doc! { "_id": "ada" })
+        .await?;
+    let stamped = stored
+        .as_ref()
+        .and_then(|d| d.get_i64(fields::SCHEMA_VERSION).ok());
     println!("  update(ada) -> version {version}; the document is now stored in schema version {stamped:?}");
     expect(stamped == Some(2), "the write to stamp schema version 2")
 }
 
 async fn tour_bad_input(accounts: &Repository<Account>, db: &mongodb::Database) -> DemoResult {
     step("Bad input gets a typed error and changes nothing");
-    let count = || db.collection::<Document>("accounts").count_documents(doc! {});
+    let accounts_raw = db.collection::<Document>("accounts");
+    let count = || accounts_raw.count_documents(doc! {});
     let before = count().await?;
-    let bad = Account { id: "dora".into(), owner: String::new(), balance: 1, note: None };
+    let bad = Account {
+        id: "dora".into(),
+        owner: String::new(),
+        balance: 1,
+        note: None,
+    };
     let results = [
         accounts.insert(&bad).await.map(|_| 0),
-        accounts.update("alice", 0, &Update::new().set("owner", "x")).await,
-        accounts.update("alice", 4, &Update::new().set("balance", "lots")).await,
-        accounts.adjust("alice", 4, &Adjust::new().by("balance", f64::NAN)).await,
-        accounts.update("alice", 4, &Update::new().set("_version", 9_i64)).await,
+        accounts
+            .update("alice", 0, &Update::new().set("owner", "x"))
+            .await,
+        accounts
+            .update("alice", 4, &Update::new().set("balance", "lots"))
+            .await,
+        accounts
+            .adjust("alice", 4, &Adjust::new().by("balance", f64::NAN))
+            .await,
+        accounts
+            .update("alice", 4, &Update::new().set("_version", 9_i64))
+            .await,
         accounts.get(7).await.map(|_| 0),
     ];
     for result in results {
@@ -270,11 +338,16 @@ async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> 
     step("A document held by a transaction makes writers wait, then fail Locked");
     let txn = ObjectId::new();
     db.collection::<Document>("accounts")
-        .update_one(doc! { "_id": "alice" }, doc! { "$set": { fields::ACTIVE_TXN: txn } })
+        .update_one(
+            doc! { "_id": "alice" },
+            doc! { "$set": { fields::ACTIVE_TXN: txn } },
+        )
         .await?;
     let alice = accounts.get("alice").await?;
     let started = Instant::now();
-    let result = accounts.update("alice", alice.version, &Update::new().set("owner", "x")).await;
+    let result = accounts
+        .update("alice", alice.version, &Update::new().set("owner", "x"))
+        .await;
     match result {
         Err(error @ RepoError::Locked { .. }) => {
             println!("  after {:?}: {error}", started.elapsed());
@@ -282,9 +355,14 @@ async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> 
         other => return Err(format!("expected Locked, got {other:?}").into()),
     }
     db.collection::<Document>("accounts")
-        .update_one(doc! { "_id": "alice" }, doc! { "$unset": { fields::ACTIVE_TXN: "" } })
+        .update_one(
+            doc! { "_id": "alice" },
+            doc! { "$unset": { fields::ACTIVE_TXN: "" } },
+        )
         .await?;
-    let version = accounts.update("alice", alice.version, &Update::new().set("owner", "Alice")).await?;
+    let version = accounts
+        .update("alice", alice.version, &Update::new().set("owner", "Alice"))
+        .await?;
     println!("  once the holder lets go, the same write succeeds -> version {version}");
     Ok(())
 }

@@ -31,7 +31,10 @@ async fn main() {
     match mongotx::probe::probe_with(&client.database(&args.db), args.tasks).await {
         Ok(caps) => {
             println!("server accepted");
-            println!("  version: {}", caps.version.as_deref().unwrap_or("unknown"));
+            println!(
+                "  version: {}",
+                caps.version.as_deref().unwrap_or("unknown")
+            );
             println!("  duplicate _id rejected: yes");
             println!(
                 "  conditional updates atomic: yes ({} tasks, {} lost races retried)",
@@ -40,7 +43,11 @@ async fn main() {
             println!("  find-and-modify returns the new document: yes");
             println!(
                 "  server-side $jsonSchema validation: {}",
-                if caps.json_schema_validation { "enforced" } else { "not enforced" }
+                if caps.json_schema_validation {
+                    "enforced"
+                } else {
+                    "not enforced"
+                }
             );
         }
         Err(e) => {

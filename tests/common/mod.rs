@@ -5,6 +5,8 @@
 //! or no server at all, fails every test with a message saying how to provide one.
 #![allow(dead_code)]
 
+pub mod wire_proxy;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 

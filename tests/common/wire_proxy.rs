@@ -1,0 +1,312 @@
+//! A MongoDB wire-protocol proxy for fault injection: tests put it between a client and the real
+//! test server and let it rewrite commands, rewrite replies or answer in the server's place.
+//!
+//! Only `OP_MSG` is interpreted (the driver sends every command that way); anything else, such as
+//! a legacy handshake, passes through untouched. Each message is re-encoded with a single body
+//! section, merging document sequences into the body as arrays, which every server accepts.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bson::{Bson, Document};
+use mongodb::options::{ClientOptions, ServerAddress};
+use mongodb::Client;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+const OP_MSG: i32 = 2013;
+const CHECKSUM_PRESENT: u32 = 1;
+const MORE_TO_COME: u32 = 2;
+
+/// What to do with a command.
+pub enum Action {
+    /// Send it (possibly rewritten) to the server.
+    Forward,
+    /// Do not send it; answer the client with this reply instead.
+    Respond(Document),
+}
+
+/// How a test tampers with traffic. Both hooks see `OP_MSG` bodies only.
+pub trait Rules: Send + Sync + 'static {
+    /// Sees (and may rewrite) each command before it goes to the server.
+    fn command(&self, _command: &mut Document) -> Action {
+        Action::Forward
+    }
+
+    /// Sees (and may rewrite) each reply, with the command it answers.
+    fn reply(&self, _command: &Document, _reply: &mut Document) {}
+}
+
+/// Rules that change nothing.
+pub struct PassThrough;
+
+impl Rules for PassThrough {}
+
+/// A running proxy; stops accepting when dropped.
+pub struct WireProxy {
+    addr: SocketAddr,
+    options: ClientOptions,
+    acceptor: JoinHandle<()>,
+}
+
+impl WireProxy {
+    /// Starts a proxy in front of the server of `uri` (its first host) on a free loopback port.
+    pub async fn start(uri: &str, rules: impl Rules) -> WireProxy {
+        let options = ClientOptions::parse(uri)
+            .await
+            .unwrap_or_else(|e| panic!("wire proxy: cannot parse {uri}: {e}"));
+        let upstream = match options.hosts.first() {
+            Some(ServerAddress::Tcp { host, port }) => {
+                format!("{host}:{}", port.unwrap_or(27017))
+            }
+            other => panic!("wire proxy: needs a TCP host in {uri}, found {other:?}"),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("wire proxy: cannot bind: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("wire proxy: no local address: {e}"));
+        let rules: Arc<dyn Rules> = Arc::new(rules);
+        let acceptor = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let rules = Arc::clone(&rules);
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(&upstream).await {
+                        relay(client, server, rules).await;
+                    }
+                });
+            }
+        });
+        WireProxy {
+            addr,
+            options,
+            acceptor,
+        }
+    }
+
+    /// A client that talks to the server through this proxy only.
+    pub async fn client(&self) -> Client {
+        let mut options = self.options.clone();
+        options.hosts = vec![ServerAddress::Tcp {
+            host: self.addr.ip().to_string(),
+            port: Some(self.addr.port()),
+        }];
+        options.direct_connection = Some(true);
+        options.repl_set_name = None;
+        Client::with_options(options).unwrap_or_else(|e| panic!("wire proxy client: {e}"))
+    }
+}
+
+impl Drop for WireProxy {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+type Pending = Arc<Mutex<HashMap<i32, Document>>>;
+
+/// Pumps both directions of one connection until either side closes.
+async fn relay(client: TcpStream, server: TcpStream, rules: Arc<dyn Rules>) {
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let client_write = Arc::new(tokio::sync::Mutex::new(client_write));
+    let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+    let up = commands(
+        client_read,
+        server_write,
+        Arc::clone(&client_write),
+        Arc::clone(&pending),
+        Arc::clone(&rules),
+    );
+    let down = replies(server_read, client_write, pending, rules);
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+async fn commands(
+    mut from_client: OwnedReadHalf,
+    mut to_server: OwnedWriteHalf,
+    to_client: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    pending: Pending,
+    rules: Arc<dyn Rules>,
+) -> std::io::Result<()> {
+    loop {
+        let message = read_message(&mut from_client).await?;
+        let Some(mut msg) = Msg::parse(&message) else {
+            to_server.write_all(&message).await?;
+            continue;
+        };
+        match rules.command(&mut msg.body) {
+            Action::Forward => {
+                if msg.flags & MORE_TO_COME == 0 {
+                    lock(&pending).insert(msg.request_id, msg.body.clone());
+                }
+                to_server.write_all(&msg.encode()).await?;
+            }
+            Action::Respond(reply) => {
+                let answer = Msg {
+                    request_id: msg.request_id.wrapping_add(1_000_000),
+                    response_to: msg.request_id,
+                    flags: 0,
+                    body: reply,
+                };
+                to_client.lock().await.write_all(&answer.encode()).await?;
+            }
+        }
+    }
+}
+
+async fn replies(
+    mut from_server: OwnedReadHalf,
+    to_client: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    pending: Pending,
+    rules: Arc<dyn Rules>,
+) -> std::io::Result<()> {
+    loop {
+        let message = read_message(&mut from_server).await?;
+        let out = match Msg::parse(&message) {
+            Some(mut msg) => {
+                let command = {
+                    let mut pending = lock(&pending);
+                    if msg.flags & MORE_TO_COME == 0 {
+                        pending.remove(&msg.response_to)
+                    } else {
+                        pending.get(&msg.response_to).cloned()
+                    }
+                };
+                match command {
+                    Some(command) => {
+                        rules.reply(&command, &mut msg.body);
+                        msg.encode()
+                    }
+                    None => message,
+                }
+            }
+            None => message,
+        };
+        to_client.lock().await.write_all(&out).await?;
+    }
+}
+
+fn lock(pending: &Pending) -> std::sync::MutexGuard<'_, HashMap<i32, Document>> {
+    pending
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn read_message(from: &mut OwnedReadHalf) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    from.read_exact(&mut len).await?;
+    let total = i32::from_le_bytes(len);
+    if !(16..=48 * 1024 * 1024).contains(&total) {
+        return Err(std::io::Error::other(format!("bad message length {total}")));
+    }
+    let mut message = vec![0u8; total as usize];
+    message[..4].copy_from_slice(&len);
+    from.read_exact(&mut message[4..]).await?;
+    Ok(message)
+}
+
+/// An `OP_MSG` with its sections merged into one body document.
+struct Msg {
+    request_id: i32,
+    response_to: i32,
+    flags: u32,
+    body: Document,
+}
+
+fn le_i32(bytes: &[u8], at: usize) -> Option<i32> {
+    Some(i32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+}
+
+impl Msg {
+    fn parse(message: &[u8]) -> Option<Msg> {
+        if le_i32(message, 12)? != OP_MSG {
+            return None;
+        }
+        let request_id = le_i32(message, 4)?;
+        let response_to = le_i32(message, 8)?;
+        let flags = le_i32(message, 16)? as u32;
+        let end = if flags & CHECKSUM_PRESENT != 0 {
+            message.len() - 4
+        } else {
+            message.len()
+        };
+        let mut at = 20;
+        let mut body: Option<Document> = None;
+        let mut sequences: Vec<(String, Vec<Bson>)> = Vec::new();
+        while at < end {
+            let kind = *message.get(at)?;
+            at += 1;
+            match kind {
+                0 => {
+                    let size = le_i32(message, at)? as usize;
+                    body = Some(Document::from_reader(message.get(at..at + size)?).ok()?);
+                    at += size;
+                }
+                1 => {
+                    let size = le_i32(message, at)? as usize;
+                    let section_end = at + size;
+                    let mut cursor = at + 4;
+                    let name_end = cursor
+                        + message
+                            .get(cursor..section_end)?
+                            .iter()
+                            .position(|b| *b == 0)?;
+                    let name = String::from_utf8(message.get(cursor..name_end)?.to_vec()).ok()?;
+                    cursor = name_end + 1;
+                    let mut docs = Vec::new();
+                    while cursor < section_end {
+                        let doc_size = le_i32(message, cursor)? as usize;
+                        let doc =
+                            Document::from_reader(message.get(cursor..cursor + doc_size)?).ok()?;
+                        docs.push(Bson::Document(doc));
+                        cursor += doc_size;
+                    }
+                    sequences.push((name, docs));
+                    at = section_end;
+                }
+                _ => return None,
+            }
+        }
+        let mut body = body?;
+        for (name, docs) in sequences {
+            body.insert(name, docs);
+        }
+        Some(Msg {
+            request_id,
+            response_to,
+            flags: flags & !CHECKSUM_PRESENT,
+            body,
+        })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        self.body
+            .to_writer(&mut body)
+            .unwrap_or_else(|e| panic!("wire proxy: cannot encode {}: {e}", self.body));
+        let total = 16 + 4 + 1 + body.len();
+        let mut out = Vec::with_capacity(total);
+        out.extend_from_slice(&(total as i32).to_le_bytes());
+        out.extend_from_slice(&self.request_id.to_le_bytes());
+        out.extend_from_slice(&self.response_to.to_le_bytes());
+        out.extend_from_slice(&OP_MSG.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        out.push(0);
+        out.extend_from_slice(&body);
+        out
+    }
+}
+
+/// The command name of a command body (its first key).
+pub fn command_name(command: &Document) -> &str {
+    command.keys().next().map(String::as_str).unwrap_or("")
+}

@@ -1,0 +1,282 @@
+//! The server side of the foundation: the probe accepts the test server and refuses servers that
+//! break each guarantee (simulated by a wire proxy), the local server starts and stops, driver
+//! failures surface as typed errors, and the demo runs end to end.
+
+mod common;
+
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use common::wire_proxy::{command_name, Action, PassThrough, Rules, WireProxy};
+use common::{server_uri, Account, TestDb};
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+use mongotx::local_server::LocalServer;
+use mongotx::{ProbeError, RepoError, Store};
+
+fn on_probe_collection(command: &Document) -> bool {
+    command
+        .get_str(command_name(command))
+        .is_ok_and(|c| c.starts_with("mongotx_probe_"))
+}
+
+#[tokio::test]
+async fn the_probe_accepts_the_test_server_under_real_contention() {
+    let t = TestDb::new().await;
+    let caps = mongotx::probe_with(&t.db, 64).await.expect("probe");
+    assert_eq!(caps.contention_tasks, 64);
+    assert!(
+        caps.contention_retries > 0,
+        "64 concurrent compare-and-set tasks never collided: the check did not contend"
+    );
+    let names = t.db.list_collection_names().await.expect("list");
+    assert!(
+        names.iter().all(|n| !n.starts_with("mongotx_probe")),
+        "probe left scratch collections behind: {names:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_wire_proxy_is_transparent_when_it_changes_nothing() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), PassThrough).await;
+    let client = proxy.client().await;
+    let store = Store::new(client.database(t.db.name()));
+    let accounts = store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect("open");
+    accounts
+        .insert(&Account::new("a1", "Ann", 5))
+        .await
+        .expect("insert");
+    let read = accounts.get("a1").await.expect("get");
+    assert_eq!((read.version, read.balance), (1, 5));
+    mongotx::probe(&client.database(t.db.name()))
+        .await
+        .expect("probe through a transparent proxy");
+}
+
+/// Pretends a duplicate-key insert succeeded.
+struct AcceptDuplicates;
+
+impl Rules for AcceptDuplicates {
+    fn reply(&self, command: &Document, reply: &mut Document) {
+        let duplicate = reply.get_array("writeErrors").is_ok_and(|errors| {
+            errors.iter().any(|e| {
+                e.as_document()
+                    .and_then(|d| d.get("code"))
+                    .is_some_and(|c| c.as_i32() == Some(11000) || c.as_i64() == Some(11000))
+            })
+        });
+        if command_name(command) == "insert" && duplicate {
+            reply.remove("writeErrors");
+            reply.insert("n", 1);
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_that_accepts_duplicate_ids() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), AcceptDuplicates).await;
+    let err = mongotx::probe(&proxy.client().await.database(t.db.name()))
+        .await
+        .expect_err("probe must refuse");
+    assert!(
+        matches!(err, ProbeError::DuplicateIdAccepted { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("duplicate _id"), "{err}");
+}
+
+/// Acknowledges compare-and-set updates but writes back the value they were conditioned on.
+struct LoseUpdates;
+
+impl Rules for LoseUpdates {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command) != "update" || !on_probe_collection(command) {
+            return Action::Forward;
+        }
+        if let Ok(updates) = command.get_array_mut("updates") {
+            for update in updates.iter_mut() {
+                if let Bson::Document(update) = update {
+                    if let Some(seen) = update
+                        .get_document("q")
+                        .ok()
+                        .and_then(|q| q.get("n"))
+                        .cloned()
+                    {
+                        update.insert("u", doc! { "$set": { "n": seen } });
+                    }
+                }
+            }
+        }
+        Action::Forward
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_that_loses_conditional_updates() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), LoseUpdates).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 16)
+        .await
+        .expect_err("probe must refuse");
+    match &err {
+        ProbeError::LostUpdate { tasks, found, .. } => assert_eq!((*tasks, *found), (16, 0)),
+        other => panic!("expected LostUpdate, got {other:?}"),
+    }
+    assert!(err.to_string().contains("not atomic"), "{err}");
+}
+
+/// Turns find-and-modify into "return the document as it was".
+struct StaleFindAndModify;
+
+impl Rules for StaleFindAndModify {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command).eq_ignore_ascii_case("findAndModify") {
+            command.insert("new", false);
+        }
+        Action::Forward
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_whose_find_and_modify_returns_the_old_document() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), StaleFindAndModify).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+        .await
+        .expect_err("probe must refuse");
+    match &err {
+        ProbeError::FindAndModifyStale {
+            expected, found, ..
+        } => {
+            assert_eq!(*expected, 9);
+            assert!(found.contains("Int64(8)"), "{found}");
+        }
+        other => panic!("expected FindAndModifyStale, got {other:?}"),
+    }
+    assert!(err.to_string().contains("find-and-modify"), "{err}");
+}
+
+/// Answers every command named `name` with a server error instead of forwarding it.
+struct FailCommand(&'static str);
+
+impl Rules for FailCommand {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command) == self.0 {
+            Action::Respond(doc! {
+                "ok": 0.0,
+                "errmsg": "injected by the wire proxy",
+                "code": 8000,
+                "codeName": "AtlasError",
+            })
+        } else {
+            Action::Forward
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failing_probe_step_is_a_database_error_naming_the_step() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), FailCommand("insert")).await;
+    let err = mongotx::probe(&proxy.client().await.database(t.db.name()))
+        .await
+        .expect_err("probe must fail");
+    match &err {
+        ProbeError::Database { step, .. } => assert_eq!(*step, "insert"),
+        other => panic!("expected Database, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("injected by the wire proxy"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_error_on_read_is_a_database_error_naming_collection_and_id() {
+    let t = TestDb::new().await;
+    let accounts = t
+        .store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect("open");
+    accounts
+        .insert(&Account::new("a1", "Ann", 5))
+        .await
+        .expect("insert");
+    let proxy = WireProxy::start(&server_uri(), FailCommand("find")).await;
+    let via_proxy = Store::new(proxy.client().await.database(t.db.name()))
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect("open through proxy");
+    let err = via_proxy.get("a1").await.expect_err("read must fail");
+    assert!(matches!(err, RepoError::Database { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("accounts") && text.contains("a1"), "{text}");
+    // The direct path still works: the failure was the proxy's, not the data's.
+    assert_eq!(accounts.get("a1").await.expect("direct get").balance, 5);
+}
+
+#[tokio::test]
+async fn the_local_server_starts_on_a_free_port_and_stops() {
+    let server = tokio::task::spawn_blocking(LocalServer::start)
+        .await
+        .expect("join")
+        .expect("local server starts");
+    let mut options = ClientOptions::parse(server.uri()).await.expect("uri");
+    options.server_selection_timeout = Some(Duration::from_millis(800));
+    let client = Client::with_options(options.clone()).expect("client");
+    client
+        .database("admin")
+        .run_command(doc! { "ping": 1 })
+        .await
+        .expect("ping while running");
+    mongotx::probe_with(&client.database("mongotx_local_check"), 8)
+        .await
+        .expect("the local server passes the probe");
+    tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .expect("stop");
+    let after = Client::with_options(options).expect("client");
+    let err = after
+        .database("admin")
+        .run_command(doc! { "ping": 1 })
+        .await
+        .expect_err("a stopped server must not answer");
+    assert!(
+        matches!(*err.kind, mongodb::error::ErrorKind::ServerSelection { .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_demo_tour_runs_end_to_end() {
+    let uri = server_uri();
+    let db = format!("mongotx_demo_test_{}", bson::oid::ObjectId::new().to_hex());
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_mongotx-demo"))
+        .env("MONGODB_URI", &uri)
+        .args(["--db", &db])
+        .output()
+        .await
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "demo failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    for expected in ["VersionConflict", "NotFound", "Deleted", "schema", "Locked"] {
+        assert!(
+            stdout.contains(expected) || stdout.to_lowercase().contains(&expected.to_lowercase()),
+            "demo output lacks {expected:?}:\n{stdout}"
+        );
+    }
+    // Without --keep the demo drops its database.
+    let client = common::client().await;
+    let names = client.list_database_names().await.expect("list");
+    assert!(!names.contains(&db), "demo left {db} behind");
+}
