@@ -223,7 +223,7 @@ impl RepoError {
     }
 }
 
-fn is_transient(error: &mongodb::error::Error) -> bool {
+pub(crate) fn is_transient(error: &mongodb::error::Error) -> bool {
     matches!(
         error.kind.as_ref(),
         mongodb::error::ErrorKind::Io(_) | mongodb::error::ErrorKind::ConnectionPoolCleared { .. }
@@ -237,4 +237,129 @@ pub fn show_id(id: &Bson) -> String {
         Bson::String(s) => format!("{s:?}"),
         other => other.to_string(),
     }
+}
+
+/// Everything a transaction (staging, commit, GC) can fail with; messages name the transaction.
+#[derive(Debug, Error)]
+pub enum TxnError {
+    /// A staged document could not be changed: the repository error says which and why.
+    #[error("transaction {}: {source}", show_txn(txn))]
+    Document {
+        /// The transaction, once it has an ActiveTransaction document.
+        txn: Option<ObjectId>,
+        /// What happened to the document (boxed: it is large).
+        #[source]
+        source: Box<RepoError>,
+    },
+    /// The same document was staged twice.
+    #[error("{collection}/{id} is staged twice in one transaction; combine the changes")]
+    DuplicateEntry {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+    },
+    /// The deadline passed and a GC claimed the transaction before its commit point; it was
+    /// rolled back. Retrying is safe.
+    #[error(
+        "transaction {txn}: its deadline passed and it was rolled back before the commit point"
+    )]
+    Expired {
+        /// The transaction.
+        txn: ObjectId,
+    },
+    /// A fault injector stopped the coordinator or GC here, as a crash would.
+    #[error("transaction {}: injected crash at {at}", show_txn(txn))]
+    Crashed {
+        /// The transaction, if it had an id yet.
+        txn: Option<ObjectId>,
+        /// The failpoint.
+        at: crate::failpoint::Failpoint,
+    },
+    /// A stored ActiveTransaction document cannot be read.
+    #[error("transaction {txn}: ActiveTransaction document is malformed: {reason}")]
+    Malformed {
+        /// The transaction.
+        txn: ObjectId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The caller's transaction body decided not to commit.
+    #[error("transaction rejected: {reason}")]
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+    /// `run_transaction` ran out of time retrying.
+    #[error("gave up after {attempts} attempts in {elapsed:?}; last error: {last}")]
+    GaveUp {
+        /// Attempts made.
+        attempts: u32,
+        /// Time spent.
+        elapsed: Duration,
+        /// The last retryable error.
+        last: Box<TxnError>,
+    },
+    /// The server or the connection failed on the transactions collection.
+    #[error("transaction {}: {step} failed: {source}", show_txn(txn))]
+    Database {
+        /// The transaction, if it had an id yet.
+        txn: Option<ObjectId>,
+        /// The protocol step.
+        step: &'static str,
+        /// The driver error.
+        #[source]
+        source: Box<mongodb::error::Error>,
+    },
+}
+
+impl TxnError {
+    /// Whether running the transaction again (after re-reading) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            TxnError::Document { source, .. } => source.is_retryable(),
+            TxnError::Expired { .. } => true,
+            TxnError::Database { source, .. } => is_transient(source),
+            _ => false,
+        }
+    }
+
+    /// The document-level error inside, if this is one.
+    pub fn repo_error(&self) -> Option<&RepoError> {
+        match self {
+            TxnError::Document { source, .. } => Some(source),
+            TxnError::GaveUp { last, .. } => last.repo_error(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn document(txn: Option<ObjectId>, source: RepoError) -> TxnError {
+        TxnError::Document {
+            txn,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn database(
+        txn: Option<ObjectId>,
+        step: &'static str,
+        source: mongodb::error::Error,
+    ) -> TxnError {
+        TxnError::Database {
+            txn,
+            step,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl From<RepoError> for TxnError {
+    fn from(source: RepoError) -> TxnError {
+        TxnError::document(None, source)
+    }
+}
+
+fn show_txn(txn: &Option<ObjectId>) -> String {
+    txn.map(|t| t.to_hex())
+        .unwrap_or_else(|| "(not begun)".to_string())
 }

@@ -80,6 +80,12 @@ impl SystemFields {
     pub fn is_deleted(&self) -> bool {
         self.deleted_at.is_some()
     }
+
+    /// Whether the document is the placeholder a rolled-back transactional insert leaves: a
+    /// version-0 tombstone that reads as not found and that a new insert may take over.
+    pub fn is_placeholder(&self) -> bool {
+        self.is_deleted() && self.version == 0
+    }
 }
 
 fn read_integer(doc: &Document, name: &str) -> Result<i64, String> {

@@ -23,6 +23,8 @@ pub enum CommittedView {
     PreImage(Document),
     /// The document does not exist yet (an insert that has not committed).
     Absent,
+    /// The holder finished while the document was being read: read it again.
+    Reread,
 }
 
 /// Decides what a held document means; implemented by the transaction layer.

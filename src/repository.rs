@@ -28,6 +28,9 @@ use crate::store::Store;
 /// The version every document has right after insert.
 pub const FIRST_VERSION: i64 = 1;
 
+/// How often a read follows a holder that finished meanwhile before giving up.
+const MAX_REREADS: usize = 8;
+
 /// A document as read: the caller's value plus its id, version and schema version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stamped<T> {
@@ -175,6 +178,29 @@ where
     /// Inserts a new document at version 1 and returns its id (generated when the value has
     /// none and the schema allows an ObjectId).
     pub async fn insert(&self, value: &T) -> Result<Bson, RepoError> {
+        let (id, mut doc) = self.prepare_insert(value)?;
+        let shown = show_id(&id);
+        self.stamp(&mut doc, FIRST_VERSION);
+        self.validate(&shown, &doc)?;
+
+        match self.coll.insert_one(&doc).await {
+            Ok(_) => {}
+            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
+                if !self.take_placeholder(&id, &shown, &doc).await? {
+                    return Err(RepoError::DuplicateId {
+                        collection: self.name().to_string(),
+                        id: shown,
+                    });
+                }
+            }
+            Err(e) => return Err(self.write_error(&shown, "insert", e)),
+        }
+        tracing::debug!(collection = self.name(), id = %shown, "inserted");
+        Ok(id)
+    }
+
+    /// The id and user fields of a value about to be inserted, checked but not yet stamped.
+    pub(crate) fn prepare_insert(&self, value: &T) -> Result<(Bson, Document), RepoError> {
         let mut doc = self.encode(value, "(new)")?;
         let id = match doc.get("_id") {
             Some(id) => id.clone(),
@@ -194,23 +220,29 @@ where
             }
         };
         self.check_id(&id)?;
-        let shown = show_id(&id);
-        self.stamp(&mut doc, FIRST_VERSION);
-        self.validate(&shown, &doc)?;
+        Ok((id, doc))
+    }
 
-        match self.coll.insert_one(doc).await {
-            Ok(_) => {
-                tracing::debug!(collection = self.name(), id = %shown, "inserted");
-                Ok(id)
-            }
-            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                Err(RepoError::DuplicateId {
-                    collection: self.name().to_string(),
-                    id: shown,
-                })
-            }
-            Err(e) => Err(self.write_error(&shown, "insert", e)),
-        }
+    /// Replaces the placeholder a rolled-back transactional insert left under `id` (a free
+    /// version-0 tombstone) with `doc`; `false` when the id is taken by anything else.
+    pub(crate) async fn take_placeholder(
+        &self,
+        id: &Bson,
+        shown: &str,
+        doc: &Document,
+    ) -> Result<bool, RepoError> {
+        let filter = doc! {
+            "_id": id.clone(),
+            fields::VERSION: 0_i64,
+            fields::DELETED: { "$exists": true },
+            fields::ACTIVE_TXN: null,
+        };
+        let result = self
+            .coll
+            .replace_one(filter, doc)
+            .await
+            .map_err(|e| self.write_error(shown, "insert", e))?;
+        Ok(result.matched_count == 1)
     }
 
     /// Reads a document by id: its committed value, or `NotFound` / `Deleted`.
@@ -426,8 +458,10 @@ where
                             holder,
                             source,
                         })?;
+                    // A resolved holder is retried at once, unless the same one is still there.
+                    let again = last_holder == Some(holder);
                     last_holder = Some(holder);
-                    if !resolved && started.elapsed() < lock_wait.max_wait {
+                    if (!resolved || again) && started.elapsed() < lock_wait.max_wait {
                         tokio::time::sleep(lock_wait.backoff(waits)).await;
                         waits += 1;
                     }
@@ -530,6 +564,12 @@ where
             }));
         };
         let sys = self.system_fields(shown, &stored)?;
+        if sys.is_placeholder() {
+            return Ok(Next::Fail(RepoError::NotFound {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+            }));
+        }
         if sys.is_deleted() {
             return Ok(Next::Fail(RepoError::Deleted {
                 collection: self.name().to_string(),
@@ -621,42 +661,64 @@ where
     // ----- reading -----
 
     /// Applies the committed-view, tombstone, schema and decoding rules to a stored document.
-    async fn visible(&self, stored: Document) -> Result<Visible<T>, RepoError> {
+    async fn visible(&self, mut stored: Document) -> Result<Visible<T>, RepoError> {
         let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
         let shown = show_id(&id);
-        let sys = self.system_fields(&shown, &stored)?;
-        if sys.is_deleted() {
-            return Ok(Visible::Deleted(sys.version));
-        }
-        let (doc, sys) = match &sys.active_txn {
-            None => (stored, sys),
-            Some(holder) => {
-                let view = self
-                    .store
-                    .inner
-                    .holds
-                    .committed_view(&self.store.inner.db, self.name(), &stored, holder)
-                    .await
-                    .map_err(|source| RepoError::Hold {
+        let mut rereads = 0;
+        let (doc, sys) = loop {
+            let sys = self.system_fields(&shown, &stored)?;
+            if sys.is_placeholder() {
+                return Ok(Visible::Absent);
+            }
+            if sys.is_deleted() {
+                return Ok(Visible::Deleted(sys.version));
+            }
+            let Some(holder) = sys.active_txn else {
+                break (stored, sys);
+            };
+            let view = self
+                .store
+                .inner
+                .holds
+                .committed_view(&self.store.inner.db, self.name(), &stored, &holder)
+                .await
+                .map_err(|source| RepoError::Hold {
+                    collection: self.name().to_string(),
+                    id: shown.clone(),
+                    holder,
+                    source,
+                })?;
+            match view {
+                // Past the commit point a pending delete is a delete.
+                CommittedView::Stored if sys.deleting => return Ok(Visible::Deleted(sys.version)),
+                CommittedView::Stored => break (stored, sys),
+                CommittedView::PreImage(pre) => {
+                    let pre_sys = self.system_fields(&shown, &pre)?;
+                    if pre_sys.is_deleted() {
+                        return Ok(Visible::Deleted(pre_sys.version));
+                    }
+                    break (pre, pre_sys);
+                }
+                CommittedView::Absent => return Ok(Visible::Absent),
+                CommittedView::Reread if rereads < MAX_REREADS => {
+                    rereads += 1;
+                    match self
+                        .coll
+                        .find_one(doc! { "_id": id.clone() })
+                        .await
+                        .map_err(|e| self.db_error(&shown, "find by id", e))?
+                    {
+                        Some(fresh) => stored = fresh,
+                        None => return Ok(Visible::Absent),
+                    }
+                }
+                CommittedView::Reread => {
+                    return Err(RepoError::Hold {
                         collection: self.name().to_string(),
                         id: shown.clone(),
-                        holder: *holder,
-                        source,
-                    })?;
-                match view {
-                    // Past the commit point a pending delete is a delete.
-                    CommittedView::Stored if sys.deleting => {
-                        return Ok(Visible::Deleted(sys.version))
-                    }
-                    CommittedView::Stored => (stored, sys),
-                    CommittedView::PreImage(pre) => {
-                        let pre_sys = self.system_fields(&shown, &pre)?;
-                        if pre_sys.is_deleted() {
-                            return Ok(Visible::Deleted(pre_sys.version));
-                        }
-                        (pre, pre_sys)
-                    }
-                    CommittedView::Absent => return Ok(Visible::Absent),
+                        holder,
+                        source: "the document kept changing while it was read".into(),
+                    })
                 }
             }
         };
@@ -678,7 +740,12 @@ where
     }
 
     /// Strips system fields and upgrades the caller's fields to the current schema version.
-    fn upgrade(&self, shown: &str, mut doc: Document, from: i64) -> Result<Document, RepoError> {
+    pub(crate) fn upgrade(
+        &self,
+        shown: &str,
+        mut doc: Document,
+        from: i64,
+    ) -> Result<Document, RepoError> {
         fields::strip(&mut doc);
         if from == self.spec.schema_version() {
             return Ok(doc);
@@ -706,7 +773,7 @@ where
 
     // ----- input checks (all run before anything touches the database) -----
 
-    fn check_write(&self, id: &Bson, expected: i64) -> Result<(), RepoError> {
+    pub(crate) fn check_write(&self, id: &Bson, expected: i64) -> Result<(), RepoError> {
         self.check_id(id)?;
         if expected < FIRST_VERSION {
             return Err(RepoError::InvalidVersion {
@@ -718,7 +785,7 @@ where
         Ok(())
     }
 
-    fn check_id(&self, id: &Bson) -> Result<(), RepoError> {
+    pub(crate) fn check_id(&self, id: &Bson) -> Result<(), RepoError> {
         let found = BsonType::of(id);
         if self.id_types.contains(&found) {
             return Ok(());
@@ -777,7 +844,7 @@ where
         Ok(())
     }
 
-    fn check_update(&self, shown: &str, update: &Update) -> Result<(), RepoError> {
+    pub(crate) fn check_update(&self, shown: &str, update: &Update) -> Result<(), RepoError> {
         if update.is_empty() {
             return Err(self.empty(shown));
         }
@@ -796,7 +863,7 @@ where
         Ok(())
     }
 
-    fn check_adjust(&self, shown: &str, adjust: &Adjust) -> Result<(), RepoError> {
+    pub(crate) fn check_adjust(&self, shown: &str, adjust: &Adjust) -> Result<(), RepoError> {
         if adjust.is_empty() {
             return Err(self.empty(shown));
         }
@@ -852,7 +919,7 @@ where
         Ok(())
     }
 
-    fn encode(&self, value: &T, shown: &str) -> Result<Document, RepoError> {
+    pub(crate) fn encode(&self, value: &T, shown: &str) -> Result<Document, RepoError> {
         let doc = bson::to_document(value).map_err(|e| RepoError::Encode {
             collection: self.name().to_string(),
             reason: e.to_string(),
@@ -867,21 +934,25 @@ where
         Ok(doc)
     }
 
-    fn validate(&self, shown: &str, doc: &Document) -> Result<(), RepoError> {
+    pub(crate) fn validate(&self, shown: &str, doc: &Document) -> Result<(), RepoError> {
         self.spec
             .schema()
             .validate(doc)
             .map_err(|v| self.invalid(shown, v))
     }
 
-    fn stamp(&self, doc: &mut Document, version: i64) {
+    pub(crate) fn stamp(&self, doc: &mut Document, version: i64) {
         doc.insert(fields::SCHEMA_VERSION, self.spec.schema_version());
         doc.insert(fields::VERSION, version);
     }
 
     // ----- error helpers -----
 
-    fn system_fields(&self, shown: &str, doc: &Document) -> Result<SystemFields, RepoError> {
+    pub(crate) fn system_fields(
+        &self,
+        shown: &str,
+        doc: &Document,
+    ) -> Result<SystemFields, RepoError> {
         SystemFields::read(doc).map_err(|reason| RepoError::Malformed {
             collection: self.name().to_string(),
             id: shown.to_string(),
@@ -889,7 +960,7 @@ where
         })
     }
 
-    fn invalid(&self, shown: &str, violation: Violation) -> RepoError {
+    pub(crate) fn invalid(&self, shown: &str, violation: Violation) -> RepoError {
         RepoError::Invalid {
             collection: self.name().to_string(),
             id: shown.to_string(),
@@ -905,7 +976,7 @@ where
         }
     }
 
-    fn too_new(&self, shown: &str, found: i64) -> RepoError {
+    pub(crate) fn too_new(&self, shown: &str, found: i64) -> RepoError {
         RepoError::SchemaTooNew {
             collection: self.name().to_string(),
             id: shown.to_string(),
@@ -914,7 +985,7 @@ where
         }
     }
 
-    fn db_error(
+    pub(crate) fn db_error(
         &self,
         shown: &str,
         operation: &'static str,

@@ -12,9 +12,11 @@ use tokio::sync::OnceCell;
 use crate::collection::CollectionSpec;
 use crate::error::RepoError;
 use crate::fields;
-use crate::hold::{HoldResolver, LockWait, NoTransactions};
+use crate::hold::{HoldResolver, LockWait};
 use crate::probe;
+use crate::recovery::TransactionHolds;
 use crate::repository::Repository;
+use crate::worklist::TRANSACTIONS_COLLECTION;
 
 /// Whether to install each collection's schema as a server-side `$jsonSchema` validator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,6 +40,7 @@ pub(crate) struct StoreInner {
     pub(crate) db: Database,
     pub(crate) lock_wait: LockWait,
     pub(crate) holds: Arc<dyn HoldResolver>,
+    pub(crate) txns_collection: String,
     validation: ServerValidation,
     validator_support: OnceCell<bool>,
 }
@@ -56,7 +59,8 @@ impl std::fmt::Debug for Store {
 pub struct StoreBuilder {
     db: Database,
     lock_wait: LockWait,
-    holds: Arc<dyn HoldResolver>,
+    holds: Option<Arc<dyn HoldResolver>>,
+    txns_collection: String,
     validation: ServerValidation,
 }
 
@@ -67,9 +71,15 @@ impl StoreBuilder {
         self
     }
 
-    /// Sets the transaction layer's resolver for held documents.
+    /// Replaces the transaction layer's resolver for held documents (for tests and tools).
     pub fn hold_resolver(mut self, holds: Arc<dyn HoldResolver>) -> StoreBuilder {
-        self.holds = holds;
+        self.holds = Some(holds);
+        self
+    }
+
+    /// Sets the collection of ActiveTransaction documents (default `mongotx_transactions`).
+    pub fn transactions_collection(mut self, name: impl Into<String>) -> StoreBuilder {
+        self.txns_collection = name.into();
         self
     }
 
@@ -85,7 +95,10 @@ impl StoreBuilder {
             inner: Arc::new(StoreInner {
                 db: self.db,
                 lock_wait: self.lock_wait,
-                holds: self.holds,
+                holds: self.holds.unwrap_or_else(|| {
+                    Arc::new(TransactionHolds::new(self.txns_collection.clone()))
+                }),
+                txns_collection: self.txns_collection,
                 validation: self.validation,
                 validator_support: OnceCell::new(),
             }),
@@ -104,7 +117,8 @@ impl Store {
         StoreBuilder {
             db,
             lock_wait: LockWait::default(),
-            holds: Arc::new(NoTransactions),
+            holds: None,
+            txns_collection: TRANSACTIONS_COLLECTION.to_string(),
             validation: ServerValidation::default(),
         }
     }
@@ -117,6 +131,11 @@ impl Store {
     /// The lock-wait policy writers use.
     pub fn lock_wait(&self) -> LockWait {
         self.inner.lock_wait
+    }
+
+    /// The collection holding ActiveTransaction documents.
+    pub fn transactions_collection(&self) -> &str {
+        &self.inner.txns_collection
     }
 
     /// Opens a typed repository: checks the definition, creates the system indexes and installs

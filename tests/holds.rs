@@ -13,7 +13,8 @@ use common::{raw_snapshot, Account, TestDb};
 use mongodb::Database;
 use mongotx::error::HoldError;
 use mongotx::{
-    fields, Adjust, CommittedView, HoldResolver, LockWait, Query, RepoError, Store, Update,
+    fields, Adjust, CommittedView, HoldResolver, LockWait, NoTransactions, Query, RepoError, Store,
+    Update,
 };
 
 fn short_wait(max_wait_ms: u64) -> LockWait {
@@ -51,6 +52,7 @@ async fn release(db: &Database, id: &str) {
 async fn a_writer_waits_for_a_held_document_then_fails_locked() {
     let t = TestDb::new().await;
     let store = Store::builder(t.db.clone())
+        .hold_resolver(Arc::new(NoTransactions))
         .lock_wait(short_wait(300))
         .build();
     let accounts = store
@@ -114,6 +116,7 @@ async fn a_writer_waits_for_a_held_document_then_fails_locked() {
 async fn a_writer_proceeds_once_the_holder_lets_go() {
     let t = TestDb::new().await;
     let store = Store::builder(t.db.clone())
+        .hold_resolver(Arc::new(NoTransactions))
         .lock_wait(short_wait(5_000))
         .build();
     let accounts = store
@@ -146,6 +149,7 @@ async fn a_writer_proceeds_once_the_holder_lets_go() {
 async fn the_version_is_checked_after_waiting() {
     let t = TestDb::new().await;
     let store = Store::builder(t.db.clone())
+        .hold_resolver(Arc::new(NoTransactions))
         .lock_wait(short_wait(5_000))
         .build();
     let accounts = store

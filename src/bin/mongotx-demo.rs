@@ -336,6 +336,7 @@ async fn tour_bad_input(accounts: &Repository<Account>, db: &mongodb::Database) 
 
 async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> DemoResult {
     step("A document held by a transaction makes writers wait, then fail Locked");
+    let alice = accounts.get("alice").await?;
     let txn = ObjectId::new();
     db.collection::<Document>("accounts")
         .update_one(
@@ -343,7 +344,6 @@ async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> 
             doc! { "$set": { fields::ACTIVE_TXN: txn } },
         )
         .await?;
-    let alice = accounts.get("alice").await?;
     let started = Instant::now();
     let result = accounts
         .update("alice", alice.version, &Update::new().set("owner", "x"))

@@ -1,0 +1,133 @@
+//! Fault injection: named points before and after every write of commit, rollback and GC.
+//!
+//! A test installs a [`FaultInjector`]; when it answers `true` at a point, the coordinator or GC
+//! stops right there as if its process had died: no rollback, no cleanup, an error
+//! [`Crashed`](crate::TxnError::Crashed). Injectors are per handle, not global, so tests that
+//! inject faults can run in parallel with tests that do not.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// A point in the protocol: its name and, for per-document steps, the entry index in lock order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Failpoint {
+    /// One of [`ALL`].
+    pub name: &'static str,
+    /// Entry index for per-document steps, 0 otherwise.
+    pub step: usize,
+}
+
+impl fmt::Display for Failpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}", self.name, self.step)
+    }
+}
+
+/// Decides where to crash; consulted at every failpoint.
+pub trait FaultInjector: Send + Sync + 'static {
+    /// Whether the process "dies" at `point`.
+    fn crash_at(&self, point: Failpoint) -> bool;
+}
+
+/// Coordinator: writing the ActiveTransaction document.
+pub const BEGIN_BEFORE: &str = "begin.before";
+/// Coordinator: after writing the ActiveTransaction document.
+pub const BEGIN_AFTER: &str = "begin.after";
+/// Coordinator: before applying an entry.
+pub const APPLY_BEFORE: &str = "apply.before";
+/// Coordinator: after applying an entry.
+pub const APPLY_AFTER: &str = "apply.after";
+/// Coordinator: before the commit point.
+pub const COMMIT_BEFORE: &str = "commit.before";
+/// Coordinator: after the commit point.
+pub const COMMIT_AFTER: &str = "commit.after";
+/// Coordinator: before finishing an entry.
+pub const FINISH_BEFORE: &str = "finish.before";
+/// Coordinator: after finishing an entry.
+pub const FINISH_AFTER: &str = "finish.after";
+/// Coordinator: before deleting the ActiveTransaction document.
+pub const END_BEFORE: &str = "end.before";
+/// Coordinator: after deleting the ActiveTransaction document.
+pub const END_AFTER: &str = "end.after";
+/// Coordinator's active rollback: before undoing an entry.
+pub const ROLLBACK_BEFORE: &str = "rollback.before";
+/// Coordinator's active rollback: after undoing an entry.
+pub const ROLLBACK_AFTER: &str = "rollback.after";
+/// Coordinator's active rollback: before deleting the ActiveTransaction document.
+pub const ROLLBACK_END_BEFORE: &str = "rollback.end.before";
+/// Coordinator's active rollback: after deleting the ActiveTransaction document.
+pub const ROLLBACK_END_AFTER: &str = "rollback.end.after";
+/// GC: before claiming an expired pending transaction.
+pub const GC_CLAIM_BEFORE: &str = "gc.claim.before";
+/// GC: after claiming it.
+pub const GC_CLAIM_AFTER: &str = "gc.claim.after";
+/// GC: before finishing an entry of a committed transaction.
+pub const GC_FINISH_BEFORE: &str = "gc.finish.before";
+/// GC: after finishing an entry.
+pub const GC_FINISH_AFTER: &str = "gc.finish.after";
+/// GC: before rolling back an entry of an aborted transaction.
+pub const GC_ROLLBACK_BEFORE: &str = "gc.rollback.before";
+/// GC: after rolling back an entry.
+pub const GC_ROLLBACK_AFTER: &str = "gc.rollback.after";
+/// GC: before deleting the ActiveTransaction document.
+pub const GC_END_BEFORE: &str = "gc.end.before";
+/// GC: after deleting it.
+pub const GC_END_AFTER: &str = "gc.end.after";
+
+/// Every failpoint name.
+pub const ALL: &[&str] = &[
+    BEGIN_BEFORE,
+    BEGIN_AFTER,
+    APPLY_BEFORE,
+    APPLY_AFTER,
+    COMMIT_BEFORE,
+    COMMIT_AFTER,
+    FINISH_BEFORE,
+    FINISH_AFTER,
+    END_BEFORE,
+    END_AFTER,
+    ROLLBACK_BEFORE,
+    ROLLBACK_AFTER,
+    ROLLBACK_END_BEFORE,
+    ROLLBACK_END_AFTER,
+    GC_CLAIM_BEFORE,
+    GC_CLAIM_AFTER,
+    GC_FINISH_BEFORE,
+    GC_FINISH_AFTER,
+    GC_ROLLBACK_BEFORE,
+    GC_ROLLBACK_AFTER,
+    GC_END_BEFORE,
+    GC_END_AFTER,
+];
+
+/// An optional injector, cheap to clone and to consult.
+#[derive(Clone, Default)]
+pub(crate) struct Faults(Option<Arc<dyn FaultInjector>>);
+
+impl Faults {
+    pub(crate) fn new(injector: Option<Arc<dyn FaultInjector>>) -> Faults {
+        Faults(injector)
+    }
+
+    /// `Err(point)` when the injector wants a crash here.
+    pub(crate) fn check(&self, name: &'static str, step: usize) -> Result<(), Failpoint> {
+        let point = Failpoint { name, step };
+        match &self.0 {
+            Some(injector) if injector.crash_at(point) => {
+                tracing::warn!(failpoint = %point, "injected crash");
+                Err(point)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for Faults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Faults(installed)"
+        } else {
+            "Faults(none)"
+        })
+    }
+}
