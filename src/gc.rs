@@ -53,6 +53,24 @@ impl std::fmt::Debug for GcOptions {
 }
 
 impl GcOptions {
+    /// Sets the collection of ActiveTransaction documents.
+    pub fn transactions_collection(mut self, name: impl Into<String>) -> GcOptions {
+        self.transactions_collection = name.into();
+        self
+    }
+
+    /// Sets how many expired transactions one round handles at most.
+    pub fn batch_size(mut self, batch_size: usize) -> GcOptions {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Sets (or clears) the tombstone retention.
+    pub fn tombstone_retention(mut self, retention: Option<Duration>) -> GcOptions {
+        self.tombstone_retention = retention;
+        self
+    }
+
     /// Installs a fault injector (tests): the GC stops at the points it chooses.
     pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> GcOptions {
         self.faults = Some(injector);
@@ -197,5 +215,47 @@ impl Gc {
             resolution,
             Resolution::Finished | Resolution::RolledBack
         ))
+    }
+}
+
+/// Parses a duration such as `500ms`, `30s`, `5m`, `2h`, `7d` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 30s, 5m, 2h, 7d)"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        "d" => value * 86_400.0,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use ms, s, m, h or d)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
     }
 }

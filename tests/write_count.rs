@@ -20,7 +20,9 @@ async fn a_committed_transaction_of_k_documents_takes_at_most_2k_plus_3_writes()
     let t = TestDb::new().await;
     let counting = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicUsize::new(0));
-    let mut options = ClientOptions::parse(common::server_uri()).await.expect("uri");
+    let mut options = ClientOptions::parse(common::server_uri())
+        .await
+        .expect("uri");
     {
         let counting = Arc::clone(&counting);
         let writes = Arc::clone(&writes);
@@ -45,14 +47,22 @@ async fn a_committed_transaction_of_k_documents_takes_at_most_2k_plus_3_writes()
     for k in 1..=8_usize {
         let ids: Vec<String> = (0..k).map(|i| format!("k{k}-{i}")).collect();
         for id in &ids {
-            accounts.insert(&Account::new(id, "w", 100)).await.expect("seed");
+            accounts
+                .insert(&Account::new(id, "w", 100))
+                .await
+                .expect("seed");
         }
         let tx = txns.begin();
         // Mix the actions: adjust, update, check, delete in turn.
         for (i, id) in ids.iter().enumerate() {
             match i % 4 {
                 0 => tx
-                    .adjust(&accounts, id.as_str(), 1, &Adjust::new().by("balance", 1_i64))
+                    .adjust(
+                        &accounts,
+                        id.as_str(),
+                        1,
+                        &Adjust::new().by("balance", 1_i64),
+                    )
                     .await
                     .expect("stage"),
                 1 => tx

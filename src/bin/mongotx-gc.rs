@@ -1,0 +1,141 @@
+//! The GC runner: finishes or rolls back expired transactions and purges old tombstones, one
+//! round per interval, until SIGINT or SIGTERM (the current item is finished first).
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, DateTime};
+use clap::Parser;
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+use mongotx::gc::parse_duration;
+use mongotx::{Gc, GcOptions};
+
+/// Recovers transactions left behind by dead coordinators.
+#[derive(Debug, Parser)]
+#[command(name = "mongotx-gc", version)]
+struct Args {
+    /// MongoDB connection string.
+    #[arg(long, env = "MONGODB_URI")]
+    uri: String,
+    /// Database to collect.
+    #[arg(long)]
+    db: String,
+    /// Pause between rounds (e.g. 30s, 5m).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Run one round and exit.
+    #[arg(long)]
+    once: bool,
+    /// Most expired transactions handled per round.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    batch_size: u32,
+    /// Purge tombstones deleted longer ago than this (e.g. 7d); tombstones are kept if unset.
+    #[arg(long, value_parser = parse_duration)]
+    tombstone_retention: Option<Duration>,
+    /// How long to look for the server before giving up.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    connect_timeout: Duration,
+    /// Collection of ActiveTransaction documents.
+    #[arg(long, default_value = mongotx::worklist::TRANSACTIONS_COLLECTION)]
+    transactions_collection: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            eprintln!("mongotx-gc: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let mut options = ClientOptions::parse(&args.uri)
+        .await
+        .map_err(|e| format!("bad --uri: {e}"))?;
+    options.server_selection_timeout = Some(args.connect_timeout);
+    options.app_name = Some("mongotx-gc".into());
+    let client = Client::with_options(options).map_err(|e| format!("bad --uri: {e}"))?;
+    let db = client.database(&args.db);
+    db.run_command(doc! { "ping": 1 })
+        .await
+        .map_err(|e| format!("cannot reach the server: {e}"))?;
+
+    let gc = Gc::new(
+        db,
+        GcOptions::default()
+            .transactions_collection(args.transactions_collection.clone())
+            .batch_size(args.batch_size as usize)
+            .tombstone_retention(args.tombstone_retention),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    spawn_signal_watch(Arc::clone(&stop), Arc::clone(&wake))?;
+    tracing::info!(db = %args.db, interval = ?args.interval, once = args.once, "GC runner started");
+
+    loop {
+        let summary = gc
+            .run_round_at(DateTime::now(), &stop)
+            .await
+            .map_err(|e| format!("GC round failed: {e}"))?;
+        println!(
+            "round: finished={} rolled_back={} skipped={} purged={}",
+            summary.finished, summary.rolled_back, summary.skipped, summary.purged
+        );
+        if args.once || stop.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {}
+            _ = wake.notified() => {}
+        }
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    tracing::info!("GC runner stopped");
+    Ok(())
+}
+
+/// Sets `stop` on SIGINT or SIGTERM; the round in progress finishes its current item.
+fn spawn_signal_watch(stop: Arc<AtomicBool>, wake: Arc<tokio::sync::Notify>) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+        let mut int =
+            signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::info!("signal received: finishing the current item, then exiting");
+            stop.store(true, Ordering::SeqCst);
+            wake.notify_one();
+        });
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            stop.store(true, Ordering::SeqCst);
+            wake.notify_one();
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! The `mongotx-gc` binary as a process: it recovers a transaction whose coordinator died, exits
+//! cleanly on SIGTERM, and refuses bad configuration or an unreachable server.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{raw_snapshot, Account, TestDb};
+use mongotx::failpoint::{self, Failpoint, FaultInjector};
+use mongotx::{fields, Adjust, Transactions, TxnError, TxnOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+struct CrashAt(Failpoint);
+
+impl FaultInjector for CrashAt {
+    fn crash_at(&self, point: Failpoint) -> bool {
+        point == self.0
+    }
+}
+
+const GC: &str = env!("CARGO_BIN_EXE_mongotx-gc");
+
+#[tokio::test]
+async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
+    let t = TestDb::new().await;
+    let accounts = t
+        .store
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect("open");
+    accounts
+        .insert(&Account::new("a", "A", 100))
+        .await
+        .expect("seed");
+    accounts
+        .insert(&Account::new("b", "B", 50))
+        .await
+        .expect("seed");
+    let txns = Transactions::with_options(
+        &t.store,
+        TxnOptions::default()
+            .timeout(Duration::from_millis(1))
+            .fault_injector(Arc::new(CrashAt(Failpoint {
+                name: failpoint::COMMIT_BEFORE,
+                step: 0,
+            }))),
+    );
+    let tx = txns.begin();
+    tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -30_i64))
+        .await
+        .expect("stage");
+    tx.adjust(&accounts, "b", 1, &Adjust::new().by("balance", 30_i64))
+        .await
+        .expect("stage");
+    assert!(matches!(tx.commit().await, Err(TxnError::Crashed { .. })));
+    let held = raw_snapshot(&t.db, "accounts").await;
+    assert!(
+        held.iter().all(|d| d.contains_key(fields::ACTIVE_TXN)),
+        "{held:?}"
+    );
+
+    let mut child = Command::new(GC)
+        .args([
+            "--uri",
+            &common::server_uri(),
+            "--db",
+            t.db.name(),
+            "--interval",
+            "200ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start mongotx-gc");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let recovered = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.expect("read") {
+            if line.contains("rolled_back=1") {
+                return line;
+            }
+        }
+        panic!("mongotx-gc exited without recovering the transaction");
+    })
+    .await
+    .expect("no recovery within 30 s");
+    assert!(recovered.starts_with("round: "), "{recovered}");
+
+    let a = accounts.get("a").await.expect("a");
+    let b = accounts.get("b").await.expect("b");
+    assert_eq!((a.balance, b.balance), (100, 50));
+    assert!(raw_snapshot(&t.db, t.store.transactions_collection())
+        .await
+        .is_empty());
+    assert!(raw_snapshot(&t.db, "accounts")
+        .await
+        .iter()
+        .all(|d| !d.contains_key(fields::ACTIVE_TXN)));
+
+    let pid = child.id().expect("pid").to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("mongotx-gc did not stop after SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+#[tokio::test]
+async fn the_gc_runner_refuses_bad_configuration_and_an_unreachable_server() {
+    let bad_interval = Command::new(GC)
+        .args([
+            "--uri",
+            "mongodb://127.0.0.1:1",
+            "--db",
+            "x",
+            "--interval",
+            "soon",
+        ])
+        .output()
+        .await
+        .expect("run");
+    assert!(!bad_interval.status.success());
+    assert!(String::from_utf8_lossy(&bad_interval.stderr).contains("not a duration"));
+
+    let no_db = Command::new(GC)
+        .args(["--uri", "mongodb://127.0.0.1:1"])
+        .output()
+        .await
+        .expect("run");
+    assert!(!no_db.status.success());
+    assert!(String::from_utf8_lossy(&no_db.stderr).contains("--db"));
+
+    // Port 1 on loopback: nothing listens there.
+    let unreachable = Command::new(GC)
+        .args([
+            "--uri",
+            "mongodb://127.0.0.1:1",
+            "--db",
+            "x",
+            "--once",
+            "--connect-timeout",
+            "500ms",
+        ])
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&unreachable.stderr).contains("cannot reach the server"),
+        "{}",
+        String::from_utf8_lossy(&unreachable.stderr)
+    );
+}
