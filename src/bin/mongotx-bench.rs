@@ -6,7 +6,7 @@ use bson::{doc, Document};
 use clap::Parser;
 use mongodb::Client;
 use mongotx::test_server::TestServer;
-use mongotx::{CollectionSpec, Store, Update};
+use mongotx::{Adjust, CollectionSpec, Store, Transactions, Update};
 use serde::{Deserialize, Serialize};
 
 /// Measures per-operation round-trip latency of mongotx and of the raw driver on the same server.
@@ -170,6 +170,53 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "  {:<30} {:>6.2}x  (vs {})",
             results[ours].0, ratio, results[theirs].0
+        );
+    }
+
+    // Transaction commit latency for k documents, against one conditional update (same run).
+    let txns = Transactions::new(&store);
+    let rounds = (args.n / 5).max(20);
+    let single = results[5].1.median.as_secs_f64();
+    println!("\ncommit latency (commit() only, staging excluded), {rounds} commits each:");
+    println!(
+        "{:<32} {:>12} {:>12} {:>14}",
+        "transaction", "median µs", "p90 µs", "/ one update"
+    );
+    for k in [1_usize, 4, 16] {
+        let ids: Vec<String> = (0..k).map(|i| format!("t{k}-{i}")).collect();
+        for id in &ids {
+            repo.insert(&Account {
+                id: id.clone(),
+                owner: "T".into(),
+                balance: 0,
+            })
+            .await?;
+        }
+        let mut samples = Vec::with_capacity(rounds);
+        let warmup = rounds / 5;
+        for round in 0..rounds + warmup {
+            let tx = txns.begin();
+            let version = round as i64 + 1;
+            for id in &ids {
+                tx.adjust(
+                    &repo,
+                    id.as_str(),
+                    version,
+                    &Adjust::new().by("balance", 1_i64),
+                )
+                .await?;
+            }
+            let t = Instant::now();
+            tx.commit().await?;
+            samples.push(t.elapsed());
+        }
+        let s = stats(samples.split_off(warmup));
+        println!(
+            "{:<32} {:>12.1} {:>12.1} {:>13.2}x",
+            format!("k = {k} adjusts"),
+            micros(s.median),
+            micros(s.p90),
+            s.median.as_secs_f64() / single
         );
     }
     db.drop().await?;
