@@ -6,6 +6,8 @@
 
 use bson::{Bson, Document};
 
+use crate::schema::Violation;
+
 /// Fields to set and fields to remove, applied atomically to one document.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Update {
@@ -53,6 +55,20 @@ impl Update {
             .map(|(p, _)| p.as_str())
             .chain(self.unset.iter().map(String::as_str))
     }
+
+    /// Applies the update to an in-memory document, as the server would.
+    pub(crate) fn apply_to(&self, doc: &mut Document) -> Result<(), Violation> {
+        for (path, value) in &self.set {
+            set_path(doc, path, value.clone()).map_err(|reason| Violation {
+                field: path.clone(),
+                reason,
+            })?;
+        }
+        for path in &self.unset {
+            unset_path(doc, path);
+        }
+        Ok(())
+    }
 }
 
 /// Numeric increments, applied atomically to one document.
@@ -81,6 +97,17 @@ impl Adjust {
     /// The increments, in the order given.
     pub fn increments(&self) -> &[(String, Bson)] {
         &self.by
+    }
+
+    /// Applies the increments to an in-memory document, as the server would.
+    pub(crate) fn apply_to(&self, doc: &mut Document) -> Result<(), Violation> {
+        for (path, amount) in &self.by {
+            increment_path(doc, path, amount).map_err(|reason| Violation {
+                field: path.clone(),
+                reason,
+            })?;
+        }
+        Ok(())
     }
 
     /// The adjustment that undoes this one.

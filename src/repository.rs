@@ -611,33 +611,11 @@ where
     ) -> Result<bool, RepoError> {
         let mut doc = self.upgrade(shown, stored, stored_schema)?;
         let applied = match change {
-            Change::Update(update) => update
-                .sets()
-                .iter()
-                .try_for_each(|(path, value)| {
-                    changes::set_path(&mut doc, path, value.clone())
-                        .map_err(|reason| (Some(path.clone()), reason))
-                })
-                .map(|()| {
-                    for path in update.unsets() {
-                        changes::unset_path(&mut doc, path);
-                    }
-                }),
-            Change::Adjust(adjust) => adjust.increments().iter().try_for_each(|(path, amount)| {
-                changes::increment_path(&mut doc, path, amount)
-                    .map_err(|reason| (Some(path.clone()), reason))
-            }),
+            Change::Update(update) => update.apply_to(&mut doc),
+            Change::Adjust(adjust) => adjust.apply_to(&mut doc),
             Change::Replace(_) | Change::Delete => Ok(()),
         };
-        if let Err((field, reason)) = applied {
-            return Err(self.invalid(
-                shown,
-                Violation {
-                    field: field.unwrap_or_else(|| "(document)".into()),
-                    reason,
-                },
-            ));
-        }
+        applied.map_err(|violation| self.invalid(shown, violation))?;
         self.stamp(&mut doc, expected + 1);
         self.validate(shown, &doc)?;
         let filter = doc! {

@@ -21,7 +21,7 @@ use futures::future::join_all;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::changes::{self, Adjust, Update};
+use crate::changes::{Adjust, Update};
 use crate::error::{is_transient, show_id, RepoError, TxnError};
 use crate::failpoint::{self, FaultInjector, Faults};
 use crate::fields::{self, SystemFields};
@@ -29,7 +29,6 @@ use crate::hold::LockWait;
 use crate::probe;
 use crate::recovery::{self, Env, Resolution, COORDINATOR};
 use crate::repository::Repository;
-use crate::schema::Violation;
 use crate::store::Store;
 use crate::worklist::{
     lock_key, undo_for, ActiveTransaction, Entry, Op, PathValue, TxnState, Write,
@@ -300,13 +299,9 @@ impl Transaction {
         let (stored, sys) = read_for_change(repo, &id, &shown, expected_version).await?;
         let op = if sys.schema_version < repo.spec().schema_version() {
             let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
-            for (path, value) in update.sets() {
-                changes::set_path(&mut post, path, value.clone())
-                    .map_err(|reason| invalid(repo, &shown, path, reason))?;
-            }
-            for path in update.unsets() {
-                changes::unset_path(&mut post, path);
-            }
+            update
+                .apply_to(&mut post)
+                .map_err(|v| repo.invalid(&shown, v))?;
             rewrite(repo, &shown, expected_version, post, stored)?
         } else {
             Op::Update {
@@ -343,10 +338,9 @@ impl Transaction {
         let (stored, sys) = read_for_change(repo, &id, &shown, expected_version).await?;
         let op = if sys.schema_version < repo.spec().schema_version() {
             let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
-            for (path, amount) in adjust.increments() {
-                changes::increment_path(&mut post, path, amount)
-                    .map_err(|reason| invalid(repo, &shown, path, reason))?;
-            }
+            adjust
+                .apply_to(&mut post)
+                .map_err(|v| repo.invalid(&shown, v))?;
             rewrite(repo, &shown, expected_version, post, stored)?
         } else {
             Op::Adjust {
@@ -883,20 +877,6 @@ where
     repo.stamp(&mut check, expected + 1);
     repo.validate(shown, &check)?;
     Ok(Op::Rewrite { post, pre })
-}
-
-fn invalid<T>(repo: &Repository<T>, shown: &str, path: &str, reason: String) -> TxnError
-where
-    T: Serialize + DeserializeOwned + Send + Sync,
-{
-    repo.invalid(
-        shown,
-        Violation {
-            field: path.to_string(),
-            reason,
-        },
-    )
-    .into()
 }
 
 fn pairs(list: &[(String, Bson)]) -> Vec<PathValue> {
