@@ -109,6 +109,17 @@ pub fn live_filter() -> Document {
     bson::doc! { DELETED: { "$exists": false } }
 }
 
+/// Filter matching the free placeholder a rolled-back transactional insert left under `id`,
+/// which a new insert of the same id may replace.
+pub fn free_placeholder_filter(id: &Bson) -> Document {
+    bson::doc! {
+        "_id": id.clone(),
+        VERSION: 0_i64,
+        DELETED: { "$exists": true },
+        ACTIVE_TXN: null,
+    }
+}
+
 /// Filter fragment matching documents that no transaction holds.
 pub fn free_filter() -> Document {
     bson::doc! { ACTIVE_TXN: { "$exists": false } }

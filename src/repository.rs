@@ -231,15 +231,9 @@ where
         shown: &str,
         doc: &Document,
     ) -> Result<bool, RepoError> {
-        let filter = doc! {
-            "_id": id.clone(),
-            fields::VERSION: 0_i64,
-            fields::DELETED: { "$exists": true },
-            fields::ACTIVE_TXN: null,
-        };
         let result = self
             .coll
-            .replace_one(filter, doc)
+            .replace_one(fields::free_placeholder_filter(id), doc)
             .await
             .map_err(|e| self.write_error(shown, "insert", e))?;
         Ok(result.matched_count == 1)

@@ -700,12 +700,7 @@ impl Transactions {
         let Write::Insert(doc) = write else {
             return Ok(false);
         };
-        let filter = doc! {
-            "_id": entry.id.clone(),
-            fields::VERSION: 0_i64,
-            fields::DELETED: { "$exists": true },
-            fields::ACTIVE_TXN: null,
-        };
+        let filter = fields::free_placeholder_filter(&entry.id);
         recovery::run_write(
             &self.env.db,
             &entry.coll,
