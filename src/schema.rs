@@ -445,6 +445,35 @@ struct Bound {
     exclusive: bool,
 }
 
+impl Bound {
+    /// Checks that `n` lies on the `side` of the limit (`Greater` for a minimum, `Less` for a
+    /// maximum), or on it when the bound is inclusive.
+    fn check(&self, n: &Bson, side: Ordering, path: &str) -> Result<(), Violation> {
+        let ok = match compare_numbers(n, &self.limit) {
+            Some(Ordering::Equal) => !self.exclusive,
+            Some(ord) => ord == side,
+            None => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        let op = match (side, self.exclusive) {
+            (Ordering::Greater, true) => ">",
+            (Ordering::Greater, false) => ">=",
+            (_, true) => "<",
+            (_, false) => "<=",
+        };
+        Err(violation(
+            path,
+            format!(
+                "must be {op} {}, found {}",
+                show_value(&self.limit),
+                show_value(n)
+            ),
+        ))
+    }
+}
+
 #[derive(Default)]
 struct Node {
     types: Option<BTreeSet<BsonType>>,
@@ -566,42 +595,10 @@ impl Node {
 
     fn check_number(&self, n: &Bson, path: &str) -> Result<(), Violation> {
         if let Some(b) = &self.minimum {
-            let ord = compare_numbers(n, &b.limit);
-            let ok = match ord {
-                Some(Ordering::Greater) => true,
-                Some(Ordering::Equal) => !b.exclusive,
-                _ => false,
-            };
-            if !ok {
-                let op = if b.exclusive { ">" } else { ">=" };
-                return Err(violation(
-                    path,
-                    format!(
-                        "must be {op} {}, found {}",
-                        show_value(&b.limit),
-                        show_value(n)
-                    ),
-                ));
-            }
+            b.check(n, Ordering::Greater, path)?;
         }
         if let Some(b) = &self.maximum {
-            let ord = compare_numbers(n, &b.limit);
-            let ok = match ord {
-                Some(Ordering::Less) => true,
-                Some(Ordering::Equal) => !b.exclusive,
-                _ => false,
-            };
-            if !ok {
-                let op = if b.exclusive { "<" } else { "<=" };
-                return Err(violation(
-                    path,
-                    format!(
-                        "must be {op} {}, found {}",
-                        show_value(&b.limit),
-                        show_value(n)
-                    ),
-                ));
-            }
+            b.check(n, Ordering::Less, path)?;
         }
         if let Some(m) = &self.multiple_of {
             if !is_multiple(n, m) {
