@@ -99,20 +99,29 @@ pub(crate) async fn run_write(
     }
 }
 
-/// Runs an idempotent (conditional) write, retrying transient failures: a reply lost after the
-/// write landed makes the retry match nothing, which is the same outcome.
-async fn run_idempotent(db: &Database, coll: &str, write: &Write) -> mongodb::error::Result<u64> {
+/// Runs an idempotent operation, retrying transient failures with a short backoff: a reply
+/// lost after a conditional write landed makes the retry match nothing, which is the same outcome.
+async fn retry_transient<T, F, Fut>(what: &str, mut op: F) -> mongodb::error::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = mongodb::error::Result<T>>,
+{
     let mut attempt = 0;
     loop {
-        match run_write(db, coll, write).await {
+        match op().await {
             Err(e) if is_transient(&e) && attempt < TRANSIENT_RETRIES => {
                 attempt += 1;
-                tracing::debug!(collection = coll, attempt, error = %e, "retrying after transient error");
+                tracing::debug!(what, attempt, error = %e, "retrying after transient error");
                 tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
             }
             other => return other,
         }
     }
+}
+
+/// Runs a conditional entry write, retrying transient failures.
+async fn run_idempotent(db: &Database, coll: &str, write: &Write) -> mongodb::error::Result<u64> {
+    retry_transient(coll, || run_write(db, coll, write)).await
 }
 
 /// Frees every document of a committed transaction, then deletes its ActiveTransaction document.
@@ -160,14 +169,11 @@ async fn end(
     (before, after): (&'static str, &'static str),
 ) -> Result<(), TxnError> {
     env.point(Some(t), before, 0)?;
-    let mut attempt = 0;
-    loop {
-        match env.txns.delete_one(doc! { "_id": t }).await {
-            Ok(_) => break,
-            Err(e) if is_transient(&e) && attempt < TRANSIENT_RETRIES => attempt += 1,
-            Err(e) => return Err(TxnError::database(Some(t), "delete ActiveTransaction", e)),
-        }
-    }
+    retry_transient("delete ActiveTransaction", || async {
+        env.txns.delete_one(doc! { "_id": t }).await
+    })
+    .await
+    .map_err(|e| TxnError::database(Some(t), "delete ActiveTransaction", e))?;
     env.point(Some(t), after, 0)
 }
 
