@@ -430,21 +430,17 @@ impl Transaction {
             });
         }
         entries.sort_by_key(lock_key);
-        match txns.attempt(entries, false).await? {
-            Attempt::Committed(outcome) => Ok(outcome),
-            Attempt::Blocked(rebased) => match txns.attempt(rebased, true).await? {
-                Attempt::Committed(outcome) => Ok(outcome),
-                // Ordered attempts wait instead of reporting blocks.
-                Attempt::Blocked(_) => Err(TxnError::document(
-                    None,
-                    RepoError::Locked {
-                        collection: "(transaction)".into(),
-                        id: "*".into(),
-                        holder: None,
-                        waited: Duration::ZERO,
-                    },
-                )),
-            },
+        let mut ordered = false;
+        loop {
+            match txns.attempt(entries, ordered).await? {
+                Attempt::Committed(outcome) => return Ok(outcome),
+                // Ordered attempts wait for holders instead of reporting blocks, so this
+                // switches to ordered mode once and never loops again.
+                Attempt::Blocked(rebased) => {
+                    entries = rebased;
+                    ordered = true;
+                }
+            }
         }
     }
 }
@@ -801,9 +797,6 @@ fn rebase(entry: &Entry, was_applied: bool) -> Entry {
         };
         if let Op::Rewrite { pre, .. } = &mut next.op {
             pre.insert(fields::VERSION, next.expected);
-        }
-        if matches!(entry.op, Op::Insert { .. }) {
-            next.expected = 0;
         }
     }
     next
