@@ -7,19 +7,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{raw_snapshot, Account, TestDb};
-use mongotx::failpoint::{self, Failpoint, FaultInjector};
+use common::{raw_snapshot, Account, CrashAt, TestDb};
+use mongotx::failpoint::{self, Failpoint};
 use mongotx::{fields, Adjust, Transactions, TxnError, TxnOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
-
-struct CrashAt(Failpoint);
-
-impl FaultInjector for CrashAt {
-    fn crash_at(&self, point: Failpoint) -> bool {
-        point == self.0
-    }
-}
 
 const GC: &str = env!("CARGO_BIN_EXE_mongotx-gc");
 

@@ -9,21 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::DateTime;
-use common::{raw_snapshot, Account, Note, TestDb};
-use mongotx::failpoint::{self, Failpoint, FaultInjector};
+use common::{raw_snapshot, Account, CrashAt, Note, TestDb};
+use mongotx::failpoint::{self, Failpoint};
 use mongotx::{
     fields, Adjust, Gc, GcOptions, Query, RepoError, Repository, Transactions, TxnError,
     TxnOptions, Update,
 };
-
-/// Crashes at one failpoint occurrence.
-struct CrashAt(Failpoint);
-
-impl FaultInjector for CrashAt {
-    fn crash_at(&self, point: Failpoint) -> bool {
-        point == self.0
-    }
-}
 
 async fn accounts(t: &TestDb) -> Repository<Account> {
     t.store

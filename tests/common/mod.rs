@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use bson::oid::ObjectId;
 use mongodb::{Client, Database};
+use mongotx::failpoint::{Failpoint, FaultInjector};
 use mongotx::test_server::TestServer;
 use mongotx::{CollectionSpec, ServerCapabilities, Store};
 use serde::{Deserialize, Serialize};
@@ -204,4 +205,13 @@ pub async fn raw_snapshot(db: &Database, collection: &str) -> Vec<bson::Document
         .try_collect()
         .await
         .unwrap_or_else(|e| panic!("snapshot of {collection}: {e}"))
+}
+
+/// A fault injector that crashes at exactly one failpoint occurrence.
+pub struct CrashAt(pub Failpoint);
+
+impl FaultInjector for CrashAt {
+    fn crash_at(&self, point: Failpoint) -> bool {
+        point == self.0
+    }
 }
