@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::changes::{self, Adjust, Update};
 use crate::collection::CollectionSpec;
-use crate::error::{show_id, RepoError};
+use crate::error::{show_id, HoldError, RepoError};
 use crate::fields::{self, SystemFields};
 use crate::hold::CommittedView;
 use crate::probe;
@@ -446,12 +446,7 @@ where
                         .holds
                         .resolve_holder(&self.store.inner.db, self.name(), &id, &holder)
                         .await
-                        .map_err(|source| RepoError::Hold {
-                            collection: self.name().to_string(),
-                            id: shown.clone(),
-                            holder,
-                            source,
-                        })?;
+                        .map_err(|source| self.hold_error(&shown, holder, source))?;
                     // A resolved holder is retried at once, unless the same one is still there.
                     let again = last_holder == Some(holder);
                     last_holder = Some(holder);
@@ -654,12 +649,7 @@ where
                 .holds
                 .committed_view(&self.store.inner.db, self.name(), &stored, &holder)
                 .await
-                .map_err(|source| RepoError::Hold {
-                    collection: self.name().to_string(),
-                    id: shown.clone(),
-                    holder,
-                    source,
-                })?;
+                .map_err(|source| self.hold_error(&shown, holder, source))?;
             match view {
                 // Past the commit point a pending delete is a delete.
                 CommittedView::Stored if sys.deleting => return Ok(Visible::Deleted(sys.version)),
@@ -685,12 +675,11 @@ where
                     }
                 }
                 CommittedView::Reread => {
-                    return Err(RepoError::Hold {
-                        collection: self.name().to_string(),
-                        id: shown.clone(),
+                    return Err(self.hold_error(
+                        &shown,
                         holder,
-                        source: "the document kept changing while it was read".into(),
-                    })
+                        "the document kept changing while it was read".into(),
+                    ))
                 }
             }
         };
@@ -945,6 +934,15 @@ where
         RepoError::EmptyChange {
             collection: self.name().to_string(),
             id: shown.to_string(),
+        }
+    }
+
+    fn hold_error(&self, shown: &str, holder: ObjectId, source: HoldError) -> RepoError {
+        RepoError::Hold {
+            collection: self.name().to_string(),
+            id: shown.to_string(),
+            holder,
+            source,
         }
     }
 
