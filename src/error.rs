@@ -268,6 +268,39 @@ pub enum TxnError {
         /// The transaction.
         txn: ObjectId,
     },
+    /// The commit point could not be written, so the coordinator aborted its own transaction
+    /// and rolled it back. Retrying is safe.
+    #[error("transaction {txn}: aborted and rolled back because the commit point could not be written: {cause}")]
+    Aborted {
+        /// The transaction.
+        txn: ObjectId,
+        /// The last failure seen while writing the commit point.
+        cause: String,
+    },
+    /// The commit point may or may not have been written and the coordinator could not find out.
+    /// Not retryable: rerunning the body could apply the changes twice. The ActiveTransaction
+    /// document (or, once it is gone, the documents themselves) tells; after the deadline the GC
+    /// settles the transaction either way.
+    #[error("transaction {txn}: outcome unknown, the commit point may or may not have been written ({cause}); check the documents before retrying")]
+    CommitUnknown {
+        /// The transaction.
+        txn: ObjectId,
+        /// What prevented finding out.
+        cause: String,
+    },
+    /// Recovery found a document in a state the protocol does not produce; the transaction is
+    /// left as it is for the next GC round.
+    #[error("transaction {txn}: cannot settle {collection}/{id}: {reason}")]
+    Unsettled {
+        /// The transaction.
+        txn: ObjectId,
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// What was found.
+        reason: String,
+    },
     /// A fault injector stopped the coordinator or GC here, as a crash would.
     #[error("transaction {}: injected crash at {at}", show_txn(txn))]
     Crashed {
@@ -318,7 +351,7 @@ impl TxnError {
     pub fn is_retryable(&self) -> bool {
         match self {
             TxnError::Document { source, .. } => source.is_retryable(),
-            TxnError::Expired { .. } => true,
+            TxnError::Expired { .. } | TxnError::Aborted { .. } => true,
             TxnError::Database { source, .. } => is_transient(source),
             _ => false,
         }

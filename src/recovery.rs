@@ -16,6 +16,7 @@ use crate::error::{is_transient, HoldError, TxnError};
 use crate::failpoint::{self, Faults};
 use crate::fields;
 use crate::hold::{CommittedView, HoldResolver};
+use crate::probe;
 use crate::worklist::{ActiveTransaction, Entry, TxnState, Write};
 
 /// Which failpoint names a party uses for the steps it shares with others.
@@ -25,6 +26,10 @@ pub(crate) struct Role {
     rollback: (&'static str, &'static str),
     end: (&'static str, &'static str),
     rollback_end: (&'static str, &'static str),
+    /// Whether entries found unapplied are fenced against a late apply. The coordinator never
+    /// needs to (its own applies have all returned before it rolls back); a collector must,
+    /// because the coordinator it overrules may still be sending them.
+    fence: bool,
 }
 
 /// The coordinator of the transaction.
@@ -36,6 +41,7 @@ pub(crate) const COORDINATOR: Role = Role {
         failpoint::ROLLBACK_END_BEFORE,
         failpoint::ROLLBACK_END_AFTER,
     ),
+    fence: false,
 };
 
 /// A GC round, or a writer resolving an expired holder.
@@ -44,6 +50,7 @@ pub(crate) const COLLECTOR: Role = Role {
     rollback: (failpoint::GC_ROLLBACK_BEFORE, failpoint::GC_ROLLBACK_AFTER),
     end: (failpoint::GC_END_BEFORE, failpoint::GC_END_AFTER),
     rollback_end: (failpoint::GC_END_BEFORE, failpoint::GC_END_AFTER),
+    fence: true,
 };
 
 /// What the transaction machinery needs: the database, the ActiveTransaction collection, faults.
@@ -77,7 +84,7 @@ impl Env {
 }
 
 /// How many times an idempotent write is retried after a transient error.
-const TRANSIENT_RETRIES: u32 = 4;
+pub(crate) const TRANSIENT_RETRIES: u32 = 4;
 
 /// Runs one entry write; the result is the number of documents it matched (1 for an insert).
 pub(crate) async fn run_write(
@@ -152,15 +159,71 @@ pub(crate) async fn rollback_all(
     let t = txn.id;
     let undone = try_join_all(txn.entries.iter().enumerate().map(|(i, entry)| async move {
         env.point(Some(t), role.rollback.0, i)?;
-        let matched = run_idempotent(&env.db, &entry.coll, &entry.rollback(t))
-            .await
-            .map_err(|e| TxnError::database(Some(t), "rollback", e))?;
+        let undone = roll_back_entry(env, txn, entry, role.fence).await?;
         env.point(Some(t), role.rollback.1, i)?;
-        Ok::<bool, TxnError>(matched == 1)
+        Ok::<bool, TxnError>(undone)
     }))
     .await?;
     end(env, t, role.rollback_end).await?;
     Ok(undone)
+}
+
+/// How many times a collector goes round undo, fence, re-read for one entry. A late apply lands
+/// at most once, so the second round always settles it; more means a state the protocol does
+/// not produce.
+const SETTLE_ROUNDS: usize = 3;
+
+/// Undoes one entry if it is applied; with `fence`, makes sure an unapplied one never lands.
+/// Returns whether this call undid it.
+async fn roll_back_entry(
+    env: &Env,
+    txn: &ActiveTransaction,
+    entry: &Entry,
+    fence: bool,
+) -> Result<bool, TxnError> {
+    let t = txn.id;
+    let failed = |e| TxnError::database(Some(t), "rollback", e);
+    for _ in 0..SETTLE_ROUNDS {
+        if run_idempotent(&env.db, &entry.coll, &entry.rollback(t))
+            .await
+            .map_err(failed)?
+            == 1
+        {
+            return Ok(true);
+        }
+        if !fence {
+            return Ok(false);
+        }
+        for write in entry.fences(txn.created) {
+            match run_idempotent(&env.db, &entry.coll, &write).await {
+                Ok(1) => return Ok(false),
+                Ok(_) => {}
+                // The id is taken (by a live document, a hold, or a resent fence that landed).
+                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        // Neither undone nor fenced: the document moved on (it is someone else's now), or the
+        // late apply landed in between and must be undone after all.
+        let held = env
+            .db
+            .collection::<Document>(&entry.coll)
+            .find_one(doc! { "_id": entry.id.clone(), fields::ACTIVE_TXN: t })
+            .await
+            .map_err(failed)?;
+        if held.is_none() {
+            return Ok(false);
+        }
+    }
+    Err(TxnError::Unsettled {
+        txn: t,
+        collection: entry.coll.clone(),
+        id: crate::error::show_id(&entry.id),
+        reason: format!(
+            "still held after {SETTLE_ROUNDS} rounds of undo and fence (expected version {}, applied {})",
+            entry.expected, entry.applied
+        ),
+    })
 }
 
 async fn end(

@@ -472,16 +472,13 @@ impl Transactions {
         })?;
 
         env.point(Some(t), failpoint::BEGIN_BEFORE, 0)?;
-        env.txns
-            .insert_one(stored)
-            .await
-            .map_err(|e| TxnError::database(Some(t), "write ActiveTransaction", e))?;
+        self.write_active_transaction(t, &stored).await?;
         env.point(Some(t), failpoint::BEGIN_AFTER, 0)?;
 
         let results: Vec<Result<Applied, TxnError>> = if ordered {
             let mut results = Vec::with_capacity(txn.entries.len());
             for (i, entry) in txn.entries.iter().enumerate() {
-                let result = self.apply(t, i, entry, true).await;
+                let result = self.apply(t, txn.created, i, entry, true).await;
                 let stop = !matches!(result, Ok(Applied::Yes));
                 results.push(result);
                 if stop {
@@ -494,16 +491,17 @@ impl Transactions {
                 txn.entries
                     .iter()
                     .enumerate()
-                    .map(|(i, entry)| self.apply(t, i, entry, false)),
+                    .map(|(i, entry)| self.apply(t, txn.created, i, entry, false)),
             )
             .await
         };
 
         let mut failure: Option<TxnError> = None;
         let mut blocked = false;
-        for result in results {
+        let mut landed = vec![false; txn.entries.len()];
+        for (i, result) in results.into_iter().enumerate() {
             match result {
-                Ok(Applied::Yes) => {}
+                Ok(Applied::Yes) => landed[i] = true,
                 Ok(Applied::Blocked(holder)) => {
                     tracing::debug!(txn = %t, holder = %holder, "document held by another transaction");
                     blocked = true;
@@ -518,17 +516,34 @@ impl Transactions {
             }
         }
         if failure.is_some() || blocked {
+            // A GC that claimed this transaction fences the entries it finds unapplied, so a
+            // late apply fails; say what really happened rather than report the fence.
+            let claimed = failure.is_some()
+                && matches!(
+                    recovery::load(env, t).await,
+                    Ok(None)
+                        | Ok(Some(ActiveTransaction {
+                            state: TxnState::Aborted,
+                            ..
+                        }))
+                );
             let undone = recovery::rollback_all(env, &txn, COORDINATOR).await?;
+            if claimed {
+                tracing::debug!(txn = %t, "claimed by a GC before its commit point; rolled back");
+                return Err(TxnError::Expired { txn: t });
+            }
             if let Some(error) = failure {
                 tracing::debug!(txn = %t, error = %error, "rolled back");
                 return Err(error);
             }
             tracing::debug!(txn = %t, "blocked by another transaction; retrying in lock order");
+            // A rollback write whose reply was lost matches nothing when resent, so an entry
+            // counts as undone if either its apply or its rollback is known to have landed.
             let rebased = txn
                 .entries
                 .iter()
-                .zip(undone)
-                .map(|(entry, was_applied)| rebase(entry, was_applied))
+                .zip(undone.into_iter().zip(landed))
+                .map(|(entry, (undone, landed))| rebase(entry, undone || landed))
                 .collect();
             return Ok(Attempt::Blocked(rebased));
         }
@@ -573,14 +588,43 @@ impl Transactions {
         Ok(Attempt::Committed(outcome))
     }
 
-    /// Writes the commit point; a reply lost in transit is settled by reading the state back.
+    /// Writes the ActiveTransaction document. A reply lost in transit is settled by sending it
+    /// again: a duplicate-key answer to the resend means the first one landed.
+    async fn write_active_transaction(
+        &self,
+        t: ObjectId,
+        stored: &Document,
+    ) -> Result<(), TxnError> {
+        let mut resent = 0;
+        loop {
+            match self.env.txns.insert_one(stored).await {
+                Ok(_) => return Ok(()),
+                Err(e) if resent > 0 && probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
+                    return Ok(())
+                }
+                Err(e) if is_transient(&e) && resent < recovery::TRANSIENT_RETRIES => {
+                    resent += 1;
+                    tracing::debug!(txn = %t, error = %e, "resending the ActiveTransaction document");
+                }
+                Err(e) => return Err(TxnError::database(Some(t), "write ActiveTransaction", e)),
+            }
+        }
+    }
+
+    /// Writes the commit point. A write whose reply is lost is settled by reading the state back;
+    /// when no attempt gets through, the coordinator aborts its own transaction (a write
+    /// conditional on it still being pending) so that the caller learns a definite outcome.
     async fn commit_point(&self, txn: &ActiveTransaction) -> Result<(), TxnError> {
         let env = &self.env;
         let t = txn.id;
         env.point(Some(t), failpoint::COMMIT_BEFORE, 0)?;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
+        // Whether an attempt may have landed without its reply reaching us.
+        let mut maybe_landed = false;
+        let mut last_error = None;
+        for attempt in 0..COMMIT_POINT_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+            }
             let result = env
                 .txns
                 .update_one(
@@ -589,30 +633,75 @@ impl Transactions {
                 )
                 .await;
             match result {
-                Ok(r) if r.matched_count == 1 => break,
+                Ok(r) if r.matched_count == 1 => {
+                    return env.point(Some(t), failpoint::COMMIT_AFTER, 0);
+                }
                 Ok(_) => {}
-                Err(e) if is_transient(&e) && attempts < 5 => {}
+                Err(e) if is_transient(&e) => {
+                    maybe_landed = true;
+                    last_error = Some(TxnError::database(Some(t), "write the commit point", e));
+                    continue;
+                }
                 Err(e) => {
-                    return Err(TxnError::database(Some(t), "write the commit point", e));
+                    last_error = Some(TxnError::database(Some(t), "write the commit point", e));
+                    break;
                 }
             }
-            match recovery::load(env, t).await? {
-                Some(stored) if stored.state == TxnState::Committed => break,
-                Some(stored) if stored.state == TxnState::Pending && attempts < 5 => continue,
-                _ => {
-                    // A GC claimed it after the deadline: undo what is still ours and report.
-                    let _ = recovery::rollback_all(env, txn, COORDINATOR).await?;
-                    return Err(TxnError::Expired { txn: t });
+            // It matched nothing: it is no longer pending. The stored state says who decided.
+            match recovery::load(env, t).await {
+                Ok(Some(stored)) => match stored.state {
+                    TxnState::Committed => return env.point(Some(t), failpoint::COMMIT_AFTER, 0),
+                    TxnState::Pending => {}
+                    TxnState::Aborted => return self.expired(txn).await,
+                },
+                // Gone: a GC resolved it after its deadline. Rolled back, unless our own commit
+                // point may have landed first (then the GC finished it instead).
+                Ok(None) if maybe_landed => {
+                    return Err(commit_unknown(
+                        t,
+                        "the transaction ended under a GC after a commit-point reply was lost",
+                    ))
                 }
+                Ok(None) => return Err(TxnError::Expired { txn: t }),
+                Err(e) => last_error = Some(e),
             }
         }
-        env.point(Some(t), failpoint::COMMIT_AFTER, 0)
+        let cause = last_error
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "no attempt got through".to_string());
+        let aborted = env
+            .txns
+            .update_one(
+                doc! { "_id": t, "state": "pending" },
+                doc! { "$set": { "state": "aborted" } },
+            )
+            .await;
+        if matches!(aborted, Ok(ref r) if r.matched_count == 1) {
+            recovery::rollback_all(env, txn, COORDINATOR).await?;
+            return Err(TxnError::Aborted { txn: t, cause });
+        }
+        match recovery::load(env, t).await {
+            Ok(Some(stored)) if stored.state == TxnState::Committed => {
+                env.point(Some(t), failpoint::COMMIT_AFTER, 0)
+            }
+            Ok(Some(stored)) if stored.state == TxnState::Aborted => self.expired(txn).await,
+            Ok(None) if !maybe_landed => Err(TxnError::Expired { txn: t }),
+            _ => Err(commit_unknown(t, &cause)),
+        }
     }
 
-    /// Applies entry `i`; with `wait`, waits (bounded) for documents held by live transactions.
+    /// Undoes what is still ours of a transaction a GC claimed, and says so.
+    async fn expired(&self, txn: &ActiveTransaction) -> Result<(), TxnError> {
+        recovery::rollback_all(&self.env, txn, COORDINATOR).await?;
+        Err(TxnError::Expired { txn: txn.id })
+    }
+
+    /// Applies entry `i` of transaction `t` (written at `created`); with `wait`, waits (bounded)
+    /// for documents held by live transactions.
     async fn apply(
         &self,
         t: ObjectId,
+        created: DateTime,
         i: usize,
         entry: &Entry,
         wait: bool,
@@ -628,19 +717,19 @@ impl Transactions {
         let applied = loop {
             let diagnosis = match recovery::run_write(&env.db, &entry.coll, &write).await {
                 Ok(1) => break Applied::Yes,
-                Ok(_) => self.diagnose(t, entry).await?,
+                Ok(_) => self.diagnose(t, created, entry).await?,
                 Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                    self.diagnose(t, entry).await?
+                    self.diagnose(t, created, entry).await?
                 }
                 // The write may or may not have landed: the document says which.
-                Err(e) if is_transient(&e) => self.diagnose(t, entry).await?,
+                Err(e) if is_transient(&e) => self.diagnose(t, created, entry).await?,
                 Err(e) => return Err(TxnError::database(Some(t), "apply", e)),
             };
             match diagnosis {
                 Diagnosis::Landed => break Applied::Yes,
                 Diagnosis::Fail(e) => break Applied::Failed(e),
                 Diagnosis::TakePlaceholder => {
-                    if self.take_placeholder(t, entry, &write).await? {
+                    if self.take_placeholder(t, created, entry, &write).await? {
                         break Applied::Yes;
                     }
                 }
@@ -686,17 +775,21 @@ impl Transactions {
         Ok(applied)
     }
 
-    /// Replaces the free placeholder of a rolled-back insert with this entry's document.
+    /// Replaces the free placeholder of a rolled-back insert with this entry's document, if the
+    /// placeholder is older than the transaction: a newer one may be the fence a GC left against
+    /// this very insert after claiming the transaction.
     async fn take_placeholder(
         &self,
         t: ObjectId,
+        created: DateTime,
         entry: &Entry,
         write: &Write,
     ) -> Result<bool, TxnError> {
         let Write::Insert(doc) = write else {
             return Ok(false);
         };
-        let filter = fields::free_placeholder_filter(&entry.id);
+        let mut filter = fields::free_placeholder_filter(&entry.id);
+        filter.insert(fields::DELETED, doc! { "$lt": created });
         recovery::run_write(
             &self.env.db,
             &entry.coll,
@@ -708,7 +801,12 @@ impl Transactions {
     }
 
     /// Reads the document after an apply that did not (visibly) land and says what happened.
-    async fn diagnose(&self, t: ObjectId, entry: &Entry) -> Result<Diagnosis, TxnError> {
+    async fn diagnose(
+        &self,
+        t: ObjectId,
+        created: DateTime,
+        entry: &Entry,
+    ) -> Result<Diagnosis, TxnError> {
         let shown = show_id(&entry.id);
         let stored = self
             .env
@@ -743,10 +841,15 @@ impl Transactions {
             return Ok(Diagnosis::Landed);
         }
         if sys.is_placeholder() {
-            return Ok(if is_insert {
-                Diagnosis::TakePlaceholder
-            } else {
-                Diagnosis::Fail(not_found())
+            return Ok(match (is_insert, sys.deleted_at) {
+                (true, Some(at)) if at < created => Diagnosis::TakePlaceholder,
+                // Left after this transaction began: a GC's fence against it, or an insert of
+                // the same id that another transaction rolled back meanwhile.
+                (true, _) => Diagnosis::Fail(RepoError::DuplicateId {
+                    collection: entry.coll.clone(),
+                    id: shown,
+                }),
+                (false, _) => Diagnosis::Fail(not_found()),
             });
         }
         if is_insert {
@@ -782,6 +885,16 @@ impl Transactions {
             }));
         }
         Ok(Diagnosis::Retry)
+    }
+}
+
+/// How often the coordinator tries to write its commit point before aborting instead.
+const COMMIT_POINT_ATTEMPTS: u32 = 6;
+
+fn commit_unknown(txn: ObjectId, cause: &str) -> TxnError {
+    TxnError::CommitUnknown {
+        txn,
+        cause: cause.to_string(),
     }
 }
 

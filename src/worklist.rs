@@ -265,6 +265,45 @@ impl Entry {
         }
     }
 
+    /// The writes that fence this entry, found unapplied by a GC that claimed transaction
+    /// (written at `created`), against a late apply: tried in order until one matches.
+    ///
+    /// A changed entry's document, free at the expected version, gets its version bumped, so the
+    /// apply's filter can never match. An insert's id gets a free placeholder dated after
+    /// `created`, which the coordinator of that transaction never takes over.
+    pub fn fences(&self, created: DateTime) -> Vec<Write> {
+        match self.op {
+            Op::Insert { .. } => {
+                let at = DateTime::from_millis(
+                    DateTime::now()
+                        .timestamp_millis()
+                        .max(created.timestamp_millis().saturating_add(1)),
+                );
+                vec![
+                    Write::Update(
+                        fields::free_placeholder_filter(&self.id),
+                        doc! { "$set": { fields::DELETED: at } },
+                    ),
+                    Write::Insert(doc! {
+                        "_id": self.id.clone(),
+                        fields::SCHEMA_VERSION: self.schema,
+                        fields::VERSION: 0_i64,
+                        fields::DELETED: at,
+                    }),
+                ]
+            }
+            _ => vec![Write::Update(
+                doc! {
+                    "_id": self.id.clone(),
+                    fields::VERSION: self.expected,
+                    fields::ACTIVE_TXN: null,
+                    fields::DELETED: null,
+                },
+                doc! { "$set": { fields::VERSION: self.expected + 1 } },
+            )],
+        }
+    }
+
     /// The version the document has after a rollback of this (applied) entry.
     pub fn rolled_back_version(&self) -> i64 {
         match self.op {

@@ -87,14 +87,18 @@ async fn run(args: Args) -> Result<(), String> {
     tracing::info!(db = %args.db, interval = ?args.interval, once = args.once, "GC runner started");
 
     loop {
-        let summary = gc
-            .run_round_at(DateTime::now(), &stop)
-            .await
-            .map_err(|e| format!("GC round failed: {e}"))?;
-        println!(
-            "round: finished={} rolled_back={} skipped={} purged={}",
-            summary.finished, summary.rolled_back, summary.skipped, summary.purged
-        );
+        match gc.run_round_at(DateTime::now(), &stop).await {
+            Ok(summary) => println!(
+                "round: finished={} rolled_back={} skipped={} purged={}",
+                summary.finished, summary.rolled_back, summary.skipped, summary.purged
+            ),
+            Err(e) if args.once => return Err(format!("GC round failed: {e}")),
+            // The server was reachable at start: an outage now is waited out, not fatal.
+            Err(e) => {
+                tracing::warn!(error = %e, "GC round failed; retrying next round");
+                println!("round: failed ({e})");
+            }
+        }
         if args.once || stop.load(Ordering::SeqCst) {
             break;
         }

@@ -27,6 +27,12 @@ pub enum Action {
     Forward,
     /// Do not send it; answer the client with this reply instead.
     Respond(Document),
+    /// Send it, but close the client's connection instead of relaying the reply: the command
+    /// ran, and the client sees a network error (a reply lost in transit).
+    LoseReply,
+    /// Close the client's connection without sending it: the command never ran, and the client
+    /// sees the same network error.
+    Drop,
 }
 
 /// How a test tampers with traffic. Both hooks see `OP_MSG` bodies only.
@@ -108,7 +114,8 @@ impl Drop for WireProxy {
     }
 }
 
-type Pending = Arc<Mutex<HashMap<i32, Document>>>;
+/// Commands awaiting their reply, by request id, and whether that reply is to be lost.
+type Pending = Arc<Mutex<HashMap<i32, (Document, bool)>>>;
 
 /// Pumps both directions of one connection until either side closes.
 async fn relay(client: TcpStream, server: TcpStream, rules: Arc<dyn Rules>) {
@@ -144,12 +151,14 @@ async fn commands(
             continue;
         };
         match rules.command(&mut msg.body) {
-            Action::Forward => {
+            action @ (Action::Forward | Action::LoseReply) => {
                 if msg.flags & MORE_TO_COME == 0 {
-                    lock(&pending).insert(msg.request_id, msg.body.clone());
+                    let lose = matches!(action, Action::LoseReply);
+                    lock(&pending).insert(msg.request_id, (msg.body.clone(), lose));
                 }
                 to_server.write_all(&msg.encode()).await?;
             }
+            Action::Drop => return Err(std::io::Error::other("command dropped by a proxy rule")),
             Action::Respond(reply) => {
                 let answer = Msg {
                     request_id: msg.request_id.wrapping_add(1_000_000),
@@ -182,7 +191,10 @@ async fn replies(
                     }
                 };
                 match command {
-                    Some(command) => {
+                    Some((_, true)) => {
+                        return Err(std::io::Error::other("reply lost by a proxy rule"))
+                    }
+                    Some((command, false)) => {
                         rules.reply(&command, &mut msg.body);
                         msg.encode()
                     }
@@ -195,7 +207,7 @@ async fn replies(
     }
 }
 
-fn lock(pending: &Pending) -> std::sync::MutexGuard<'_, HashMap<i32, Document>> {
+fn lock(pending: &Pending) -> std::sync::MutexGuard<'_, HashMap<i32, (Document, bool)>> {
     pending
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -1,0 +1,506 @@
+//! Ambiguous failures: the connection drops after a protocol write was sent (the write ran, its
+//! reply is lost) or before it reached the server (it never ran). The client sees the same
+//! network error either way; the coordinator and the GC must work out from the documents which
+//! one happened, and never apply a change twice or leave a half state.
+//!
+//! The faults are injected by a wire-protocol proxy between the coordinator's client and the test
+//! server; the checks read through a direct client.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{DateTime, Document};
+use common::wire_proxy::{command_name, Action, Rules, WireProxy};
+use common::{raw_snapshot, Account, CrashAt, TestDb};
+use mongotx::failpoint::{self, Failpoint};
+use mongotx::worklist::TRANSACTIONS_COLLECTION;
+use mongotx::{
+    fields, Adjust, Gc, GcOptions, RepoError, Repository, Store, Transaction, Transactions,
+    TxnError, TxnOptions, Update,
+};
+
+/// What the proxy does to a matching command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The command runs; its reply is lost.
+    LoseReply,
+    /// The command never runs.
+    Drop,
+}
+
+type Matcher = fn(&Document) -> bool;
+
+/// One fault: which commands it hits, how, and how many more times.
+struct Fault {
+    matches: Matcher,
+    mode: Mode,
+    remaining: AtomicUsize,
+}
+
+/// Proxy rules: the first fault that matches a command and has firings left takes it.
+#[derive(Clone)]
+struct Faults {
+    faults: Arc<Vec<Fault>>,
+    fired: Arc<AtomicUsize>,
+    off: Arc<AtomicBool>,
+}
+
+impl Faults {
+    fn new(list: Vec<(Matcher, Mode, usize)>) -> Faults {
+        Faults {
+            faults: Arc::new(
+                list.into_iter()
+                    .map(|(matches, mode, times)| Fault {
+                        matches,
+                        mode,
+                        remaining: AtomicUsize::new(times),
+                    })
+                    .collect(),
+            ),
+            fired: Arc::new(AtomicUsize::new(0)),
+            off: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn once(matches: Matcher, mode: Mode) -> Faults {
+        Faults::new(vec![(matches, mode, 1)])
+    }
+
+    fn fired(&self) -> usize {
+        self.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Rules for Faults {
+    fn command(&self, command: &mut Document) -> Action {
+        if self.off.load(Ordering::SeqCst) {
+            return Action::Forward;
+        }
+        for fault in self.faults.iter() {
+            if (fault.matches)(command)
+                && fault
+                    .remaining
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                self.fired.fetch_add(1, Ordering::SeqCst);
+                return match fault.mode {
+                    Mode::LoseReply => Action::LoseReply,
+                    Mode::Drop => Action::Drop,
+                };
+            }
+        }
+        Action::Forward
+    }
+}
+
+// Recognising the protocol's writes on the wire.
+
+fn on(command: &Document, name: &str, coll: &str) -> bool {
+    command_name(command) == name && command.get_str(name).ok() == Some(coll)
+}
+
+/// The first update statement's filter and update of an `update` command on `coll`.
+fn update_on<'a>(command: &'a Document, coll: &str) -> Option<(&'a Document, &'a Document)> {
+    if !on(command, "update", coll) {
+        return None;
+    }
+    let statement = command.get_array("updates").ok()?.first()?.as_document()?;
+    Some((
+        statement.get_document("q").ok()?,
+        statement.get_document("u").ok()?,
+    ))
+}
+
+fn set_of(update: &Document) -> Option<&Document> {
+    update.get_document("$set").ok()
+}
+
+fn begin_write(c: &Document) -> bool {
+    on(c, "insert", TRANSACTIONS_COLLECTION)
+}
+
+fn insert_apply(c: &Document) -> bool {
+    on(c, "insert", "accounts")
+}
+
+fn adjust_apply(c: &Document) -> bool {
+    update_on(c, "accounts").is_some_and(|(_, u)| u.contains_key("$inc"))
+}
+
+fn update_apply(c: &Document) -> bool {
+    update_on(c, "accounts")
+        .and_then(|(_, u)| set_of(u))
+        .is_some_and(|set| set.contains_key("note") && set.contains_key(fields::ACTIVE_TXN))
+}
+
+fn delete_apply(c: &Document) -> bool {
+    update_on(c, "accounts")
+        .and_then(|(_, u)| set_of(u))
+        .is_some_and(|set| set.contains_key(fields::DELETING))
+}
+
+fn check_apply(c: &Document) -> bool {
+    update_on(c, "accounts")
+        .and_then(|(_, u)| set_of(u))
+        .is_some_and(|set| set.len() == 1 && set.contains_key(fields::ACTIVE_TXN))
+}
+
+fn commit_point(c: &Document) -> bool {
+    update_on(c, TRANSACTIONS_COLLECTION)
+        .and_then(|(_, u)| set_of(u))
+        .is_some_and(|set| set.get_str("state").ok() == Some("committed"))
+}
+
+fn gc_claim(c: &Document) -> bool {
+    update_on(c, TRANSACTIONS_COLLECTION)
+        .and_then(|(_, u)| set_of(u))
+        .is_some_and(|set| set.get_str("state").ok() == Some("aborted"))
+}
+
+fn finish_write(c: &Document) -> bool {
+    update_on(c, "accounts").is_some_and(|(q, u)| {
+        q.contains_key(fields::ACTIVE_TXN)
+            && u.len() == 1
+            && u.get_document("$unset")
+                .is_ok_and(|unset| unset.len() == 1 && unset.contains_key(fields::ACTIVE_TXN))
+    })
+}
+
+fn finish_delete(c: &Document) -> bool {
+    update_on(c, "accounts")
+        .is_some_and(|(q, u)| q.contains_key(fields::ACTIVE_TXN) && u.contains_key(fields::DELETED))
+}
+
+fn rollback_write(c: &Document) -> bool {
+    update_on(c, "accounts").is_some_and(|(_, u)| {
+        set_of(u).is_some_and(|set| set.contains_key(fields::VERSION))
+            && u.get_document("$unset")
+                .is_ok_and(|unset| unset.contains_key(fields::ACTIVE_TXN))
+    })
+}
+
+fn end_write(c: &Document) -> bool {
+    on(c, "delete", TRANSACTIONS_COLLECTION)
+}
+
+/// Any command on the transactions collection but the insert that begins a transaction.
+fn after_begin(c: &Document) -> bool {
+    command_name(c) != "insert" && c.get_str(command_name(c)).ok() == Some(TRANSACTIONS_COLLECTION)
+}
+
+/// A test database seeded with the accounts every case stages against, all at version 1.
+struct Fixture {
+    t: TestDb,
+    accounts: Repository<Account>,
+}
+
+impl Fixture {
+    async fn new() -> Fixture {
+        let t = TestDb::new().await;
+        let accounts = t
+            .store
+            .repository::<Account>(common::accounts_spec())
+            .await
+            .expect("open");
+        for (id, balance) in [("a", 100), ("b", 50), ("c", 10), ("d", 10), ("e", 10)] {
+            let account = Account {
+                note: Some(format!("note of {id}")),
+                ..Account::new(id, id, balance)
+            };
+            accounts.insert(&account).await.expect("seed");
+        }
+        Fixture { t, accounts }
+    }
+
+    /// A store and accounts repository on a client that talks through `proxy`.
+    async fn through(&self, proxy: &WireProxy) -> (Store, Repository<Account>) {
+        let store = Store::new(proxy.client().await.database(self.t.db.name()));
+        let accounts = store
+            .repository::<Account>(common::accounts_spec())
+            .await
+            .expect("open through the proxy");
+        (store, accounts)
+    }
+
+    /// Stages all five actions: a transfer a → b, an update of c, a delete of d, a check of e,
+    /// the insert of n.
+    async fn stage(tx: &Transaction, accounts: &Repository<Account>) -> Result<(), TxnError> {
+        tx.adjust(accounts, "a", 1, &Adjust::new().by("balance", -10_i64))
+            .await?;
+        tx.adjust(accounts, "b", 1, &Adjust::new().by("balance", 10_i64))
+            .await?;
+        tx.update(accounts, "c", 1, &Update::new().set("note", "changed"))
+            .await?;
+        tx.delete(accounts, "d", 1)?;
+        tx.check(accounts, "e", 1)?;
+        tx.insert(accounts, &Account::new("n", "newcomer", 1))
+            .await?;
+        Ok(())
+    }
+
+    async fn assert_clean(&self, what: &str) {
+        let txns = raw_snapshot(&self.t.db, TRANSACTIONS_COLLECTION).await;
+        assert!(
+            txns.is_empty(),
+            "{what}: ActiveTransaction documents remain: {txns:?}"
+        );
+        for doc in raw_snapshot(&self.t.db, "accounts").await {
+            assert!(
+                !doc.contains_key(fields::ACTIVE_TXN) && !doc.contains_key(fields::DELETING),
+                "{what}: still held: {doc}"
+            );
+        }
+    }
+
+    /// Everything applied exactly once.
+    async fn assert_committed(&self, what: &str) {
+        self.assert_clean(what).await;
+        let get = |id: &'static str| self.accounts.get(id);
+        let a = get("a").await.expect("a");
+        let b = get("b").await.expect("b");
+        assert_eq!((a.balance, a.version), (90, 2), "{what}: a");
+        assert_eq!((b.balance, b.version), (60, 2), "{what}: b");
+        let c = get("c").await.expect("c");
+        assert_eq!(
+            (c.note.as_deref(), c.version),
+            (Some("changed"), 2),
+            "{what}: c"
+        );
+        assert!(
+            matches!(get("d").await, Err(RepoError::Deleted { version: 2, .. })),
+            "{what}: d"
+        );
+        assert_eq!(get("e").await.expect("e").version, 1, "{what}: e");
+        let n = get("n").await.expect("n");
+        assert_eq!((n.owner.as_str(), n.version), ("newcomer", 1), "{what}: n");
+    }
+
+    /// Nothing applied; documents are at their original version or rolled back past it.
+    async fn assert_untouched(&self, what: &str) {
+        self.assert_clean(what).await;
+        for (id, balance) in [("a", 100), ("b", 50), ("c", 10), ("d", 10), ("e", 10)] {
+            let read = self.accounts.get(id).await.expect("read");
+            assert_eq!(read.balance, balance, "{what}: {id}");
+            assert_eq!(
+                read.note.as_deref(),
+                Some(format!("note of {id}").as_str()),
+                "{what}: {id}"
+            );
+            // 1: untouched; 2: fenced unapplied by a GC; 3: applied and rolled back.
+            assert!(
+                (1..=3).contains(&read.version),
+                "{what}: {id} at version {}",
+                read.version
+            );
+        }
+        assert!(
+            matches!(
+                self.accounts.get("n").await,
+                Err(RepoError::NotFound { .. })
+            ),
+            "{what}: n"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_lost_reply_or_a_dropped_command_at_any_commit_write_applies_everything_once() {
+    let cases: [(&str, Matcher); 10] = [
+        ("ActiveTransaction write", begin_write),
+        ("insert apply", insert_apply),
+        ("adjust apply", adjust_apply),
+        ("update apply", update_apply),
+        ("delete apply", delete_apply),
+        ("check apply", check_apply),
+        ("commit point", commit_point),
+        ("finish", finish_write),
+        ("tombstone finish", finish_delete),
+        ("ActiveTransaction delete", end_write),
+    ];
+    let mut covered = 0;
+    for (name, matcher) in cases {
+        for mode in [Mode::LoseReply, Mode::Drop] {
+            let what = format!("{name}, {mode:?}");
+            let f = Fixture::new().await;
+            let faults = Faults::once(matcher, mode);
+            let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
+            let (store, accounts) = f.through(&proxy).await;
+            let tx = Transactions::new(&store).begin();
+            Fixture::stage(&tx, &accounts).await.expect("stage");
+            let outcome = tx
+                .commit()
+                .await
+                .unwrap_or_else(|e| panic!("{what}: commit failed: {e}"));
+            assert_eq!(faults.fired(), 1, "{what}: the fault never fired");
+            assert!(outcome.finished, "{what}: {outcome:?}");
+            assert_eq!(outcome.version_of("accounts", "a"), Some(2), "{what}");
+            f.assert_committed(&what).await;
+            covered += 1;
+        }
+    }
+    println!("{covered} ambiguous commit writes settled without double-applying");
+}
+
+#[tokio::test]
+async fn a_lost_rollback_write_still_rolls_back_exactly_once() {
+    for mode in [Mode::LoseReply, Mode::Drop] {
+        let what = format!("rollback write, {mode:?}");
+        let f = Fixture::new().await;
+        let faults = Faults::once(rollback_write, mode);
+        let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
+        let (store, accounts) = f.through(&proxy).await;
+        let tx = Transactions::new(&store).begin();
+        Fixture::stage(&tx, &accounts).await.expect("stage");
+        // An outside write to e makes its check fail once the others have been applied.
+        f.accounts
+            .update("e", 1, &Update::new().set("owner", "outsider"))
+            .await
+            .expect("outside write");
+        let err = tx.commit().await.expect_err("the check must fail");
+        assert!(
+            matches!(
+                err.repo_error(),
+                Some(RepoError::VersionConflict {
+                    expected: 1,
+                    actual: 2,
+                    ..
+                })
+            ),
+            "{what}: {err}"
+        );
+        assert_eq!(faults.fired(), 1, "{what}: the fault never fired");
+        // e keeps the outside write; put its owner back so the common checks apply.
+        let e = f.accounts.get("e").await.expect("e");
+        assert_eq!((e.owner.as_str(), e.version), ("outsider", 2), "{what}");
+        f.accounts
+            .update("e", 2, &Update::new().set("owner", "e"))
+            .await
+            .expect("undo the outside write");
+        f.assert_untouched(&what).await;
+    }
+}
+
+/// Leaves a pending transaction with every entry applied, as a coordinator that died before its
+/// commit point would.
+async fn dead_coordinator(f: &Fixture, at: &'static str) {
+    let txns = Transactions::with_options(
+        &f.t.store,
+        TxnOptions::default().fault_injector(Arc::new(CrashAt(Failpoint { name: at, step: 0 }))),
+    );
+    let tx = txns.begin();
+    Fixture::stage(&tx, &f.accounts).await.expect("stage");
+    assert!(matches!(tx.commit().await, Err(TxnError::Crashed { .. })));
+}
+
+#[tokio::test]
+async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
+    let later = || DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
+    let cases: [(&str, &'static str, Matcher, bool); 4] = [
+        ("claim", failpoint::COMMIT_BEFORE, gc_claim, false),
+        (
+            "rollback write",
+            failpoint::COMMIT_BEFORE,
+            rollback_write,
+            false,
+        ),
+        ("finish write", failpoint::COMMIT_AFTER, finish_write, true),
+        (
+            "ActiveTransaction delete",
+            failpoint::COMMIT_AFTER,
+            end_write,
+            true,
+        ),
+    ];
+    for (name, coordinator_dies_at, matcher, committed) in cases {
+        for mode in [Mode::LoseReply, Mode::Drop] {
+            let what = format!("GC {name}, {mode:?}");
+            let f = Fixture::new().await;
+            dead_coordinator(&f, coordinator_dies_at).await;
+            let faults = Faults::once(matcher, mode);
+            let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
+            let gc = Gc::new(
+                proxy.client().await.database(f.t.db.name()),
+                GcOptions::default(),
+            );
+            let stop = AtomicBool::new(false);
+            let first = gc.run_round_at(later(), &stop).await.expect("round 1");
+            assert_eq!(faults.fired(), 1, "{what}: the fault never fired");
+            // A claim whose outcome is unknown is skipped and settled next round; recovery
+            // writes are idempotent and retried within the round.
+            let second = gc.run_round_at(later(), &stop).await.expect("round 2");
+            let resolved =
+                first.finished + first.rolled_back + second.finished + second.rolled_back;
+            assert_eq!(resolved, 1, "{what}: {first:?} then {second:?}");
+            if committed {
+                f.assert_committed(&what).await;
+            } else {
+                f.assert_untouched(&what).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_commit_point_that_never_gets_through_aborts_the_transaction() {
+    let f = Fixture::new().await;
+    let faults = Faults::new(vec![(commit_point, Mode::Drop, usize::MAX)]);
+    let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
+    let (store, accounts) = f.through(&proxy).await;
+    let tx = Transactions::new(&store).begin();
+    Fixture::stage(&tx, &accounts).await.expect("stage");
+    let err = tx
+        .commit()
+        .await
+        .expect_err("no commit point can be written");
+    assert!(matches!(err, TxnError::Aborted { .. }), "{err}");
+    assert!(
+        err.is_retryable(),
+        "an aborted transaction is safe to rerun"
+    );
+    assert!(faults.fired() > 1, "the commit point was only tried once");
+    f.assert_untouched("commit point never written").await;
+}
+
+#[tokio::test]
+async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
+    let f = Fixture::new().await;
+    // The commit point lands but its reply is lost; after that the transactions collection is
+    // unreachable, so the coordinator can neither read the state back nor abort.
+    let faults = Faults::new(vec![
+        (commit_point, Mode::LoseReply, 1),
+        (after_begin, Mode::Drop, usize::MAX),
+    ]);
+    let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
+    let (store, accounts) = f.through(&proxy).await;
+    let txns = Transactions::with_options(
+        &store,
+        TxnOptions::default().timeout(Duration::from_secs(60)),
+    );
+    let bodies = AtomicUsize::new(0);
+    let err = txns
+        .run(|tx| {
+            bodies.fetch_add(1, Ordering::SeqCst);
+            let accounts = accounts.clone();
+            async move { Fixture::stage(&tx, &accounts).await }
+        })
+        .await
+        .expect_err("the outcome cannot be known");
+    assert!(matches!(err, TxnError::CommitUnknown { .. }), "{err}");
+    assert!(!err.is_retryable());
+    assert_eq!(bodies.load(Ordering::SeqCst), 1, "the body was rerun");
+
+    // It did commit: readers already see the new values, and the GC frees the documents.
+    faults.off.store(true, Ordering::SeqCst);
+    assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
+    let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
+    let round = Gc::new(f.t.db.clone(), GcOptions::default())
+        .run_round_at(later, &AtomicBool::new(false))
+        .await
+        .expect("GC round");
+    assert_eq!(round.finished, 1, "{round:?}");
+    f.assert_committed("unknown commit outcome").await;
+}
