@@ -29,7 +29,17 @@ pub trait FaultInjector: Send + Sync + 'static {
     fn crash_at(&self, point: Failpoint) -> bool;
 }
 
-/// Coordinator: writing the ActiveTransaction document.
+/// An injector that crashes at exactly one failpoint (the usual choice for crash tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashAt(pub Failpoint);
+
+impl FaultInjector for CrashAt {
+    fn crash_at(&self, point: Failpoint) -> bool {
+        point == self.0
+    }
+}
+
+/// Coordinator: before writing the ActiveTransaction document.
 pub const BEGIN_BEFORE: &str = "begin.before";
 /// Coordinator: after writing the ActiveTransaction document.
 pub const BEGIN_AFTER: &str = "begin.after";

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bson::{DateTime, Document};
 use common::wire_proxy::{command_name, Action, Rules, WireProxy};
-use common::{raw_snapshot, Account, CrashAt, TestDb};
+use common::{Account, CrashAt, TestDb};
 use mongotx::failpoint::{self, Failpoint};
 use mongotx::worklist::TRANSACTIONS_COLLECTION;
 use mongotx::{
@@ -201,11 +201,7 @@ struct Fixture {
 impl Fixture {
     async fn new() -> Fixture {
         let t = TestDb::new().await;
-        let accounts = t
-            .store
-            .repository::<Account>(common::accounts_spec())
-            .await
-            .expect("open");
+        let accounts = common::open_accounts(&t.store).await;
         for (id, balance) in [("a", 100), ("b", 50), ("c", 10), ("d", 10), ("e", 10)] {
             let account = Account {
                 note: Some(format!("note of {id}")),
@@ -226,6 +222,15 @@ impl Fixture {
         (store, accounts)
     }
 
+    /// A transaction staged through a new proxy applying `faults`; keep the proxy alive.
+    async fn staged_through(&self, faults: &Faults) -> (WireProxy, Transaction) {
+        let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
+        let (store, accounts) = self.through(&proxy).await;
+        let tx = Transactions::new(&store).begin();
+        Fixture::stage(&tx, &accounts).await.expect("stage");
+        (proxy, tx)
+    }
+
     /// Stages all five actions: a transfer a → b, an update of c, a delete of d, a check of e,
     /// the insert of n.
     async fn stage(tx: &Transaction, accounts: &Repository<Account>) -> Result<(), TxnError> {
@@ -243,17 +248,7 @@ impl Fixture {
     }
 
     async fn assert_clean(&self, what: &str) {
-        let txns = raw_snapshot(&self.t.db, TRANSACTIONS_COLLECTION).await;
-        assert!(
-            txns.is_empty(),
-            "{what}: ActiveTransaction documents remain: {txns:?}"
-        );
-        for doc in raw_snapshot(&self.t.db, "accounts").await {
-            assert!(
-                !doc.contains_key(fields::ACTIVE_TXN) && !doc.contains_key(fields::DELETING),
-                "{what}: still held: {doc}"
-            );
-        }
+        common::assert_settled(&self.t, &["accounts"], what).await;
     }
 
     /// Everything applied exactly once.
@@ -327,10 +322,7 @@ async fn a_lost_reply_or_a_dropped_command_at_any_commit_write_applies_everythin
             let what = format!("{name}, {mode:?}");
             let f = Fixture::new().await;
             let faults = Faults::once(matcher, mode);
-            let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
-            let (store, accounts) = f.through(&proxy).await;
-            let tx = Transactions::new(&store).begin();
-            Fixture::stage(&tx, &accounts).await.expect("stage");
+            let (_proxy, tx) = f.staged_through(&faults).await;
             let outcome = tx
                 .commit()
                 .await
@@ -351,10 +343,7 @@ async fn a_lost_rollback_write_still_rolls_back_exactly_once() {
         let what = format!("rollback write, {mode:?}");
         let f = Fixture::new().await;
         let faults = Faults::once(rollback_write, mode);
-        let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
-        let (store, accounts) = f.through(&proxy).await;
-        let tx = Transactions::new(&store).begin();
-        Fixture::stage(&tx, &accounts).await.expect("stage");
+        let (_proxy, tx) = f.staged_through(&faults).await;
         // An outside write to e makes its check fail once the others have been applied.
         f.accounts
             .update("e", 1, &Update::new().set("owner", "outsider"))
@@ -448,10 +437,7 @@ async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
 async fn a_commit_point_that_never_gets_through_aborts_the_transaction() {
     let f = Fixture::new().await;
     let faults = Faults::new(vec![(commit_point, Mode::Drop, usize::MAX)]);
-    let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
-    let (store, accounts) = f.through(&proxy).await;
-    let tx = Transactions::new(&store).begin();
-    Fixture::stage(&tx, &accounts).await.expect("stage");
+    let (_proxy, tx) = f.staged_through(&faults).await;
     let err = tx
         .commit()
         .await

@@ -38,15 +38,22 @@ async fn thirty_two_tasks_of_fifty_read_modify_write_increments_end_at_1600() {
         .unwrap();
 
     let conflicts = Arc::new(AtomicU64::new(0));
+    // Every task reads version 1 before anyone writes, so contention is certain, not likely.
+    let all_read = Arc::new(tokio::sync::Barrier::new(TASKS));
     let mut handles = Vec::with_capacity(TASKS);
     for task in 0..TASKS {
         let repo = repos[task % CLIENTS].clone();
         let conflicts = Arc::clone(&conflicts);
+        let all_read = Arc::clone(&all_read);
         handles.push(tokio::spawn(async move {
             let mut versions = Vec::with_capacity(INCREMENTS);
+            let mut first = true;
             for _ in 0..INCREMENTS {
                 loop {
                     let read = repo.get("counter").await?;
+                    if std::mem::take(&mut first) {
+                        all_read.wait().await;
+                    }
                     // Half the tasks write a field, half write the whole value.
                     let written = if task % 2 == 0 {
                         let update = Update::new().set("balance", read.balance + 1);
@@ -94,7 +101,11 @@ async fn thirty_two_tasks_of_fifty_read_modify_write_increments_end_at_1600() {
     assert_eq!(all_versions, (2..=total + 1).collect::<BTreeSet<i64>>());
     let conflicts = conflicts.load(Ordering::Relaxed);
     println!("{TASKS} tasks x {INCREMENTS} increments on {CLIENTS} clients: {total} writes, {conflicts} version conflicts retried");
-    assert!(conflicts > 0, "the test must actually contend");
+    assert!(
+        conflicts >= (TASKS - 1) as u64,
+        "all tasks read version 1 first, so at least {} writes must conflict",
+        TASKS - 1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -108,15 +119,21 @@ async fn concurrent_adjusts_with_retries_lose_nothing() {
         .await
         .unwrap();
 
+    let all_read = Arc::new(tokio::sync::Barrier::new(TASKS));
     let mut handles = Vec::new();
     for task in 0..TASKS {
         let repo = repos[task % CLIENTS].clone();
+        let all_read = Arc::clone(&all_read);
         handles.push(tokio::spawn(async move {
             let mut retries = 0_u64;
+            let mut first = true;
             for _ in 0..ADJUSTS {
                 let amount = if task % 2 == 0 { 3_i64 } else { -1_i64 };
                 loop {
                     let version = repo.get("pot").await?.version;
+                    if std::mem::take(&mut first) {
+                        all_read.wait().await;
+                    }
                     match repo
                         .adjust("pot", version, &Adjust::new().by("balance", amount))
                         .await
@@ -138,7 +155,11 @@ async fn concurrent_adjusts_with_retries_lose_nothing() {
     let expected = 1_000 + (TASKS / 2 * ADJUSTS) as i64 * 3 - (TASKS / 2 * ADJUSTS) as i64;
     assert_eq!(end.balance, expected);
     assert_eq!(end.version, 1 + (TASKS * ADJUSTS) as i64);
-    assert!(retries > 0, "the test must actually contend");
+    assert!(
+        retries >= (TASKS - 1) as u64,
+        "all tasks read version 1 first, so at least {} adjusts must be retried",
+        TASKS - 1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::DateTime;
-use common::{raw_snapshot, Account, TestDb};
+use common::{Account, TestDb};
 use mongotx::failpoint::{Failpoint, FaultInjector};
 use mongotx::{
-    fields, Adjust, Gc, GcOptions, Query, RoundSummary, Store, Transactions, TxnError, TxnOptions,
+    Adjust, Gc, GcOptions, Query, RoundSummary, Store, Transactions, TxnError, TxnOptions,
 };
 use rand::Rng;
 
@@ -55,11 +55,7 @@ struct Tally {
 #[tokio::test(flavor = "multi_thread", worker_threads = 6)]
 async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
     let t = TestDb::new().await;
-    let accounts = t
-        .store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .expect("open");
+    let accounts = common::open_accounts(&t.store).await;
     for i in 0..ACCOUNTS {
         accounts
             .insert(&Account::new(&format!("acc{i}"), "bank", START))
@@ -91,10 +87,7 @@ async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
     let mut coordinators = Vec::new();
     for _ in 0..COORDINATORS {
         let store = Store::new(t.other_client_db().await);
-        let repo = store
-            .repository::<Account>(common::accounts_spec())
-            .await
-            .expect("open");
+        let repo = common::open_accounts(&store).await;
         let txns = Transactions::with_options(
             &store,
             TxnOptions::default()
@@ -193,13 +186,7 @@ async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
         expected.to_vec(),
         "final balances vs committed transfers"
     );
-    assert!(raw_snapshot(&t.db, t.store.transactions_collection())
-        .await
-        .is_empty());
-    assert!(raw_snapshot(&t.db, "accounts")
-        .await
-        .iter()
-        .all(|d| !d.contains_key(fields::ACTIVE_TXN)));
+    common::assert_settled(&t, &["accounts"], "after the race").await;
     assert!(tally.committed > 0, "nothing committed");
     assert!(
         tally.expired > 0,
@@ -238,20 +225,10 @@ async fn a_late_apply_after_a_gc_rollback_never_lands() {
 
     for late in ["insert", "update", "adjust", "delete", "check"] {
         let t = TestDb::new().await;
-        let accounts = t
-            .store
-            .repository::<Account>(common::accounts_spec())
-            .await
-            .expect("open");
-        accounts
-            .insert(&Account::new("a", "A", 100))
-            .await
-            .expect("seed");
+        let accounts = common::open_accounts(&t.store).await;
+        common::seed_accounts(&accounts, &[("a", 100)]).await;
         if late != "insert" {
-            accounts
-                .insert(&Account::new("z", "Z", 100))
-                .await
-                .expect("seed");
+            common::seed_accounts(&accounts, &[("z", 100)]).await;
         }
         let (reached_tx, mut reached) = tokio::sync::mpsc::unbounded_channel();
         let (release, release_rx) = std::sync::mpsc::channel();
@@ -310,15 +287,7 @@ async fn a_late_apply_after_a_gc_rollback_never_lands() {
             "{late}: the late coordinator reported {result:?}"
         );
 
-        assert!(raw_snapshot(&t.db, t.store.transactions_collection())
-            .await
-            .is_empty());
-        for doc in raw_snapshot(&t.db, "accounts").await {
-            assert!(
-                !doc.contains_key(fields::ACTIVE_TXN) && !doc.contains_key(fields::DELETING),
-                "{late}: still held after the late apply: {doc}"
-            );
-        }
+        common::assert_settled(&t, &["accounts"], late).await;
         assert_eq!(accounts.get("a").await.expect("a").balance, 100, "{late}");
         let z = accounts.get("z").await;
         if late == "insert" {

@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{raw_snapshot, Account, CrashAt, TestDb};
+use common::{raw_snapshot, CrashAt, TestDb};
 use mongotx::failpoint::{self, Failpoint};
 use mongotx::{fields, Adjust, Transactions, TxnError, TxnOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -18,19 +18,8 @@ const GC: &str = env!("CARGO_BIN_EXE_mongotx-gc");
 #[tokio::test]
 async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
     let t = TestDb::new().await;
-    let accounts = t
-        .store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .expect("open");
-    accounts
-        .insert(&Account::new("a", "A", 100))
-        .await
-        .expect("seed");
-    accounts
-        .insert(&Account::new("b", "B", 50))
-        .await
-        .expect("seed");
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("a", 100), ("b", 50)]).await;
     let txns = Transactions::with_options(
         &t.store,
         TxnOptions::default()
@@ -84,13 +73,7 @@ async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
     let a = accounts.get("a").await.expect("a");
     let b = accounts.get("b").await.expect("b");
     assert_eq!((a.balance, b.balance), (100, 50));
-    assert!(raw_snapshot(&t.db, t.store.transactions_collection())
-        .await
-        .is_empty());
-    assert!(raw_snapshot(&t.db, "accounts")
-        .await
-        .iter()
-        .all(|d| !d.contains_key(fields::ACTIVE_TXN)));
+    common::assert_settled(&t, &["accounts"], "after the GC runner's round").await;
 
     let pid = child.id().expect("pid").to_string();
     let killed = Command::new("kill")

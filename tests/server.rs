@@ -42,10 +42,7 @@ async fn the_wire_proxy_is_transparent_when_it_changes_nothing() {
     let proxy = WireProxy::start(&server_uri(), PassThrough).await;
     let client = proxy.client().await;
     let store = Store::new(client.database(t.db.name()));
-    let accounts = store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .expect("open");
+    let accounts = common::open_accounts(&store).await;
     accounts
         .insert(&Account::new("a1", "Ann", 5))
         .await
@@ -199,11 +196,7 @@ async fn a_failing_probe_step_is_a_database_error_naming_the_step() {
 #[tokio::test]
 async fn a_server_error_on_read_is_a_database_error_naming_collection_and_id() {
     let t = TestDb::new().await;
-    let accounts = t
-        .store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .expect("open");
+    let accounts = common::open_accounts(&t.store).await;
     accounts
         .insert(&Account::new("a1", "Ann", 5))
         .await
@@ -269,7 +262,17 @@ async fn the_demo_tour_runs_end_to_end() {
         output.status.success(),
         "demo failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    for expected in ["VersionConflict", "NotFound", "Deleted", "schema", "Locked"] {
+    for expected in [
+        "VersionConflict",
+        "NotFound",
+        "Deleted",
+        "schema",
+        "Locked",
+        "moved 120 from dave to erin in 2 attempts",
+        "consistent total of 320",
+        "rolled_back=1",
+        "finished=1",
+    ] {
         assert!(
             stdout.contains(expected) || stdout.to_lowercase().contains(&expected.to_lowercase()),
             "demo output lacks {expected:?}:\n{stdout}"

@@ -24,23 +24,7 @@ async fn accounts(t: &TestDb) -> Repository<Account> {
 }
 
 async fn assert_no_transaction_left(t: &TestDb) {
-    let left = raw_snapshot(&t.db, t.store.transactions_collection()).await;
-    assert!(
-        left.is_empty(),
-        "ActiveTransaction documents left: {left:?}"
-    );
-    for coll in ["accounts", "notes"] {
-        for d in raw_snapshot(&t.db, coll).await {
-            assert!(
-                !d.contains_key(fields::ACTIVE_TXN),
-                "{coll} still held: {d}"
-            );
-            assert!(
-                !d.contains_key(fields::DELETING),
-                "{coll} still deleting: {d}"
-            );
-        }
-    }
+    common::assert_settled(t, &["accounts", "notes"], "after the transaction").await;
 }
 
 #[tokio::test]
@@ -319,10 +303,7 @@ async fn bank_transfers_keep_the_total_and_consistent_readers_see_it() {
             t.db.clone()
         };
         let store = mongotx::Store::new(db);
-        let repo = store
-            .repository::<Account>(common::accounts_spec())
-            .await
-            .expect("open");
+        let repo = common::open_accounts(&store).await;
         let txns = Transactions::with_options(
             &store,
             TxnOptions::default().retry(mongotx::LockWait {

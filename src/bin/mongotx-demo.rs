@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use bson::{doc, oid::ObjectId, Document};
 use clap::Parser;
 use mongodb::Client;
+use mongotx::failpoint::{self, CrashAt, Failpoint};
 use mongotx::test_server::TestServer;
 use mongotx::{
-    fields, Adjust, CollectionSpec, LockWait, Query, RepoError, Repository, Store, Update,
+    fields, Adjust, CollectionSpec, Gc, GcOptions, LockWait, Query, RepoError, Repository, Stamped,
+    Store, Transaction, Transactions, TxnError, TxnOptions, Update,
 };
 use serde::{Deserialize, Serialize};
 
@@ -51,8 +53,9 @@ struct Profile {
 async fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,mongotx::failpoint=off")
+            }),
         )
         .init();
     let args = Args::parse();
@@ -107,6 +110,8 @@ async fn run(args: Args) -> DemoResult {
     tour_upgrade(&store, &db).await?;
     tour_bad_input(&accounts, &db).await?;
     tour_locked(&accounts, &db).await?;
+    tour_transfer(&store, &accounts).await?;
+    tour_crash_recovery(&store, &accounts, &db).await?;
 
     if !args.keep {
         db.drop().await?;
@@ -365,4 +370,197 @@ async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> 
         .await?;
     println!("  once the holder lets go, the same write succeeds -> version {version}");
     Ok(())
+}
+
+fn account(id: &str, balance: i64) -> Account {
+    Account {
+        id: id.into(),
+        owner: id.to_uppercase(),
+        balance,
+        note: None,
+    }
+}
+
+async fn balances(accounts: &Repository<Account>, ids: &[&str]) -> DemoResult<Vec<(i64, i64)>> {
+    let mut out = Vec::new();
+    for id in ids {
+        let read = accounts.get(*id).await?;
+        out.push((read.balance, read.version));
+    }
+    Ok(out)
+}
+
+/// Stages moving `amount` between two accounts as read.
+async fn stage_transfer(
+    tx: &Transaction,
+    accounts: &Repository<Account>,
+    (from, to): (&Stamped<Account>, &Stamped<Account>),
+    amount: i64,
+) -> Result<(), TxnError> {
+    let by = |amount: i64| Adjust::new().by("balance", amount);
+    tx.adjust(accounts, from.id.clone(), from.version, &by(-amount))
+        .await?;
+    tx.adjust(accounts, to.id.clone(), to.version, &by(amount))
+        .await
+}
+
+async fn tour_transfer(store: &Store, accounts: &Repository<Account>) -> DemoResult {
+    step("A transfer between two accounts: one all-or-nothing transaction, retried on conflict");
+    accounts.insert(&account("dave", 300)).await?;
+    accounts.insert(&account("erin", 20)).await?;
+    let txns = Transactions::new(store);
+    let mut attempts = 0;
+    let (moved, outcome) = txns
+        .run(|tx| {
+            attempts += 1;
+            let first = attempts == 1;
+            let accounts = accounts.clone();
+            async move {
+                let dave = accounts.get("dave").await?;
+                let erin = accounts.get("erin").await?;
+                if first {
+                    // Someone else changes dave between our read and our commit.
+                    accounts
+                        .update("dave", dave.version, &Update::new().set("note", "audited"))
+                        .await?;
+                }
+                let amount = 120_i64;
+                stage_transfer(&tx, &accounts, (&dave, &erin), amount).await?;
+                Ok(amount)
+            }
+        })
+        .await?;
+    let after = balances(accounts, &["dave", "erin"]).await?;
+    println!(
+        "  moved {moved} from dave to erin in {attempts} attempts (the first met a VersionConflict and was rerun)"
+    );
+    println!(
+        "  dave {} (version {}), erin {} (version {}); the commit wrote 2k + 3 = {} times: ActiveTransaction, 2 applies, commit point, 2 finishes, end",
+        after[0].0, after[0].1, after[1].0, after[1].1, 2 * 2 + 3
+    );
+    expect(attempts == 2, "one retry after the conflict")?;
+    expect(
+        after[0].0 == 180 && after[1].0 == 140,
+        "dave 180 and erin 140",
+    )?;
+    expect(
+        outcome.version_of("accounts", "erin") == Some(after[1].1),
+        "outcome has erin's version",
+    )?;
+
+    let (total, _) = txns
+        .run(|tx| {
+            let accounts = accounts.clone();
+            async move {
+                let mut total = 0;
+                for id in ["dave", "erin"] {
+                    let read = accounts.get(id).await?;
+                    tx.check(&accounts, id, read.version)?;
+                    total += read.balance;
+                }
+                Ok(total)
+            }
+        })
+        .await?;
+    println!("  a read-only transaction of two checks confirms a consistent total of {total}");
+    expect(total == 320, "total 320")
+}
+
+async fn tour_crash_recovery(
+    store: &Store,
+    accounts: &Repository<Account>,
+    db: &mongodb::Database,
+) -> DemoResult {
+    step("A coordinator dies mid-commit; the GC (what mongotx-gc runs each round) recovers it");
+    let timeout = Duration::from_millis(300);
+    let dying = |at: &'static str| {
+        Transactions::with_options(
+            store,
+            TxnOptions::default()
+                .timeout(timeout)
+                .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
+                    name: at,
+                    step: 0,
+                }))),
+        )
+    };
+    let transfer = |txns: Transactions, amount: i64| {
+        let accounts = accounts.clone();
+        async move {
+            let tx = txns.begin();
+            let dave = accounts.get("dave").await?;
+            let erin = accounts.get("erin").await?;
+            stage_transfer(&tx, &accounts, (&dave, &erin), amount).await?;
+            tx.commit().await.map(|_| ())
+        }
+    };
+
+    let before = balances(accounts, &["dave", "erin"]).await?;
+    match transfer(dying(failpoint::COMMIT_BEFORE), 50).await {
+        Err(error @ TxnError::Crashed { .. }) => println!("  first coordinator: {error}"),
+        other => return Err(format!("expected a crash, got {other:?}").into()),
+    }
+    let held = db
+        .collection::<Document>("accounts")
+        .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
+        .await?;
+    let seen = balances(accounts, &["dave", "erin"]).await?;
+    println!(
+        "  {held} documents are left held; readers still see the committed balances {} and {}",
+        seen[0].0, seen[1].0
+    );
+    expect(held == 2, "two held documents")?;
+    expect(
+        seen[0].0 == before[0].0 && seen[1].0 == before[1].0,
+        "pre-images",
+    )?;
+
+    tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+    let gc = Gc::new(db.clone(), GcOptions::default());
+    let round = gc.run_round().await?;
+    println!(
+        "  GC round past the deadline: finished={} rolled_back={} skipped={}",
+        round.finished, round.rolled_back, round.skipped
+    );
+    let after = balances(accounts, &["dave", "erin"]).await?;
+    let left = db
+        .collection::<Document>(store.transactions_collection())
+        .count_documents(doc! {})
+        .await?;
+    println!(
+        "  dave {} (version {}), erin {} (version {}): nothing of the dead transfer applied; {left} ActiveTransaction documents left",
+        after[0].0, after[0].1, after[1].0, after[1].1
+    );
+    expect(round.rolled_back >= 1, "a rollback")?;
+    expect(
+        after[0].0 == before[0].0 && after[1].0 == before[1].0,
+        "balances unchanged",
+    )?;
+    expect(left == 0, "no ActiveTransaction left")?;
+
+    // The same crash after the commit point: the GC rolls it forward instead.
+    match transfer(dying(failpoint::COMMIT_AFTER), 40).await {
+        Err(error @ TxnError::Crashed { .. }) => println!("  second coordinator: {error}"),
+        other => return Err(format!("expected a crash, got {other:?}").into()),
+    }
+    let seen = balances(accounts, &["dave", "erin"]).await?;
+    println!(
+        "  past the commit point, readers already see dave {} and erin {} while the documents are still held",
+        seen[0].0, seen[1].0
+    );
+    expect(
+        seen[0].0 == before[0].0 - 40,
+        "post-image after the commit point",
+    )?;
+    tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+    let round = gc.run_round().await?;
+    let held = db
+        .collection::<Document>("accounts")
+        .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
+        .await?;
+    println!(
+        "  GC round: finished={} rolled_back={}; {held} documents still held",
+        round.finished, round.rolled_back
+    );
+    expect(round.finished == 1 && held == 0, "rolled forward and freed")
 }

@@ -12,7 +12,8 @@ use std::sync::OnceLock;
 
 use bson::oid::ObjectId;
 use mongodb::{Client, Database};
-use mongotx::failpoint::{Failpoint, FaultInjector};
+#[allow(unused_imports)]
+pub use mongotx::failpoint::CrashAt;
 use mongotx::test_server::TestServer;
 use mongotx::{CollectionSpec, ServerCapabilities, Store};
 use serde::{Deserialize, Serialize};
@@ -119,6 +120,24 @@ pub fn accounts_spec() -> CollectionSpec {
         .unwrap_or_else(|e| panic!("schemas/accounts.json: {e}"))
 }
 
+/// Opens the accounts repository (`schemas/accounts.json`) on `store`.
+pub async fn open_accounts(store: &Store) -> mongotx::Repository<Account> {
+    store
+        .repository::<Account>(accounts_spec())
+        .await
+        .unwrap_or_else(|e| panic!("open accounts: {e}"))
+}
+
+/// Inserts one account per `(id, balance)`, owned by the id in capitals.
+pub async fn seed_accounts(accounts: &mongotx::Repository<Account>, seeds: &[(&str, i64)]) {
+    for (id, balance) in seeds {
+        accounts
+            .insert(&Account::new(id, &id.to_uppercase(), *balance))
+            .await
+            .unwrap_or_else(|e| panic!("seed {id}: {e}"));
+    }
+}
+
 /// The notes collection definition from `schemas/notes.json`.
 pub fn notes_spec() -> CollectionSpec {
     CollectionSpec::new("notes", 1, include_str!("../../schemas/notes.json"))
@@ -194,6 +213,25 @@ pub struct Note {
     pub tags: Vec<String>,
 }
 
+/// Asserts that the transaction protocol left nothing behind in `t`: no ActiveTransaction
+/// document, and no document of `collections` held or marked deleting. `what` names the case.
+pub async fn assert_settled(t: &TestDb, collections: &[&str], what: &str) {
+    let left = raw_snapshot(&t.db, t.store.transactions_collection()).await;
+    assert!(
+        left.is_empty(),
+        "{what}: ActiveTransaction documents left: {left:?}"
+    );
+    for coll in collections {
+        for d in raw_snapshot(&t.db, coll).await {
+            assert!(
+                !d.contains_key(mongotx::fields::ACTIVE_TXN)
+                    && !d.contains_key(mongotx::fields::DELETING),
+                "{what}: {coll} still held: {d}"
+            );
+        }
+    }
+}
+
 /// Every document of a collection exactly as stored (system fields included), sorted by `_id`.
 pub async fn raw_snapshot(db: &Database, collection: &str) -> Vec<bson::Document> {
     use futures::TryStreamExt;
@@ -205,13 +243,4 @@ pub async fn raw_snapshot(db: &Database, collection: &str) -> Vec<bson::Document
         .try_collect()
         .await
         .unwrap_or_else(|e| panic!("snapshot of {collection}: {e}"))
-}
-
-/// A fault injector that crashes at exactly one failpoint occurrence.
-pub struct CrashAt(pub Failpoint);
-
-impl FaultInjector for CrashAt {
-    fn crash_at(&self, point: Failpoint) -> bool {
-        point == self.0
-    }
 }
