@@ -194,7 +194,7 @@ async fn roll_back_entry(
         if !fence {
             return Ok(false);
         }
-        for write in entry.fences(txn.created) {
+        for write in entry.fences(t, txn.created) {
             match run_idempotent(&env.db, &entry.coll, &write).await {
                 Ok(1) => return Ok(false),
                 Ok(_) => {}

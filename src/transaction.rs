@@ -662,7 +662,7 @@ impl Transactions {
                         "the transaction ended under a GC after a commit-point reply was lost",
                     ))
                 }
-                Ok(None) => return Err(TxnError::Expired { txn: t }),
+                Ok(None) => return self.expired(txn).await,
                 Err(e) => last_error = Some(e),
             }
         }
@@ -685,12 +685,13 @@ impl Transactions {
                 env.point(Some(t), failpoint::COMMIT_AFTER, 0)
             }
             Ok(Some(stored)) if stored.state == TxnState::Aborted => self.expired(txn).await,
-            Ok(None) if !maybe_landed => Err(TxnError::Expired { txn: t }),
+            Ok(None) if !maybe_landed => self.expired(txn).await,
             _ => Err(commit_unknown(t, &cause)),
         }
     }
 
-    /// Undoes what is still ours of a transaction a GC claimed, and says so.
+    /// Undoes what is still ours of a transaction a GC claimed (or already resolved: an apply of
+    /// ours that landed late is undone here, the rest are no-ops), and says so.
     async fn expired(&self, txn: &ActiveTransaction) -> Result<(), TxnError> {
         recovery::rollback_all(&self.env, txn, COORDINATOR).await?;
         Err(TxnError::Expired { txn: txn.id })

@@ -261,17 +261,24 @@ impl Entry {
                     "$unset": { fields::DELETING: "", fields::ACTIVE_TXN: "" },
                 },
             ),
-            Op::Check => Write::Update(held, doc! { "$unset": { fields::ACTIVE_TXN: "" } }),
+            // No version condition: a GC's fence may have bumped the version under the hold.
+            Op::Check => Write::Update(
+                doc! { "_id": self.id.clone(), fields::ACTIVE_TXN: txn },
+                doc! { "$unset": { fields::ACTIVE_TXN: "" } },
+            ),
         }
     }
 
-    /// The writes that fence this entry, found unapplied by a GC that claimed transaction
+    /// The writes that fence this entry, found unapplied by a GC that claimed transaction `txn`
     /// (written at `created`), against a late apply: tried in order until one matches.
     ///
-    /// A changed entry's document, free at the expected version, gets its version bumped, so the
-    /// apply's filter can never match. An insert's id gets a free placeholder dated after
-    /// `created`, which the coordinator of that transaction never takes over.
-    pub fn fences(&self, created: DateTime) -> Vec<Write> {
+    /// A live document still at the expected version gets its version bumped, so the apply's
+    /// filter can never match. That includes one held by another transaction: only a check (which
+    /// never changes the document, and whose release does not look at the version) or a
+    /// committed, unfinished change can hold a document at the version this entry read. An
+    /// insert's id gets a free placeholder dated after `created`, which the coordinator of that
+    /// transaction never takes over.
+    pub fn fences(&self, txn: ObjectId, created: DateTime) -> Vec<Write> {
         match self.op {
             Op::Insert { .. } => {
                 let at = DateTime::from_millis(
@@ -296,7 +303,7 @@ impl Entry {
                 doc! {
                     "_id": self.id.clone(),
                     fields::VERSION: self.expected,
-                    fields::ACTIVE_TXN: null,
+                    fields::ACTIVE_TXN: { "$ne": txn },
                     fields::DELETED: null,
                 },
                 doc! { "$set": { fields::VERSION: self.expected + 1 } },

@@ -198,11 +198,46 @@ async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
     );
 }
 
-/// Parks the coordinator at one failpoint until the test lets it go.
+/// Parks the coordinator at one failpoint until the test lets it go, and optionally crashes it
+/// at another.
 struct Gate {
     at: Failpoint,
+    crash: Option<Failpoint>,
     reached: tokio::sync::mpsc::UnboundedSender<()>,
     release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+/// The test's side of a [`Gate`].
+struct GateControl {
+    reached: tokio::sync::mpsc::UnboundedReceiver<()>,
+    release: std::sync::mpsc::Sender<()>,
+}
+
+impl Gate {
+    fn new(at: Failpoint, crash: Option<Failpoint>) -> (Arc<Gate>, GateControl) {
+        let (reached_tx, reached) = tokio::sync::mpsc::unbounded_channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let gate = Gate {
+            at,
+            crash,
+            reached: reached_tx,
+            release: std::sync::Mutex::new(release_rx),
+        };
+        (Arc::new(gate), GateControl { reached, release })
+    }
+}
+
+impl GateControl {
+    async fn reached(&mut self) {
+        self.reached
+            .recv()
+            .await
+            .expect("the coordinator reaches the gate");
+    }
+
+    fn release(&self) {
+        self.release.send(()).expect("release the coordinator");
+    }
 }
 
 impl FaultInjector for Gate {
@@ -214,100 +249,170 @@ impl FaultInjector for Gate {
                 let _ = release.recv_timeout(Duration::from_secs(30));
             });
         }
-        false
+        self.crash == Some(point)
     }
+}
+
+/// The apply of entry 1 ("z" sorts after "a", so it is the last in lock order).
+fn late_apply(name: &'static str) -> Failpoint {
+    Failpoint { name, step: 1 }
+}
+
+/// A GC round after `holder`'s deadline has passed.
+async fn gc_round_after(t: &TestDb, deadline: Duration) -> RoundSummary {
+    tokio::time::sleep(deadline + Duration::from_millis(30)).await;
+    Gc::new(t.db.clone(), GcOptions::default())
+        .run_round()
+        .await
+        .expect("GC round")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_apply_after_a_gc_rollback_never_lands() {
-    use mongotx::failpoint::APPLY_BEFORE;
+    use mongotx::failpoint::{APPLY_AFTER, APPLY_BEFORE};
     use mongotx::{RepoError, Update};
 
+    let deadline = Duration::from_millis(50);
+    let mut cases = 0;
     for late in ["insert", "update", "adjust", "delete", "check"] {
-        let t = TestDb::new().await;
-        let accounts = common::open_accounts(&t.store).await;
-        common::seed_accounts(&accounts, &[("a", 100)]).await;
-        if late != "insert" {
-            common::seed_accounts(&accounts, &[("z", 100)]).await;
-        }
-        let (reached_tx, mut reached) = tokio::sync::mpsc::unbounded_channel();
-        let (release, release_rx) = std::sync::mpsc::channel();
-        let gate = Gate {
-            // "z" sorts after "a": the last entry in lock order.
-            at: Failpoint {
-                name: APPLY_BEFORE,
-                step: 1,
-            },
-            reached: reached_tx,
-            release: std::sync::Mutex::new(release_rx),
-        };
-        let txns = Transactions::with_options(
-            &t.store,
-            TxnOptions::default()
-                .timeout(Duration::from_millis(50))
-                .fault_injector(Arc::new(gate)),
-        );
-        let tx = txns.begin();
-        tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -10_i64))
-            .await
-            .expect("stage");
-        match late {
-            "insert" => tx
-                .insert(&accounts, &Account::new("z", "new", 1))
-                .await
-                .map(|_| ()),
-            "update" => {
-                tx.update(&accounts, "z", 1, &Update::new().set("owner", "x"))
-                    .await
+        // The late coordinator either lives on (and must learn it expired) or dies right after
+        // its late apply (so only the GC's fence can have kept that apply out).
+        for dies in [false, true] {
+            let what = format!("late {late}, coordinator dies after it: {dies}");
+            let t = TestDb::new().await;
+            let accounts = common::open_accounts(&t.store).await;
+            common::seed_accounts(&accounts, &[("a", 100)]).await;
+            if late != "insert" {
+                common::seed_accounts(&accounts, &[("z", 100)]).await;
             }
-            "adjust" => {
-                tx.adjust(&accounts, "z", 1, &Adjust::new().by("balance", 10_i64))
-                    .await
-            }
-            "delete" => tx.delete(&accounts, "z", 1),
-            _ => tx.check(&accounts, "z", 1),
-        }
-        .expect("stage the late entry");
-        let coordinator = tokio::spawn(tx.commit());
-
-        reached
-            .recv()
-            .await
-            .expect("the coordinator reaches the gate");
-        tokio::time::sleep(Duration::from_millis(80)).await;
-        let round = Gc::new(t.db.clone(), GcOptions::default())
-            .run_round()
-            .await
-            .expect("GC round");
-        assert_eq!(round.rolled_back, 1, "{late}: {round:?}");
-        release.send(()).expect("release the coordinator");
-        let result = coordinator.await.expect("coordinator task");
-        assert!(
-            matches!(result, Err(TxnError::Expired { .. })),
-            "{late}: the late coordinator reported {result:?}"
-        );
-
-        common::assert_settled(&t, &["accounts"], late).await;
-        assert_eq!(accounts.get("a").await.expect("a").balance, 100, "{late}");
-        let z = accounts.get("z").await;
-        if late == "insert" {
-            assert!(
-                matches!(z, Err(RepoError::NotFound { .. })),
-                "{late}: {z:?}"
+            let crash = dies.then(|| late_apply(APPLY_AFTER));
+            let (gate, mut control) = Gate::new(late_apply(APPLY_BEFORE), crash);
+            let txns = Transactions::with_options(
+                &t.store,
+                TxnOptions::default().timeout(deadline).fault_injector(gate),
             );
-            // The fence does not stand in the way of anyone else inserting that id.
-            accounts
-                .insert(&Account::new("z", "later", 5))
+            let tx = txns.begin();
+            tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -10_i64))
                 .await
-                .expect("insert over the fence");
-            assert_eq!(accounts.get("z").await.expect("z").version, 1);
-        } else {
-            let z = z.expect("z");
-            assert_eq!((z.owner.as_str(), z.balance), ("Z", 100), "{late}");
-            accounts
-                .update("z", z.version, &Update::new().set("owner", "later"))
-                .await
-                .expect("write after the fence");
+                .expect("stage");
+            match late {
+                "insert" => tx
+                    .insert(&accounts, &Account::new("z", "new", 1))
+                    .await
+                    .map(|_| ()),
+                "update" => {
+                    tx.update(&accounts, "z", 1, &Update::new().set("owner", "x"))
+                        .await
+                }
+                "adjust" => {
+                    tx.adjust(&accounts, "z", 1, &Adjust::new().by("balance", 10_i64))
+                        .await
+                }
+                "delete" => tx.delete(&accounts, "z", 1),
+                _ => tx.check(&accounts, "z", 1),
+            }
+            .expect("stage the late entry");
+            let coordinator = tokio::spawn(tx.commit());
+
+            control.reached().await;
+            let round = gc_round_after(&t, deadline).await;
+            assert_eq!(round.rolled_back, 1, "{what}: {round:?}");
+            control.release();
+            let result = coordinator.await.expect("coordinator task");
+            if dies {
+                // The crash point after the apply is reached whatever the apply found.
+                assert!(
+                    matches!(result, Err(TxnError::Crashed { .. })),
+                    "{what}: {result:?}"
+                );
+            } else {
+                assert!(
+                    matches!(result, Err(TxnError::Expired { .. })),
+                    "{what}: the late coordinator reported {result:?}"
+                );
+            }
+
+            common::assert_settled(&t, &["accounts"], &what).await;
+            assert_eq!(accounts.get("a").await.expect("a").balance, 100, "{what}");
+            let z = accounts.get("z").await;
+            if late == "insert" {
+                assert!(
+                    matches!(z, Err(RepoError::NotFound { .. })),
+                    "{what}: {z:?}"
+                );
+                // The fence does not stand in the way of anyone else inserting that id.
+                accounts
+                    .insert(&Account::new("z", "later", 5))
+                    .await
+                    .expect("insert over the fence");
+                assert_eq!(accounts.get("z").await.expect("z").version, 1);
+            } else {
+                let z = z.expect("z");
+                assert_eq!((z.owner.as_str(), z.balance), ("Z", 100), "{what}");
+                accounts
+                    .update("z", z.version, &Update::new().set("owner", "later"))
+                    .await
+                    .expect("write after the fence");
+            }
+            cases += 1;
         }
     }
+    println!("{cases} late applies after a GC rollback, none landed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fence_holds_while_another_transaction_checks_the_document() {
+    use mongotx::failpoint::{APPLY_AFTER, APPLY_BEFORE, COMMIT_BEFORE};
+
+    let deadline = Duration::from_millis(50);
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("a", 100), ("z", 100)]).await;
+
+    // U checks z and is parked before its commit point, holding z at version 1.
+    let (gate_u, mut control_u) = Gate::new(
+        Failpoint {
+            name: COMMIT_BEFORE,
+            step: 0,
+        },
+        None,
+    );
+    let u =
+        Transactions::with_options(&t.store, TxnOptions::default().fault_injector(gate_u)).begin();
+    u.check(&accounts, "z", 1).expect("stage U");
+    let u = tokio::spawn(u.commit());
+    control_u.reached().await;
+
+    // T adjusts a and checks z (also read at version 1), and is parked before applying z.
+    let (gate_t, mut control_t) =
+        Gate::new(late_apply(APPLY_BEFORE), Some(late_apply(APPLY_AFTER)));
+    let txns = Transactions::with_options(
+        &t.store,
+        TxnOptions::default()
+            .timeout(deadline)
+            .fault_injector(gate_t),
+    );
+    let tx = txns.begin();
+    tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -10_i64))
+        .await
+        .expect("stage T");
+    tx.check(&accounts, "z", 1).expect("stage T");
+    let late = tokio::spawn(tx.commit());
+    control_t.reached().await;
+
+    // The GC rolls T back and fences z, although U holds it.
+    let round = gc_round_after(&t, deadline).await;
+    assert_eq!(round.rolled_back, 1, "{round:?}");
+
+    // U commits and lets z go; then T's late check arrives, and T dies right after it.
+    control_u.release();
+    u.await.expect("U task").expect("U commits");
+    control_t.release();
+    let result = late.await.expect("T task");
+    assert!(
+        matches!(result, Err(TxnError::Crashed { .. })),
+        "{result:?}"
+    );
+    common::assert_settled(&t, &["accounts"], "after T's late check").await;
+    assert_eq!(accounts.get("a").await.expect("a").balance, 100);
 }
