@@ -240,6 +240,25 @@ async fn end(
     env.point(Some(t), after, 0)
 }
 
+/// Moves transaction `t` out of the pending state to `to`, conditionally on it still being pending
+/// (and on `extra`): the one kind of write that decides a transaction's outcome, so the commit
+/// point and every claim or abort race on the same condition and exactly one wins. Returns
+/// whether this write was the one.
+pub(crate) async fn leave_pending(
+    env: &Env,
+    t: ObjectId,
+    to: TxnState,
+    extra: Document,
+) -> mongodb::error::Result<bool> {
+    let mut filter = doc! { "_id": t, "state": TxnState::Pending.as_str() };
+    filter.extend(extra);
+    let result = env
+        .txns
+        .update_one(filter, doc! { "$set": { "state": to.as_str() } })
+        .await?;
+    Ok(result.matched_count == 1)
+}
+
 /// Reads an ActiveTransaction document.
 pub(crate) async fn load(env: &Env, t: ObjectId) -> Result<Option<ActiveTransaction>, TxnError> {
     let stored = env
@@ -300,16 +319,16 @@ pub(crate) async fn resolve_expired(
             }
             TxnState::Pending => {
                 env.point(Some(t), failpoint::GC_CLAIM_BEFORE, 0)?;
-                let claimed = env
-                    .txns
-                    .update_one(
-                        doc! { "_id": t, "state": "pending", "deadline": { "$lte": now } },
-                        doc! { "$set": { "state": "aborted" } },
-                    )
-                    .await
-                    .map_err(|e| TxnError::database(Some(t), "claim ActiveTransaction", e))?;
+                let claimed = leave_pending(
+                    env,
+                    t,
+                    TxnState::Aborted,
+                    doc! { "deadline": { "$lte": now } },
+                )
+                .await
+                .map_err(|e| TxnError::database(Some(t), "claim ActiveTransaction", e))?;
                 env.point(Some(t), failpoint::GC_CLAIM_AFTER, 0)?;
-                if claimed.matched_count == 1 {
+                if claimed {
                     let txn = ActiveTransaction {
                         state: TxnState::Aborted,
                         ..txn

@@ -625,18 +625,9 @@ impl Transactions {
             if attempt > 0 {
                 tokio::time::sleep(self.options.retry.backoff(attempt)).await;
             }
-            let result = env
-                .txns
-                .update_one(
-                    doc! { "_id": t, "state": "pending" },
-                    doc! { "$set": { "state": "committed" } },
-                )
-                .await;
-            match result {
-                Ok(r) if r.matched_count == 1 => {
-                    return env.point(Some(t), failpoint::COMMIT_AFTER, 0);
-                }
-                Ok(_) => {}
+            match recovery::leave_pending(env, t, TxnState::Committed, doc! {}).await {
+                Ok(true) => return env.point(Some(t), failpoint::COMMIT_AFTER, 0),
+                Ok(false) => {}
                 Err(e) if is_transient(&e) => {
                     maybe_landed = true;
                     last_error = Some(TxnError::database(Some(t), "write the commit point", e));
@@ -669,14 +660,8 @@ impl Transactions {
         let cause = last_error
             .map(|e| e.to_string())
             .unwrap_or_else(|| "no attempt got through".to_string());
-        let aborted = env
-            .txns
-            .update_one(
-                doc! { "_id": t, "state": "pending" },
-                doc! { "$set": { "state": "aborted" } },
-            )
-            .await;
-        if matches!(aborted, Ok(ref r) if r.matched_count == 1) {
+        let aborted = recovery::leave_pending(env, t, TxnState::Aborted, doc! {}).await;
+        if matches!(aborted, Ok(true)) {
             recovery::rollback_all(env, txn, COORDINATOR).await?;
             return Err(TxnError::Aborted { txn: t, cause });
         }

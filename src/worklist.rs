@@ -26,6 +26,17 @@ pub enum TxnState {
     Aborted,
 }
 
+impl TxnState {
+    /// The value stored in the ActiveTransaction document's `state` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TxnState::Pending => "pending",
+            TxnState::Committed => "committed",
+            TxnState::Aborted => "aborted",
+        }
+    }
+}
+
 /// The ActiveTransaction document.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ActiveTransaction {
@@ -450,6 +461,16 @@ mod tests {
             entry(Op::Delete).pre_image(&deleting),
             Some(doc! { "_id": "a", "_version": 4_i64 })
         );
+    }
+
+    #[test]
+    fn state_names_are_what_serde_stores() {
+        for state in [TxnState::Pending, TxnState::Committed, TxnState::Aborted] {
+            assert_eq!(
+                bson::to_bson(&state).expect("encode"),
+                Bson::String(state.as_str().to_string())
+            );
+        }
     }
 
     #[test]

@@ -19,7 +19,11 @@ const GC: &str = env!("CARGO_BIN_EXE_mongotx-gc");
 async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
     let t = TestDb::new().await;
     let accounts = common::open_accounts(&t.store).await;
-    common::seed_accounts(&accounts, &[("a", 100), ("b", 50)]).await;
+    common::seed_accounts(&accounts, &[("a", 100), ("b", 50), ("old", 1)]).await;
+    accounts
+        .delete("old", 1)
+        .await
+        .expect("a tombstone to purge");
     let txns = Transactions::with_options(
         &t.store,
         TxnOptions::default()
@@ -38,8 +42,12 @@ async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
         .expect("stage");
     assert!(matches!(tx.commit().await, Err(TxnError::Crashed { .. })));
     let held = raw_snapshot(&t.db, "accounts").await;
+    let staged = held.iter().filter(|d| !d.contains_key(fields::DELETED));
     assert!(
-        held.iter().all(|d| d.contains_key(fields::ACTIVE_TXN)),
+        staged.clone().count() == 2
+            && staged
+                .into_iter()
+                .all(|d| d.contains_key(fields::ACTIVE_TXN)),
         "{held:?}"
     );
 
@@ -51,6 +59,8 @@ async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
             t.db.name(),
             "--interval",
             "200ms",
+            "--tombstone-retention",
+            "1ms",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -58,8 +68,13 @@ async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
         .spawn()
         .expect("start mongotx-gc");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut purged = 0;
     let recovered = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await.expect("read") {
+            purged += line
+                .split_once("purged=")
+                .and_then(|(_, n)| n.trim().parse::<u64>().ok())
+                .unwrap_or(0);
             if line.contains("rolled_back=1") {
                 return line;
             }
@@ -69,6 +84,14 @@ async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
     .await
     .expect("no recovery within 30 s");
     assert!(recovered.starts_with("round: "), "{recovered}");
+    assert_eq!(
+        purged, 1,
+        "the one tombstone is purged by --tombstone-retention"
+    );
+    assert!(matches!(
+        accounts.get("old").await,
+        Err(mongotx::RepoError::NotFound { .. })
+    ));
 
     let a = accounts.get("a").await.expect("a");
     let b = accounts.get("b").await.expect("b");
