@@ -84,7 +84,7 @@ impl Env {
 }
 
 /// How many times an idempotent write is retried after a transient error.
-pub(crate) const TRANSIENT_RETRIES: u32 = 4;
+const TRANSIENT_RETRIES: u32 = 4;
 
 /// Runs one entry write; the result is the number of documents it matched (1 for an insert).
 pub(crate) async fn run_write(
@@ -108,7 +108,7 @@ pub(crate) async fn run_write(
 
 /// Runs an idempotent operation, retrying transient failures with a short backoff: a reply
 /// lost after a conditional write landed makes the retry match nothing, which is the same outcome.
-async fn retry_transient<T, F, Fut>(what: &str, mut op: F) -> mongodb::error::Result<T>
+pub(crate) async fn retry_transient<T, F, Fut>(what: &str, mut op: F) -> mongodb::error::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = mongodb::error::Result<T>>,

@@ -595,19 +595,22 @@ impl Transactions {
         t: ObjectId,
         stored: &Document,
     ) -> Result<(), TxnError> {
-        let mut resent = 0;
-        loop {
-            match self.env.txns.insert_one(stored).await {
-                Ok(_) => return Ok(()),
-                Err(e) if resent > 0 && probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                    return Ok(())
-                }
-                Err(e) if is_transient(&e) && resent < recovery::TRANSIENT_RETRIES => {
-                    resent += 1;
-                    tracing::debug!(txn = %t, error = %e, "resending the ActiveTransaction document");
-                }
-                Err(e) => return Err(TxnError::database(Some(t), "write ActiveTransaction", e)),
+        // Counted across the retries: an atomic keeps the commit future `Send`.
+        let sends = std::sync::atomic::AtomicU32::new(0);
+        let written = recovery::retry_transient("write ActiveTransaction", || {
+            sends.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { self.env.txns.insert_one(stored).await }
+        })
+        .await;
+        match written {
+            Ok(_) => Ok(()),
+            Err(e)
+                if sends.load(std::sync::atomic::Ordering::Relaxed) > 1
+                    && probe::error_code(&e) == Some(probe::DUPLICATE_KEY) =>
+            {
+                Ok(())
             }
+            Err(e) => Err(TxnError::database(Some(t), "write ActiveTransaction", e)),
         }
     }
 
@@ -640,20 +643,11 @@ impl Transactions {
             }
             // It matched nothing: it is no longer pending. The stored state says who decided.
             match recovery::load(env, t).await {
-                Ok(Some(stored)) => match stored.state {
-                    TxnState::Committed => return env.point(Some(t), failpoint::COMMIT_AFTER, 0),
-                    TxnState::Pending => {}
-                    TxnState::Aborted => return self.expired(txn).await,
-                },
-                // Gone: a GC resolved it after its deadline. Rolled back, unless our own commit
-                // point may have landed first (then the GC finished it instead).
-                Ok(None) if maybe_landed => {
-                    return Err(commit_unknown(
-                        t,
-                        "the transaction ended under a GC after a commit-point reply was lost",
-                    ))
+                Ok(stored) => {
+                    if let Some(decided) = self.decided(txn, stored, maybe_landed).await {
+                        return decided;
+                    }
                 }
-                Ok(None) => return self.expired(txn).await,
                 Err(e) => last_error = Some(e),
             }
         }
@@ -666,12 +660,32 @@ impl Transactions {
             return Err(TxnError::Aborted { txn: t, cause });
         }
         match recovery::load(env, t).await {
-            Ok(Some(stored)) if stored.state == TxnState::Committed => {
-                env.point(Some(t), failpoint::COMMIT_AFTER, 0)
-            }
-            Ok(Some(stored)) if stored.state == TxnState::Aborted => self.expired(txn).await,
-            Ok(None) if !maybe_landed => self.expired(txn).await,
-            _ => Err(commit_unknown(t, &cause)),
+            Ok(stored) => self.decided(txn, stored, maybe_landed).await,
+            Err(_) => None,
+        }
+        .unwrap_or_else(|| Err(commit_unknown(t, &cause)))
+    }
+
+    /// What the stored state of `txn` (read back after the commit-point write matched nothing)
+    /// says about its outcome; `None` while it is still pending.
+    async fn decided(
+        &self,
+        txn: &ActiveTransaction,
+        stored: Option<ActiveTransaction>,
+        maybe_landed: bool,
+    ) -> Option<Result<(), TxnError>> {
+        let t = txn.id;
+        match stored.map(|s| s.state) {
+            Some(TxnState::Committed) => Some(self.env.point(Some(t), failpoint::COMMIT_AFTER, 0)),
+            Some(TxnState::Pending) => None,
+            Some(TxnState::Aborted) => Some(self.expired(txn).await),
+            // Gone: a GC resolved it after its deadline. Rolled back, unless our own commit
+            // point may have landed first (then the GC finished it instead).
+            None if maybe_landed => Some(Err(commit_unknown(
+                t,
+                "the transaction ended under a GC after a commit-point reply was lost",
+            ))),
+            None => Some(self.expired(txn).await),
         }
     }
 
