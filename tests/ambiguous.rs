@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{DateTime, Document};
+use bson::Document;
 use common::wire_proxy::{command_name, Action, Rules, WireProxy};
 use common::{Account, CrashAt, TestDb};
 use mongotx::failpoint::{self, Failpoint};
@@ -387,7 +387,6 @@ async fn dead_coordinator(f: &Fixture, at: &'static str) {
 
 #[tokio::test]
 async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
-    let later = || DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
     let cases: [(&str, &'static str, Matcher, bool); 4] = [
         ("claim", failpoint::COMMIT_BEFORE, gc_claim, false),
         (
@@ -416,11 +415,17 @@ async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
                 GcOptions::default(),
             );
             let stop = AtomicBool::new(false);
-            let first = gc.run_round_at(later(), &stop).await.expect("round 1");
+            let first = gc
+                .run_round_at(common::hours_from_now(1), &stop)
+                .await
+                .expect("round 1");
             assert_eq!(faults.fired(), 1, "{what}: the fault never fired");
             // A claim whose outcome is unknown is skipped and settled next round; recovery
             // writes are idempotent and retried within the round.
-            let second = gc.run_round_at(later(), &stop).await.expect("round 2");
+            let second = gc
+                .run_round_at(common::hours_from_now(1), &stop)
+                .await
+                .expect("round 2");
             let resolved =
                 first.finished + first.rolled_back + second.finished + second.rolled_back;
             assert_eq!(resolved, 1, "{what}: {first:?} then {second:?}");
@@ -482,9 +487,8 @@ async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
     // It did commit: readers already see the new values, and the GC frees the documents.
     faults.off.store(true, Ordering::SeqCst);
     assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
-    let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
     let round = Gc::new(f.t.db.clone(), GcOptions::default())
-        .run_round_at(later, &AtomicBool::new(false))
+        .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
         .await
         .expect("GC round");
     assert_eq!(round.finished, 1, "{round:?}");

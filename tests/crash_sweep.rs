@@ -14,7 +14,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::DateTime;
 use common::{raw_snapshot, Account, CrashAt, TestDb};
 use mongotx::failpoint::{self as fp, Failpoint};
 use mongotx::{
@@ -199,9 +198,8 @@ impl Worker {
 
     /// A GC round as if every deadline had passed.
     async fn gc_round(&self, injector: Option<Failpoint>) -> Result<(), TxnError> {
-        let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
         self.gc(injector)
-            .run_round_at(later, &AtomicBool::new(false))
+            .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
             .await
             .map(|_| ())
     }

@@ -7,12 +7,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use bson::{doc, DateTime, Document};
-use common::TestDb;
+use common::{hours_from_now, TestDb};
 use mongotx::{fields, Gc, GcOptions, RepoError};
-
-fn hours_from_now(hours: i64) -> DateTime {
-    DateTime::from_millis(DateTime::now().timestamp_millis() + hours * 3_600_000)
-}
 
 #[tokio::test]
 async fn the_gc_purges_only_stamped_tombstones_older_than_the_retention() {

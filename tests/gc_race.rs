@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::DateTime;
 use common::{Account, TestDb};
 use mongotx::failpoint::{Failpoint, FaultInjector};
 use mongotx::{
@@ -158,9 +157,8 @@ async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
         collected.skipped += total.skipped;
     }
     // Whatever a background finish or a stalled coordinator left, one more round settles.
-    let later = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
     Gc::new(t.db.clone(), GcOptions::default())
-        .run_round_at(later, &AtomicBool::new(false))
+        .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
         .await
         .expect("final round");
 

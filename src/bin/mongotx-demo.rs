@@ -390,6 +390,15 @@ async fn balances(accounts: &Repository<Account>, ids: &[&str]) -> DemoResult<Ve
     Ok(out)
 }
 
+/// How many accounts a transaction holds right now.
+async fn held_accounts(db: &mongodb::Database) -> DemoResult<u64> {
+    let held = doc! { fields::ACTIVE_TXN: { "$exists": true } };
+    Ok(db
+        .collection::<Document>("accounts")
+        .count_documents(held)
+        .await?)
+}
+
 /// Stages moving `amount` between two accounts as read.
 async fn stage_transfer(
     tx: &Transaction,
@@ -500,10 +509,7 @@ async fn tour_crash_recovery(
         Err(error @ TxnError::Crashed { .. }) => println!("  first coordinator: {error}"),
         other => return Err(format!("expected a crash, got {other:?}").into()),
     }
-    let held = db
-        .collection::<Document>("accounts")
-        .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
-        .await?;
+    let held = held_accounts(db).await?;
     let seen = balances(accounts, &["dave", "erin"]).await?;
     println!(
         "  {held} documents are left held; readers still see the committed balances {} and {}",
@@ -554,10 +560,7 @@ async fn tour_crash_recovery(
     )?;
     tokio::time::sleep(timeout + Duration::from_millis(100)).await;
     let round = gc.run_round().await?;
-    let held = db
-        .collection::<Document>("accounts")
-        .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
-        .await?;
+    let held = held_accounts(db).await?;
     println!(
         "  GC round: finished={} rolled_back={}; {held} documents still held",
         round.finished, round.rolled_back

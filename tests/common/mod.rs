@@ -213,6 +213,11 @@ pub struct Note {
     pub tags: Vec<String>,
 }
 
+/// The time `hours` from now: a GC round run "at" it treats every deadline in between as passed.
+pub fn hours_from_now(hours: i64) -> bson::DateTime {
+    bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + hours * 3_600_000)
+}
+
 /// Asserts that the transaction protocol left nothing behind in `t`: no ActiveTransaction
 /// document, and no document of `collections` held or marked deleting. `what` names the case.
 pub async fn assert_settled(t: &TestDb, collections: &[&str], what: &str) {
