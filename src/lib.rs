@@ -1,41 +1,80 @@
-//! mongotx: all-or-nothing multi-document changes, optimistic locking and soft deletes on
-//! MongoDB, built only on single-document atomic operations.
+//! mongotx: all-or-nothing multi-document changes, optimistic locking, soft deletes and schema
+//! versions on MongoDB, built only on single-document atomic operations, so they work the same on
+//! a standalone `mongod`, a replica set, a sharded cluster, or a wire-compatible server without
+//! native transactions.
 //!
-//! Layers, bottom up:
-//! - [`store`] and [`repository`]: typed collections of stamped documents (system [`fields`],
-//!   versions, tombstones, schema versions and [`schema`] validation);
-//! - [`hold`]: the seam where the transaction layer tells the repository what a held document means;
-//! - [`transaction`], [`worklist`] and [`recovery`]: multi-document transactions (the
-//!   ActiveTransaction worklist), active rollback and recovery of expired transactions;
-//! - [`failpoint`]: fault injection at every write of the protocol, for crash tests;
-//! - [`probe`], [`local_server`] and [`test_server`]: checking a server's guarantees and providing one
-//!   for tests and the demo.
+//! # Layout, in the order data flows
+//!
+//! - `server`: what the deployment is and what time it is on the server ([`ServerClock`],
+//!   [`Topology`], [`Durability`]); the [`probe`] that refuses servers lacking the guarantees
+//!   mongotx needs; a server for tests and the demo ([`test_server`]).
+//! - `repo`: a [`Store`] opens typed [`Repository`] handles on collections described by a
+//!   [`CollectionSpec`]; every document carries the system [`fields`]. Documents held by a
+//!   transaction describe themselves (their hold), so reads see committed values and anyone can
+//!   resolve a hold.
+//! - `txn`: [`Transactions`] stages and commits multi-document [`Transaction`]s; the [`Gc`]
+//!   resolves what dead coordinators left behind; [`failpoint`]s let tests crash any party.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use mongotx::{Adjust, CollectionSpec, Store, Transactions};
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
+//! # async fn demo(client: mongodb::Client, schema: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Store::new(client.database("bank"));
+//! let accounts = store
+//!     .repository::<Account>(CollectionSpec::new("accounts", 1, schema)?)
+//!     .await?;
+//! accounts.insert(&Account { id: "alice".into(), balance: 100 }).await?;
+//! let alice = accounts.get("alice").await?;
+//! accounts
+//!     .adjust("alice", alice.version, &Adjust::new().by("balance", -30_i64))
+//!     .await?;
+//!
+//! let txns = Transactions::new(&store);
+//! let tx = txns.begin();
+//! let alice = accounts.get("alice").await?;
+//! tx.adjust(&accounts, "alice", alice.version, &Adjust::new().by("balance", -5_i64)).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
 
-pub mod changes;
-pub mod collection;
-pub mod error;
-pub mod failpoint;
-pub mod fields;
-pub mod gc;
-pub mod hold;
-pub mod local_server;
-pub mod probe;
-pub mod recovery;
-pub mod repository;
-pub mod schema;
-pub mod store;
-pub mod test_server;
-pub mod transaction;
-pub mod worklist;
+mod repo;
+mod server;
+mod txn;
 
-pub use changes::{Adjust, Update};
-pub use collection::{CollectionSpec, SpecError};
-pub use error::{RepoError, TxnError};
-pub use gc::{Gc, GcOptions, RoundSummary};
-pub use hold::{CommittedView, HoldResolver, LockWait, NoTransactions};
-pub use probe::{probe, probe_with, ProbeError, ServerCapabilities};
-pub use recovery::TransactionHolds;
-pub use repository::{Query, Repository, Stamped, FIRST_VERSION};
-pub use schema::{BsonType, JsonSchema, SchemaError, Violation};
-pub use store::{ServerValidation, Store, StoreBuilder};
-pub use transaction::{Finish, Outcome, Transaction, Transactions, TxnOptions, Written};
+#[doc(inline)]
+pub use repo::changes::{Adjust, Update};
+#[doc(inline)]
+pub use repo::collection::{CollectionSpec, SpecError, UpgradeStep};
+#[doc(inline)]
+pub use repo::error::{show_id, RepoError};
+pub use repo::fields;
+#[doc(inline)]
+pub use repo::hold::{
+    HoldError, HoldResolver, NoTransactions, RecordResolver, TxnState, TxnStatus,
+};
+#[doc(inline)]
+pub use repo::meta::META_COLLECTION;
+#[doc(inline)]
+pub use repo::repository::{Query, Repository, Stamped, FIRST_VERSION};
+#[doc(inline)]
+pub use repo::schema::{BsonType, JsonSchema, SchemaError, Violation};
+#[doc(inline)]
+pub use repo::store::{LockWait, ServerValidation, Store, StoreBuilder, TRANSACTIONS_COLLECTION};
+#[doc(inline)]
+pub use server::clock::{ClockError, Durability, ServerClock, Topology};
+pub use server::local as local_server;
+#[doc(inline)]
+pub use server::probe::{
+    probe, probe_with, ProbeError, ServerCapabilities, DEFAULT_CONTENTION_TASKS,
+};
+pub use server::test_server;
+#[doc(inline)]
+pub use txn::error::TxnError;
+pub use txn::failpoint;
+#[doc(inline)]
+pub use txn::gc::{parse_duration, Gc, GcOptions, RoundSummary};
+#[doc(inline)]
+pub use txn::transaction::{Finish, Outcome, Transaction, Transactions, TxnOptions, Written};

@@ -51,6 +51,9 @@ enum Plan {
         coordinator: Failpoint,
         gc: Failpoint,
     },
+    /// The coordinator dies with every entry applied and its record disappears, as if the holds
+    /// were put back by late applies after the transaction ended; the GC's sweep dies at `gc`.
+    Orphan(Failpoint),
 }
 
 impl Plan {
@@ -68,7 +71,7 @@ impl Plan {
         };
         match self {
             Plan::Coordinator(p) => past_commit_point(p),
-            Plan::Rollback(_) => false,
+            Plan::Rollback(_) | Plan::Orphan(_) => false,
             Plan::Gc { coordinator, .. } => past_commit_point(coordinator),
         }
     }
@@ -77,6 +80,7 @@ impl Plan {
         match *self {
             Plan::Coordinator(p) | Plan::Rollback(p) => vec![p],
             Plan::Gc { coordinator, gc } => vec![coordinator, gc],
+            Plan::Orphan(gc) => vec![at(fp::COMMIT_BEFORE, 0), gc],
         }
     }
 }
@@ -122,6 +126,12 @@ fn plans(k: usize) -> Vec<Plan> {
         coordinator: at(fp::COMMIT_AFTER, 0),
         gc,
     }));
+    // Holds without a record: the sweep undoes them one by one.
+    plans.extend(
+        [at(fp::GC_SWEEP_BEFORE, 0), at(fp::GC_SWEEP_AFTER, 0)]
+            .into_iter()
+            .map(Plan::Orphan),
+    );
     plans
 }
 
@@ -343,14 +353,11 @@ impl Worker {
                 (Action::Delete, true) => {
                     matches!(read, Err(RepoError::Deleted { version, .. }) if version == e + 1)
                 }
-                (Action::Check, true) => matches!(&read,
-                    Ok(s) if Some(&s.value) == doc.before.as_ref() && s.version == e),
-                // Not committed: untouched (e), fenced unapplied by the GC (e + 1), or applied
-                // and rolled back (e + 2).
-                (Action::Check, false) => matches!(&read,
-                    Ok(s) if Some(&s.value) == doc.before.as_ref() && (e..=e + 1).contains(&s.version)),
-                (Action::Update | Action::Adjust | Action::Delete, false) => matches!(&read,
-                    Ok(s) if Some(&s.value) == doc.before.as_ref() && (e..=e + 2).contains(&s.version)),
+                // A check never changes anything; a transaction that did not commit leaves every
+                // document exactly as it was, version included.
+                (Action::Check, _) | (Action::Update | Action::Adjust | Action::Delete, false) => {
+                    matches!(&read, Ok(s) if Some(&s.value) == doc.before.as_ref() && s.version == e)
+                }
             };
             assert!(
                 ok,
@@ -374,6 +381,7 @@ async fn scenario(w: &Worker, n: usize, shape: &[(Action, usize)], plan: Plan) -
     let (coordinator_point, gc_point) = match plan {
         Plan::Coordinator(p) | Plan::Rollback(p) => (p, None),
         Plan::Gc { coordinator, gc } => (coordinator, Some(gc)),
+        Plan::Orphan(gc) => (at(fp::COMMIT_BEFORE, 0), Some(gc)),
     };
     let tx = w.txns(Some(coordinator_point)).begin();
     let mut staged = w.stage(n, shape, &tx).await;
@@ -388,6 +396,13 @@ async fn scenario(w: &Worker, n: usize, shape: &[(Action, usize)], plan: Plan) -
         other => {
             panic!("{what}: the coordinator should crash at {coordinator_point}, got {other:?}")
         }
+    }
+    if matches!(plan, Plan::Orphan(_)) {
+        w.t.db
+            .collection::<bson::Document>(w.t.store.transactions_collection())
+            .delete_many(bson::doc! {})
+            .await
+            .expect("drop the records");
     }
     if let Some(gc_point) = gc_point {
         match w.gc_round(Some(gc_point)).await {

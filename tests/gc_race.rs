@@ -266,15 +266,15 @@ async fn gc_round_after(t: &TestDb, deadline: Duration) -> RoundSummary {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_late_apply_after_a_gc_rollback_never_lands() {
+async fn a_late_apply_after_a_gc_rollback_is_harmless_and_swept() {
     use mongotx::failpoint::{APPLY_AFTER, APPLY_BEFORE};
     use mongotx::{RepoError, Update};
 
     let deadline = Duration::from_millis(50);
     let mut cases = 0;
     for late in ["insert", "update", "adjust", "delete", "check"] {
-        // The late coordinator either lives on (and must learn it expired) or dies right after
-        // its late apply (so only the GC's fence can have kept that apply out).
+        // The late coordinator either lives on (and must learn it expired and undo its own late
+        // apply) or dies right after its late apply (leaving a hold whose record is gone).
         for dies in [false, true] {
             let what = format!("late {late}, coordinator dies after it: {dies}");
             let t = TestDb::new().await;
@@ -315,51 +315,82 @@ async fn a_late_apply_after_a_gc_rollback_never_lands() {
             control.reached().await;
             let round = gc_round_after(&t, deadline).await;
             assert_eq!(round.rolled_back, 1, "{what}: {round:?}");
+            assert!(
+                common::raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION)
+                    .await
+                    .is_empty(),
+                "{what}: the GC ended the transaction"
+            );
             control.release();
             let result = coordinator.await.expect("coordinator task");
+
+            let z = accounts.get("z").await;
             if dies {
                 // The crash point after the apply is reached whatever the apply found.
                 assert!(
                     matches!(result, Err(TxnError::Crashed { .. })),
                     "{what}: {result:?}"
                 );
+                // The late apply landed: z (and a, whose apply may have been sent after the GC's
+                // rollback too) is held by a transaction that has no record. It reads as it was,
+                // and the next GC round undoes it.
+                let raw =
+                    t.db.collection::<bson::Document>("accounts")
+                        .find_one(bson::doc! { "_id": "z" })
+                        .await
+                        .expect("raw read")
+                        .expect("z is there");
+                assert!(
+                    raw.contains_key(mongotx::fields::ACTIVE_TXN),
+                    "{what}: {raw}"
+                );
+                let round = Gc::new(t.db.clone(), GcOptions::default())
+                    .run_round()
+                    .await
+                    .expect("sweep");
+                assert!((1..=2).contains(&round.swept), "{what}: {round:?}");
             } else {
                 assert!(
                     matches!(result, Err(TxnError::Expired { .. })),
                     "{what}: the late coordinator reported {result:?}"
                 );
             }
-
-            common::assert_settled(&t, &["accounts"], &what).await;
-            assert_eq!(accounts.get("a").await.expect("a").balance, 100, "{what}");
-            let z = accounts.get("z").await;
             if late == "insert" {
                 assert!(
                     matches!(z, Err(RepoError::NotFound { .. })),
                     "{what}: {z:?}"
                 );
-                // The fence does not stand in the way of anyone else inserting that id.
+            } else {
+                let z = z.expect("z");
+                assert_eq!(
+                    (z.owner.as_str(), z.balance, z.version),
+                    ("Z", 100, 1),
+                    "{what}"
+                );
+            }
+
+            common::assert_settled(&t, &["accounts"], &what).await;
+            let a = accounts.get("a").await.expect("a");
+            assert_eq!((a.balance, a.version), (100, 1), "{what}");
+            if late == "insert" {
                 accounts
                     .insert(&Account::new("z", "later", 5))
                     .await
-                    .expect("insert over the fence");
-                assert_eq!(accounts.get("z").await.expect("z").version, 1);
+                    .expect("insert after the late insert was undone");
             } else {
-                let z = z.expect("z");
-                assert_eq!((z.owner.as_str(), z.balance), ("Z", 100), "{what}");
                 accounts
-                    .update("z", z.version, &Update::new().set("owner", "later"))
+                    .update("z", 1, &Update::new().set("owner", "later"))
                     .await
-                    .expect("write after the fence");
+                    .expect("write after the late apply was undone");
             }
             cases += 1;
         }
     }
-    println!("{cases} late applies after a GC rollback, none landed");
+    println!("{cases} late applies after a GC rollback: none ever read as committed, all undone");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_fence_holds_while_another_transaction_checks_the_document() {
+async fn a_late_check_is_undone_even_after_another_transaction_held_the_document() {
     use mongotx::failpoint::{APPLY_AFTER, APPLY_BEFORE, COMMIT_BEFORE};
 
     let deadline = Duration::from_millis(50);
@@ -398,11 +429,11 @@ async fn the_fence_holds_while_another_transaction_checks_the_document() {
     let late = tokio::spawn(tx.commit());
     control_t.reached().await;
 
-    // The GC rolls T back and fences z, although U holds it.
+    // The GC rolls T back while U holds z.
     let round = gc_round_after(&t, deadline).await;
     assert_eq!(round.rolled_back, 1, "{round:?}");
 
-    // U commits and lets z go; then T's late check arrives, and T dies right after it.
+    // U commits and lets z go; then T's late check arrives and lands, and T dies right after.
     control_u.release();
     u.await.expect("U task").expect("U commits");
     control_t.release();
@@ -411,6 +442,22 @@ async fn the_fence_holds_while_another_transaction_checks_the_document() {
         matches!(result, Err(TxnError::Crashed { .. })),
         "{result:?}"
     );
+    // A writer is not kept waiting by the leftover hold: it undoes it and goes ahead.
+    let started = std::time::Instant::now();
+    accounts
+        .update("z", 1, &mongotx::Update::new().set("owner", "writer"))
+        .await
+        .expect("write through the leftover hold");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // Whatever else of T landed late, one GC round finds it.
+    Gc::new(t.db.clone(), GcOptions::default())
+        .run_round()
+        .await
+        .expect("sweep");
     common::assert_settled(&t, &["accounts"], "after T's late check").await;
     assert_eq!(accounts.get("a").await.expect("a").balance, 100);
 }

@@ -61,6 +61,8 @@ async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
             "200ms",
             "--tombstone-retention",
             "1ms",
+            "--version-floor-grace",
+            "300ms",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

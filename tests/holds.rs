@@ -1,5 +1,6 @@
-//! Documents held by a transaction: writers wait (bounded, with backoff) and then fail `Locked`;
-//! the hold resolver seam decides what readers see and may free expired holders.
+//! Documents held by a transaction describe themselves: readers see the committed value from the
+//! hold alone, writers wait (bounded) for a live holder and resolve a decided, expired or ended one
+//! on the spot, whether or not its record still exists.
 
 mod common;
 
@@ -8,13 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bson::{doc, oid::ObjectId, Bson, Document};
-use common::{raw_snapshot, Account, TestDb};
-use mongodb::Database;
-use mongotx::error::HoldError;
+use bson::{doc, oid::ObjectId, DateTime, Document};
+use common::{hold_of, millis_from_now, put_hold, put_record, raw_snapshot, Account, TestDb};
 use mongotx::{
-    fields, Adjust, CommittedView, HoldResolver, LockWait, NoTransactions, Query, RepoError, Store,
-    Update,
+    fields, Adjust, HoldError, HoldResolver, LockWait, NoTransactions, Query, RecordResolver,
+    RepoError, Store, TxnStatus, Update,
 };
 
 fn short_wait(max_wait_ms: u64) -> LockWait {
@@ -25,24 +24,22 @@ fn short_wait(max_wait_ms: u64) -> LockWait {
     }
 }
 
-/// Marks a document as held by `txn`, as the transaction layer does when it applies an action.
-async fn hold(db: &Database, id: &str, txn: ObjectId) {
-    let result = db
-        .collection::<Document>("accounts")
-        .update_one(
-            doc! { "_id": id },
-            doc! { "$set": { fields::ACTIVE_TXN: txn } },
-        )
+async fn accounts_on(store: &Store) -> mongotx::Repository<Account> {
+    store
+        .repository::<Account>(common::accounts_spec())
         .await
-        .unwrap();
-    assert_eq!(result.matched_count, 1);
+        .unwrap()
 }
 
-async fn release(db: &Database, id: &str) {
-    db.collection::<Document>("accounts")
+fn check_hold() -> Document {
+    hold_of("check", millis_from_now(3_600_000), doc! {}, &[])
+}
+
+async fn release(t: &TestDb, id: &str) {
+    t.db.collection::<Document>("accounts")
         .update_one(
             doc! { "_id": id },
-            doc! { "$unset": { fields::ACTIVE_TXN: "" } },
+            doc! { "$unset": { fields::ACTIVE_TXN: "", fields::HOLD: "" } },
         )
         .await
         .unwrap();
@@ -55,16 +52,13 @@ async fn a_writer_waits_for_a_held_document_then_fails_locked() {
         .hold_resolver(Arc::new(NoTransactions))
         .lock_wait(short_wait(300))
         .build();
-    let accounts = store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .unwrap();
+    let accounts = accounts_on(&store).await;
     accounts
         .insert(&Account::new("held", "H", 1))
         .await
         .unwrap();
     let txn = ObjectId::new();
-    hold(&t.db, "held", txn).await;
+    put_hold(&t.db, "accounts", "held", txn, doc! {}, check_hold()).await;
     let before = raw_snapshot(&t.db, "accounts").await;
 
     for attempt in 0..4 {
@@ -119,21 +113,34 @@ async fn a_writer_proceeds_once_the_holder_lets_go() {
         .hold_resolver(Arc::new(NoTransactions))
         .lock_wait(short_wait(5_000))
         .build();
-    let accounts = store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .unwrap();
+    let accounts = accounts_on(&store).await;
     accounts
         .insert(&Account::new("busy", "B", 1))
         .await
         .unwrap();
-    hold(&t.db, "busy", ObjectId::new()).await;
+    put_hold(
+        &t.db,
+        "accounts",
+        "busy",
+        ObjectId::new(),
+        doc! {},
+        check_hold(),
+    )
+    .await;
 
-    let db = t.db.clone();
-    let releaser = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        release(&db, "busy").await;
-    });
+    let releaser = {
+        let db = t.db.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            db.collection::<Document>("accounts")
+                .update_one(
+                    doc! { "_id": "busy" },
+                    doc! { "$unset": { fields::ACTIVE_TXN: "", fields::HOLD: "" } },
+                )
+                .await
+                .unwrap();
+        })
+    };
     let started = Instant::now();
     let v = accounts
         .update("busy", 1, &Update::new().set("owner", "after"))
@@ -152,28 +159,38 @@ async fn the_version_is_checked_after_waiting() {
         .hold_resolver(Arc::new(NoTransactions))
         .lock_wait(short_wait(5_000))
         .build();
-    let accounts = store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .unwrap();
+    let accounts = accounts_on(&store).await;
     accounts
         .insert(&Account::new("moved", "M", 1))
         .await
         .unwrap();
-    hold(&t.db, "moved", ObjectId::new()).await;
+    put_hold(
+        &t.db,
+        "accounts",
+        "moved",
+        ObjectId::new(),
+        doc! {},
+        check_hold(),
+    )
+    .await;
 
     // The holder commits a change (version 2) and lets go; the waiting writer read version 1.
-    let db = t.db.clone();
-    let committer = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        db.collection::<Document>("accounts")
-            .update_one(
-                doc! { "_id": "moved" },
-                doc! { "$set": { fields::VERSION: 2_i64, "owner": "Committed" }, "$unset": { fields::ACTIVE_TXN: "" } },
-            )
-            .await
-            .unwrap();
-    });
+    let committer = {
+        let db = t.db.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            db.collection::<Document>("accounts")
+                .update_one(
+                    doc! { "_id": "moved" },
+                    doc! {
+                        "$set": { fields::VERSION: 2_i64, "owner": "Committed" },
+                        "$unset": { fields::ACTIVE_TXN: "", fields::HOLD: "" },
+                    },
+                )
+                .await
+                .unwrap();
+        })
+    };
     let err = accounts
         .update("moved", 1, &Update::new().set("owner", "Late"))
         .await;
@@ -192,237 +209,264 @@ async fn the_version_is_checked_after_waiting() {
     assert_eq!(accounts.get("moved").await.unwrap().owner, "Committed");
 }
 
-/// A resolver that treats every holder as expired and frees the document, counting calls.
-struct FreeingResolver {
-    calls: AtomicUsize,
-}
-
-#[async_trait]
-impl HoldResolver for FreeingResolver {
-    async fn committed_view(
-        &self,
-        _db: &Database,
-        _collection: &str,
-        _stored: &Document,
-        _holder: &ObjectId,
-    ) -> Result<CommittedView, HoldError> {
-        Ok(CommittedView::Stored)
-    }
-
-    async fn resolve_holder(
-        &self,
-        db: &Database,
-        collection: &str,
-        id: &Bson,
-        holder: &ObjectId,
-    ) -> Result<bool, HoldError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        db.collection::<Document>(collection)
-            .update_one(
-                doc! { "_id": id.clone(), fields::ACTIVE_TXN: *holder },
-                doc! { "$unset": { fields::ACTIVE_TXN: "" } },
-            )
-            .await?;
-        Ok(true)
-    }
+/// The change a pending transaction applied to "acc": owner and balance changed, a new field
+/// added, version 1 → 2, with the hold that undoes exactly that.
+async fn apply_pending_change(t: &TestDb, txn: ObjectId, deadline: DateTime) {
+    put_hold(
+        &t.db,
+        "accounts",
+        "acc",
+        txn,
+        doc! { "owner": "After", "balance": 99_i64, "note": "new", fields::VERSION: 2_i64 },
+        hold_of(
+            "update",
+            deadline,
+            doc! { "owner": "Before", "balance": 10_i64, fields::VERSION: 1_i64 },
+            &["note"],
+        ),
+    )
+    .await;
 }
 
 #[tokio::test]
-async fn an_expired_holder_is_resolved_instead_of_waited_on() {
+async fn an_expired_holder_is_aborted_and_undone_instead_of_waited_on() {
     let t = TestDb::new().await;
-    let resolver = Arc::new(FreeingResolver {
-        calls: AtomicUsize::new(0),
-    });
-    // A long wait budget: if the resolver were not consulted, the write would take 10 s.
+    // A long wait budget: if the holder were waited on, the write would take 10 s.
     let store = Store::builder(t.db.clone())
         .lock_wait(short_wait(10_000))
-        .hold_resolver(resolver.clone())
         .build();
-    let accounts = store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .unwrap();
+    let accounts = accounts_on(&store).await;
     accounts
-        .insert(&Account::new("stale", "S", 1))
+        .insert(&Account::new("acc", "Before", 10))
         .await
         .unwrap();
-    hold(&t.db, "stale", ObjectId::new()).await;
+    let before = raw_snapshot(&t.db, "accounts").await;
+    let txn = ObjectId::new();
+    let deadline = millis_from_now(-1_000);
+    put_record(&t.db, txn, "pending", deadline).await;
+    apply_pending_change(&t, txn, deadline).await;
+
+    // The hold alone gives back the document exactly as it was, version included.
+    let read = accounts.get("acc").await.unwrap();
+    assert_eq!(
+        (read.owner.as_str(), read.balance, read.version),
+        ("Before", 10, 1)
+    );
 
     let started = Instant::now();
     let v = accounts
-        .update("stale", 1, &Update::new().set("owner", "Fresh"))
+        .update("acc", 1, &Update::new().set("owner", "Fresh"))
         .await
         .unwrap();
-    assert_eq!(v, 2);
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(resolver.calls.load(Ordering::SeqCst), 1);
-    let raw = raw_snapshot(&t.db, "accounts").await;
-    assert!(!raw[0].contains_key(fields::ACTIVE_TXN));
-}
-
-/// A resolver that serves fixed committed views, as the transaction layer will.
-struct ViewResolver {
-    view: CommittedView,
-}
-
-#[async_trait]
-impl HoldResolver for ViewResolver {
-    async fn committed_view(
-        &self,
-        _db: &Database,
-        _collection: &str,
-        _stored: &Document,
-        _holder: &ObjectId,
-    ) -> Result<CommittedView, HoldError> {
-        Ok(self.view.clone())
-    }
-
-    async fn resolve_holder(
-        &self,
-        _db: &Database,
-        _collection: &str,
-        _id: &Bson,
-        _holder: &ObjectId,
-    ) -> Result<bool, HoldError> {
-        Ok(false)
-    }
-}
-
-async fn store_with_view(t: &TestDb, view: CommittedView) -> mongotx::Repository<Account> {
-    let store = Store::builder(t.db.clone())
-        .hold_resolver(Arc::new(ViewResolver { view }))
-        .build();
-    store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .unwrap()
+    assert_eq!(v, 2);
+    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    assert_eq!(
+        records[0].get_str("state").ok(),
+        Some("aborted"),
+        "the writer decided the outcome"
+    );
+    let mut expected = before[0].clone();
+    expected.insert("owner", "Fresh");
+    expected.insert(fields::VERSION, 2_i64);
+    let mut after = raw_snapshot(&t.db, "accounts").await.remove(0);
+    // Field order after $set/$unset is the server's business; compare fields.
+    let mut want: Vec<_> = expected.into_iter().collect();
+    let mut got: Vec<_> = std::mem::take(&mut after).into_iter().collect();
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got, want);
 }
 
 #[tokio::test]
-async fn readers_see_the_pre_image_of_an_uncommitted_change() {
+async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_at_once() {
     let t = TestDb::new().await;
-    let plain = t
-        .store
-        .repository::<Account>(common::accounts_spec())
+    let store = Store::builder(t.db.clone())
+        .lock_wait(short_wait(10_000))
+        .build();
+    let accounts = accounts_on(&store).await;
+    accounts
+        .insert(&Account::new("acc", "Before", 10))
         .await
         .unwrap();
-    plain
-        .insert(&Account::new("pre", "Before", 10))
+    // A late apply: its transaction ended long ago and has no record, and its deadline is far
+    // in the future. Nothing but the document itself says what to do.
+    apply_pending_change(&t, ObjectId::new(), millis_from_now(3_600_000)).await;
+
+    let read = accounts.get("acc").await.unwrap();
+    assert_eq!(
+        (read.owner.as_str(), read.version, read.note.clone()),
+        ("Before", 1, None)
+    );
+    let found = accounts
+        .find(Query::new().filter(doc! { "owner": "Before" }))
         .await
         .unwrap();
-    let pre_image = raw_snapshot(&t.db, "accounts").await.remove(0);
-    // The transaction applied its change: new owner, version 2, held.
+    assert_eq!(found.len(), 1);
+
+    let started = Instant::now();
+    accounts
+        .adjust("acc", 1, &Adjust::new().by("balance", 5_i64))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let read = accounts.get("acc").await.unwrap();
+    assert_eq!(
+        (read.owner.as_str(), read.balance, read.version),
+        ("Before", 15, 2)
+    );
+    assert!(raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION)
+        .await
+        .is_empty());
+}
+
+#[tokio::test]
+async fn readers_see_the_pre_image_until_the_commit_point_and_the_change_after() {
+    let t = TestDb::new().await;
+    let accounts = accounts_on(&t.store).await;
+    accounts
+        .insert(&Account::new("acc", "Before", 10))
+        .await
+        .unwrap();
     let txn = ObjectId::new();
-    t.db.collection::<Document>("accounts")
+    put_record(&t.db, txn, "pending", millis_from_now(3_600_000)).await;
+    apply_pending_change(&t, txn, millis_from_now(3_600_000)).await;
+
+    let read = accounts.get("acc").await.unwrap();
+    assert_eq!((read.owner.as_str(), read.version), ("Before", 1));
+    let found = accounts.find(Query::new()).await.unwrap();
+    assert_eq!((found[0].owner.as_str(), found[0].version), ("Before", 1));
+
+    t.db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
         .update_one(
-            doc! { "_id": "pre" },
-            doc! { "$set": { "owner": "After", fields::VERSION: 2_i64, fields::ACTIVE_TXN: txn } },
+            doc! { "_id": txn },
+            doc! { "$set": { "state": "committed" } },
         )
         .await
         .unwrap();
-
-    let accounts = store_with_view(&t, CommittedView::PreImage(pre_image)).await;
-    let read = accounts.get("pre").await.unwrap();
-    assert_eq!((read.owner.as_str(), read.version), ("Before", 1));
+    let read = accounts.get("acc").await.unwrap();
+    assert_eq!(
+        (read.owner.as_str(), read.version, read.note.as_deref()),
+        ("After", 2, Some("new"))
+    );
     let found = accounts.find(Query::new()).await.unwrap();
-    assert_eq!(found[0].owner, "Before");
-
-    // Past the commit point the stored post-image is what readers see.
-    let accounts = store_with_view(&t, CommittedView::Stored).await;
-    let read = accounts.get("pre").await.unwrap();
-    assert_eq!((read.owner.as_str(), read.version), ("After", 2));
+    assert_eq!((found[0].owner.as_str(), found[0].version), ("After", 2));
 }
 
 #[tokio::test]
 async fn an_uncommitted_insert_is_invisible_and_a_committed_delete_is_deleted() {
     let t = TestDb::new().await;
-    let plain = t
-        .store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .unwrap();
-    plain
-        .insert(&Account::new("pending", "P", 1))
-        .await
-        .unwrap();
-    plain
+    let accounts = accounts_on(&t.store).await;
+    accounts
         .insert(&Account::new("visible", "V", 1))
         .await
         .unwrap();
-    hold(&t.db, "pending", ObjectId::new()).await;
+    accounts
+        .insert(&Account::new("going", "G", 1))
+        .await
+        .unwrap();
+    let inserting = ObjectId::new();
+    put_record(&t.db, inserting, "pending", millis_from_now(3_600_000)).await;
+    let mut pending = bson::to_document(&Account::new("pending", "P", 1)).unwrap();
+    pending.insert(fields::SCHEMA_VERSION, 1_i64);
+    pending.insert(fields::VERSION, 1_i64);
+    pending.insert(fields::ACTIVE_TXN, inserting);
+    pending.insert(
+        fields::HOLD,
+        hold_of("insert", millis_from_now(3_600_000), doc! {}, &[]),
+    );
+    t.db.collection::<Document>("accounts")
+        .insert_one(pending)
+        .await
+        .unwrap();
 
-    let accounts = store_with_view(&t, CommittedView::Absent).await;
     assert!(matches!(
         accounts.get("pending").await,
         Err(RepoError::NotFound { .. })
     ));
-    let found = accounts.find(Query::new()).await.unwrap();
-    let ids: Vec<&str> = found.iter().map(|a| a.value.id.as_str()).collect();
-    assert_eq!(ids, vec!["visible"]);
-
-    // A delete past its commit point (deleting flag, held) reads as deleted.
-    t.db.collection::<Document>("accounts")
-        .update_one(
-            doc! { "_id": "pending" },
-            doc! { "$set": { fields::DELETING: true, fields::VERSION: 2_i64 } },
-        )
+    let ids: Vec<String> = accounts
+        .find(Query::new().sort(doc! { "_id": 1 }))
         .await
-        .unwrap();
-    let accounts = store_with_view(&t, CommittedView::Stored).await;
+        .unwrap()
+        .into_iter()
+        .map(|a| a.value.id)
+        .collect();
+    assert_eq!(ids, vec!["going", "visible"]);
+
+    // A delete past its commit point (deleting flag, held by a committed transaction).
+    let deleting = ObjectId::new();
+    put_record(&t.db, deleting, "committed", millis_from_now(3_600_000)).await;
+    put_hold(
+        &t.db,
+        "accounts",
+        "going",
+        deleting,
+        doc! { fields::DELETING: true, fields::VERSION: 2_i64 },
+        hold_of(
+            "delete",
+            millis_from_now(3_600_000),
+            doc! { fields::VERSION: 1_i64 },
+            &[],
+        ),
+    )
+    .await;
     assert!(matches!(
-        accounts.get("pending").await,
+        accounts.get("going").await,
         Err(RepoError::Deleted { version: 2, .. })
     ));
     let found = accounts.find(Query::new()).await.unwrap();
     assert_eq!(found.len(), 1);
+    assert_eq!(found[0].value.id, "visible");
 }
 
-/// A resolver whose transaction store is unreachable.
-struct BrokenResolver;
+/// A resolver whose transaction store is unreachable, counting calls.
+struct BrokenResolver {
+    calls: AtomicUsize,
+}
 
 #[async_trait]
 impl HoldResolver for BrokenResolver {
-    async fn committed_view(
-        &self,
-        _db: &Database,
-        _collection: &str,
-        _stored: &Document,
-        holder: &ObjectId,
-    ) -> Result<CommittedView, HoldError> {
-        Err(format!("transaction {holder} cannot be read").into())
+    async fn status(&self, _store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(HoldError::new(format!(
+            "the record of {txn} cannot be read"
+        )))
     }
 
-    async fn resolve_holder(
+    async fn abort_expired(
         &self,
-        _db: &Database,
-        _collection: &str,
-        _id: &Bson,
-        holder: &ObjectId,
-    ) -> Result<bool, HoldError> {
-        Err(format!("transaction {holder} cannot be resolved").into())
+        store: &Store,
+        txn: ObjectId,
+        _now: DateTime,
+    ) -> Result<TxnStatus, HoldError> {
+        self.status(store, txn).await
     }
 }
 
 #[tokio::test]
-async fn resolver_failures_are_reported_as_hold_errors() {
+async fn resolver_failures_are_reported_as_hold_errors_and_change_nothing() {
     let t = TestDb::new().await;
+    let resolver = Arc::new(BrokenResolver {
+        calls: AtomicUsize::new(0),
+    });
     let store = Store::builder(t.db.clone())
-        .hold_resolver(Arc::new(BrokenResolver))
+        .hold_resolver(resolver.clone())
         .build();
-    let accounts = store
-        .repository::<Account>(common::accounts_spec())
-        .await
-        .unwrap();
+    let accounts = accounts_on(&store).await;
     accounts
         .insert(&Account::new("stuck", "S", 1))
         .await
         .unwrap();
     let txn = ObjectId::new();
-    hold(&t.db, "stuck", txn).await;
+    put_hold(&t.db, "accounts", "stuck", txn, doc! {}, check_hold()).await;
     let before = raw_snapshot(&t.db, "accounts").await;
 
     let err = accounts.get("stuck").await.unwrap_err();
@@ -430,13 +474,23 @@ async fn resolver_failures_are_reported_as_hold_errors() {
         matches!(&err, RepoError::Hold { holder, .. } if *holder == txn),
         "{err:?}"
     );
-    assert!(err.to_string().contains("cannot be read"));
+    assert!(err.to_string().contains("cannot be read"), "{err}");
     let err = accounts
         .update("stuck", 1, &Update::new().set("owner", "x"))
         .await
         .unwrap_err();
     assert!(matches!(err, RepoError::Hold { .. }), "{err:?}");
+    assert!(resolver.calls.load(Ordering::SeqCst) >= 2);
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
+    release(&t, "stuck").await;
+    // With the standard resolver the same document is plain again.
+    let accounts = accounts_on(
+        &Store::builder(t.db.clone())
+            .hold_resolver(Arc::new(RecordResolver))
+            .build(),
+    )
+    .await;
+    assert_eq!(accounts.get("stuck").await.unwrap().version, 1);
 }
 
 #[test]

@@ -151,7 +151,7 @@ async fn the_probe_refuses_a_server_whose_find_and_modify_returns_the_old_docume
             expected, found, ..
         } => {
             assert_eq!(*expected, 9);
-            assert!(found.contains("Int64(8)"), "{found}");
+            assert!(found.contains("\"n\": 8"), "{found}");
         }
         other => panic!("expected FindAndModifyStale, got {other:?}"),
     }
@@ -187,9 +187,16 @@ async fn a_failing_probe_step_is_a_database_error_naming_the_step() {
         ProbeError::Database { step, .. } => assert_eq!(*step, "insert"),
         other => panic!("expected Database, got {other:?}"),
     }
+    // The message is one clean sentence; the server's own words stay in the source.
     assert!(
-        err.to_string().contains("injected by the wire proxy"),
+        !err.to_string().contains("injected by the wire proxy"),
         "{err}"
+    );
+    assert!(err.to_string().contains("error 8000"), "{err}");
+    let source = std::error::Error::source(&err).expect("the driver error is the source");
+    assert!(
+        source.to_string().contains("injected by the wire proxy"),
+        "{source}"
     );
 }
 

@@ -99,6 +99,8 @@ async fn run(args: Args) -> DemoResult {
             max_wait: Duration::from_millis(300),
             ..LockWait::default()
         })
+        // Purged tombstones wait for this long under a raised version floor (20 s by default).
+        .version_floor_grace(Duration::from_millis(500))
         .build();
     let accounts_spec =
         CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
@@ -109,7 +111,7 @@ async fn run(args: Args) -> DemoResult {
     tour_delete(&accounts).await?;
     tour_upgrade(&store, &db).await?;
     tour_bad_input(&accounts, &db).await?;
-    tour_locked(&accounts, &db).await?;
+    tour_locked(&store, &accounts).await?;
     tour_transfer(&store, &accounts).await?;
     tour_crash_recovery(&store, &accounts, &db).await?;
 
@@ -339,16 +341,40 @@ async fn tour_bad_input(accounts: &Repository<Account>, db: &mongodb::Database) 
     expect(count().await? == before, "no document count change")
 }
 
-async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> DemoResult {
-    step("A document held by a transaction makes writers wait, then fail Locked");
+async fn tour_locked(store: &Store, accounts: &Repository<Account>) -> DemoResult {
+    step("A document held by a live transaction makes writers wait, then fail Locked");
     let alice = accounts.get("alice").await?;
-    let txn = ObjectId::new();
-    db.collection::<Document>("accounts")
-        .update_one(
-            doc! { "_id": "alice" },
-            doc! { "$set": { fields::ACTIVE_TXN: txn } },
-        )
-        .await?;
+    // A coordinator that stops for good right before its commit point, with a minute to go.
+    let stalled = Transactions::with_options(
+        store,
+        TxnOptions::default()
+            .timeout(Duration::from_secs(60))
+            .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
+                name: failpoint::COMMIT_BEFORE,
+                step: 0,
+            }))),
+    );
+    let tx = stalled.begin();
+    tx.update(
+        accounts,
+        "alice",
+        alice.version,
+        &Update::new().set("owner", "Uncommitted"),
+    )
+    .await?;
+    expect(
+        matches!(tx.commit().await, Err(TxnError::Crashed { .. })),
+        "a stalled coordinator",
+    )?;
+    let read = accounts.get("alice").await?;
+    println!(
+        "  a transaction holds alice with owner \"Uncommitted\"; readers see the committed owner {:?}",
+        read.owner
+    );
+    expect(
+        read.owner == alice.owner && read.version == alice.version,
+        "the committed value",
+    )?;
     let started = Instant::now();
     let result = accounts
         .update("alice", alice.version, &Update::new().set("owner", "x"))
@@ -359,16 +385,19 @@ async fn tour_locked(accounts: &Repository<Account>, db: &mongodb::Database) -> 
         }
         other => return Err(format!("expected Locked, got {other:?}").into()),
     }
-    db.collection::<Document>("accounts")
-        .update_one(
-            doc! { "_id": "alice" },
-            doc! { "$unset": { fields::ACTIVE_TXN: "" } },
-        )
+    // Past its deadline anyone may abort it; a GC round does so for every such transaction.
+    let later = bson::DateTime::from_millis(store.server_time().await?.timestamp_millis() + 61_000);
+    let round = Gc::with_store(store, GcOptions::default())
+        .run_round_at(later, &std::sync::atomic::AtomicBool::new(false))
         .await?;
+    expect(
+        round.rolled_back == 1,
+        "the stalled transaction rolled back",
+    )?;
     let version = accounts
         .update("alice", alice.version, &Update::new().set("owner", "Alice"))
         .await?;
-    println!("  once the holder lets go, the same write succeeds -> version {version}");
+    println!("  once its deadline passed and it was rolled back, the same write succeeds -> version {version}");
     Ok(())
 }
 

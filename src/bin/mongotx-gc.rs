@@ -6,12 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, DateTime};
+use bson::doc;
 use clap::Parser;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongotx::gc::parse_duration;
-use mongotx::{Gc, GcOptions};
+use mongotx::{parse_duration, Gc, GcOptions, Store};
 
 /// Recovers transactions left behind by dead coordinators.
 #[derive(Debug, Parser)]
@@ -35,11 +34,15 @@ struct Args {
     /// Purge tombstones deleted longer ago than this (e.g. 7d); tombstones are kept if unset.
     #[arg(long, value_parser = parse_duration)]
     tombstone_retention: Option<Duration>,
+    /// How long a raised version floor stands before tombstones under it are purged; other
+    /// processes re-read floors four times as often.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    version_floor_grace: Duration,
     /// How long to look for the server before giving up.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     connect_timeout: Duration,
     /// Collection of ActiveTransaction documents.
-    #[arg(long, default_value = mongotx::worklist::TRANSACTIONS_COLLECTION)]
+    #[arg(long, default_value = mongotx::TRANSACTIONS_COLLECTION)]
     transactions_collection: String,
 }
 
@@ -74,10 +77,13 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot reach the server: {e}"))?;
 
-    let gc = Gc::new(
-        db,
+    let store = Store::builder(db)
+        .transactions_collection(args.transactions_collection.clone())
+        .version_floor_grace(args.version_floor_grace)
+        .build();
+    let gc = Gc::with_store(
+        &store,
         GcOptions::default()
-            .transactions_collection(args.transactions_collection.clone())
             .batch_size(args.batch_size as usize)
             .tombstone_retention(args.tombstone_retention),
     );
@@ -87,10 +93,21 @@ async fn run(args: Args) -> Result<(), String> {
     tracing::info!(db = %args.db, interval = ?args.interval, once = args.once, "GC runner started");
 
     loop {
-        match gc.run_round_at(DateTime::now(), &stop).await {
+        let round = match store.server_time().await {
+            Ok(now) => gc.run_round_at(now, &stop).await,
+            Err(e) => Err(mongotx::TxnError::Clock {
+                txn: None,
+                source: e,
+            }),
+        };
+        match round {
             Ok(summary) => println!(
-                "round: finished={} rolled_back={} skipped={} purged={}",
-                summary.finished, summary.rolled_back, summary.skipped, summary.purged
+                "round: finished={} rolled_back={} swept={} skipped={} purged={}",
+                summary.finished,
+                summary.rolled_back,
+                summary.swept,
+                summary.skipped,
+                summary.purged
             ),
             Err(e) if args.once => return Err(format!("GC round failed: {e}")),
             // The server was reachable at start: an outage now is waited out, not fatal.

@@ -13,8 +13,8 @@ struct Args {
     /// Database in which the probe creates (and drops) its scratch collections.
     #[arg(long, default_value = "mongotx_probe")]
     db: String,
-    /// Number of concurrent compare-and-set tasks in the atomicity check.
-    #[arg(long, default_value_t = mongotx::probe::DEFAULT_CONTENTION_TASKS)]
+    /// Number of concurrent callers in each atomicity check.
+    #[arg(long, default_value_t = mongotx::DEFAULT_CONTENTION_TASKS)]
     tasks: usize,
 }
 
@@ -28,7 +28,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    match mongotx::probe::probe_with(&client.database(&args.db), args.tasks).await {
+    match mongotx::probe_with(&client.database(&args.db), args.tasks).await {
         Ok(caps) => {
             println!("server accepted");
             println!(
@@ -40,7 +40,12 @@ async fn main() {
                 "  conditional updates atomic: yes ({} tasks, {} lost races retried)",
                 caps.contention_tasks, caps.contention_retries
             );
-            println!("  find-and-modify returns the new document: yes");
+            println!(
+                "  find-and-modify gives each caller its own post-image: yes ({} concurrent callers)",
+                caps.contention_tasks
+            );
+            println!("  server time (localTime in hello): yes");
+            println!("  topology: {}", caps.topology);
             println!(
                 "  server-side $jsonSchema validation: {}",
                 if caps.json_schema_validation {

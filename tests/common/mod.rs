@@ -77,7 +77,10 @@ impl TestDb {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("mongotx_test_{}_{n}", &ObjectId::new().to_hex()[..16]);
         let db = client.database(&name);
-        let store = Store::new(db.clone());
+        // A short version-floor grace keeps tests that purge tombstones fast.
+        let store = Store::builder(db.clone())
+            .version_floor_grace(std::time::Duration::from_millis(200))
+            .build();
         TestDb { client, db, store }
     }
 
@@ -248,4 +251,54 @@ pub async fn raw_snapshot(db: &Database, collection: &str) -> Vec<bson::Document
         .try_collect()
         .await
         .unwrap_or_else(|e| panic!("snapshot of {collection}: {e}"))
+}
+
+/// Puts a hold on a stored document by hand, as an apply of transaction `txn` would: `set` is the
+/// transaction's change (already applied to the stored fields), `hold` the `_hold` document.
+pub async fn put_hold(
+    db: &Database,
+    collection: &str,
+    id: impl Into<bson::Bson>,
+    txn: ObjectId,
+    set: bson::Document,
+    hold: bson::Document,
+) {
+    let mut fields = set;
+    fields.insert(mongotx::fields::ACTIVE_TXN, txn);
+    fields.insert(mongotx::fields::HOLD, hold);
+    let result = db
+        .collection::<bson::Document>(collection)
+        .update_one(
+            bson::doc! { "_id": id.into() },
+            bson::doc! { "$set": fields },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("put a hold: {e}"));
+    assert_eq!(result.matched_count, 1, "put a hold: no such document");
+}
+
+/// A `_hold` document: what the hold stands for, its deadline and its undo.
+pub fn hold_of(
+    op: &str,
+    deadline: bson::DateTime,
+    restore: bson::Document,
+    unset: &[&str],
+) -> bson::Document {
+    bson::doc! { "exp": deadline, "op": op, "restore": restore, "unset": unset }
+}
+
+/// Writes a transaction record by hand with `state` and `deadline` (no entries).
+pub async fn put_record(db: &Database, txn: ObjectId, state: &str, deadline: bson::DateTime) {
+    db.collection::<bson::Document>(mongotx::TRANSACTIONS_COLLECTION)
+        .insert_one(bson::doc! {
+            "_id": txn, "state": state, "nonce": 1_i64,
+            "created": bson::DateTime::now(), "deadline": deadline, "entries": [],
+        })
+        .await
+        .unwrap_or_else(|e| panic!("put a record: {e}"));
+}
+
+/// The time `ms` milliseconds from now (negative: in the past).
+pub fn millis_from_now(ms: i64) -> bson::DateTime {
+    bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + ms)
 }

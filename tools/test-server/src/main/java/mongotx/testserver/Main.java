@@ -7,10 +7,10 @@ import java.util.List;
 
 import de.bwaldvogel.mongo.MongoServer;
 import de.bwaldvogel.mongo.MongoVersion;
-import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
 
 /**
- * Starts mongo-java-server (in-memory backend) on a loopback port for the mongotx test suite.
+ * Starts mongo-java-server (in-memory backend, made atomic for readers by {@link AtomicBackend}) on a
+ * loopback port for the mongotx test suite.
  *
  * <p>Usage: {@code java -jar mongotx-test-server.jar [--host 127.0.0.1] [--port 0]}. Port 0 picks a
  * free port. Once listening it prints one line {@code MONGOTX_TEST_SERVER_PORT=<port>} to stdout.
@@ -53,7 +53,7 @@ public final class Main {
             }
         }
 
-        MemoryBackend backend = new MemoryBackend();
+        AtomicBackend backend = new AtomicBackend();
         backend.version(ANNOUNCED_VERSION);
         MongoServer server = new MongoServer(backend);
         server.bind(host, port);

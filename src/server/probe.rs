@@ -1,18 +1,26 @@
 //! Checks that a server offers the single-document guarantees mongotx is built on.
 //!
-//! Everything in this crate rests on three properties: a duplicate `_id` is rejected, a
-//! conditional update is atomic (two writers conditioned on the same value cannot both win), and
-//! find-and-modify can return the document as it is after the change. A server that lacks one
-//! of them would corrupt data silently, so it is refused up front. Server-side `$jsonSchema`
-//! validation is probed too, but only reported: its absence is tolerated.
+//! Everything in this crate rests on a few properties: a duplicate `_id` is rejected; a
+//! conditional update is atomic (two writers conditioned on the same value cannot both win);
+//! find-and-modify returns each caller the document as *its* change left it, even when many
+//! callers change the same document at once (fencing tokens and claims hand out values that way);
+//! and the server tells its time, by which every deadline is decided. A server that lacks one of
+//! them would corrupt data silently, so it is refused up front, with the property named.
+//! Server-side `$jsonSchema` validation and the deployment's topology are probed too, and only
+//! reported.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bson::{doc, oid::ObjectId, Document};
+use futures::future::join_all;
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use thiserror::Error;
+
+use crate::server::clock::{self, Topology};
+use crate::server::summarize;
 
 /// Error code MongoDB uses for a duplicate key.
 pub(crate) const DUPLICATE_KEY: i32 = 11000;
@@ -21,19 +29,23 @@ pub(crate) const VALIDATION_FAILED: i32 = 121;
 
 /// What the probe found out about a server that passed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ServerCapabilities {
     /// The version string the server reports, if it answers `buildInfo`.
     pub version: Option<String>,
+    /// Standalone, replica set or sharded, from the server's `hello` reply.
+    pub topology: Topology,
     /// Whether the server enforces `$jsonSchema` collection validators.
     pub json_schema_validation: bool,
-    /// How many concurrent compare-and-set tasks were run in the atomicity check.
+    /// How many concurrent callers ran each atomicity check.
     pub contention_tasks: usize,
-    /// How many of their attempts lost the race and retried (shows the check really contended).
+    /// How many compare-and-set attempts lost the race and retried (shows the check contended).
     pub contention_retries: u64,
 }
 
 /// A required property the server does not have, or a failure while checking.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ProbeError {
     /// Inserting a second document with an existing `_id` succeeded.
     #[error("server refused: duplicate _id is not rejected (collection {collection}, _id {id})")]
@@ -70,8 +82,28 @@ pub enum ProbeError {
         /// What came back.
         found: String,
     },
+    /// Concurrent find-and-modify calls were handed the same post-image.
+    #[error(
+        "server refused: find-and-modify does not give each caller its own post-image under \
+         contention (collection {collection}: {tasks} concurrent increments returned only \
+         {distinct} distinct values)"
+    )]
+    SharedPostImage {
+        /// The scratch collection used.
+        collection: String,
+        /// How many concurrent calls were made.
+        tasks: usize,
+        /// How many distinct counter values came back.
+        distinct: usize,
+    },
+    /// The server does not report its time, by which mongotx decides every deadline.
+    #[error("server refused: its hello reply carries no localTime, and mongotx decides expiry by the server's clock")]
+    NoServerTime,
     /// A probe step failed with a driver error.
-    #[error("server probe step `{step}` failed on collection {collection}: {source}")]
+    #[error(
+        "server probe step `{step}` failed on collection {collection}: {}",
+        summarize(source)
+    )]
     Database {
         /// Which check was running.
         step: &'static str,
@@ -83,7 +115,14 @@ pub enum ProbeError {
     },
 }
 
-/// Default number of concurrent compare-and-set tasks in the atomicity check.
+impl ProbeError {
+    /// Whether probing again may succeed (only a transient failure while checking).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ProbeError::Database { source, .. } if crate::server::is_transient(source))
+    }
+}
+
+/// Default number of concurrent callers in the atomicity checks.
 pub const DEFAULT_CONTENTION_TASKS: usize = 64;
 
 /// Probes the server behind `db` with the default contention level.
@@ -91,11 +130,11 @@ pub async fn probe(db: &Database) -> Result<ServerCapabilities, ProbeError> {
     probe_with(db, DEFAULT_CONTENTION_TASKS).await
 }
 
-/// Probes the server behind `db`, running `tasks` concurrent compare-and-set increments.
+/// Probes the server behind `db`, running each atomicity check with `tasks` concurrent callers.
 pub async fn probe_with(db: &Database, tasks: usize) -> Result<ServerCapabilities, ProbeError> {
     let name = format!("mongotx_probe_{}", ObjectId::new().to_hex());
     let coll: Collection<Document> = db.collection(&name);
-    let outcome = run_checks(db, &coll, &name, tasks).await;
+    let outcome = run_checks(db, &coll, &name, tasks.max(2)).await;
     // Best effort: a leftover scratch collection is harmless and must not mask the verdict.
     let _ = coll.drop().await;
     outcome
@@ -136,32 +175,25 @@ async fn run_checks(
         .await
         .map_err(fail("insert counter"))?;
     let retries = Arc::new(AtomicU64::new(0));
-    let mut handles = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
+    let results = join_all((0..tasks).map(|_| {
         let coll = coll.clone();
         let retries = Arc::clone(&retries);
-        handles.push(tokio::spawn(
-            async move { cas_increment(&coll, &retries).await },
-        ));
-    }
-    for handle in handles {
-        match handle.await {
-            Ok(result) => result.map_err(fail("compare-and-set"))?,
+        tokio::spawn(async move { cas_increment(&coll, &retries).await })
+    }))
+    .await;
+    for result in results {
+        match result {
+            Ok(done) => done.map_err(fail("compare-and-set"))?,
             Err(join) => {
-                return Err(ProbeError::Database {
-                    step: "compare-and-set",
-                    collection: name.to_string(),
-                    source: mongodb::error::Error::custom(join.to_string()),
-                })
+                return Err(fail("compare-and-set")(mongodb::error::Error::custom(
+                    join.to_string(),
+                )))
             }
         }
     }
-    let found = coll
-        .find_one(doc! { "_id": "counter" })
+    let found = read_counter(coll, "counter")
         .await
-        .map_err(fail("read counter"))?
-        .and_then(|d| d.get_i64("n").ok())
-        .unwrap_or(-1);
+        .map_err(fail("read counter"))?;
     if found != tasks as i64 {
         return Err(ProbeError::LostUpdate {
             collection: name.to_string(),
@@ -182,8 +214,50 @@ async fn run_checks(
         return Err(ProbeError::FindAndModifyStale {
             collection: name.to_string(),
             expected,
-            found: format!("{after:?}"),
+            found: after.map_or_else(|| "no document".to_string(), |d| d.to_string()),
         });
+    }
+
+    // 4. ... and each concurrent caller gets its own.
+    coll.insert_one(doc! { "_id": "tokens", "n": 0_i64 })
+        .await
+        .map_err(fail("insert token counter"))?;
+    let handed_out = join_all((0..tasks).map(|_| {
+        let coll = coll.clone();
+        tokio::spawn(async move {
+            coll.find_one_and_update(doc! { "_id": "tokens" }, doc! { "$inc": { "n": 1_i64 } })
+                .return_document(ReturnDocument::After)
+                .await
+                .map(|d| d.and_then(|d| d.get_i64("n").ok()))
+        })
+    }))
+    .await;
+    let mut distinct = BTreeSet::new();
+    for result in handed_out {
+        let value = match result {
+            Ok(value) => value.map_err(fail("concurrent find-and-modify"))?,
+            Err(join) => {
+                return Err(fail("concurrent find-and-modify")(
+                    mongodb::error::Error::custom(join.to_string()),
+                ))
+            }
+        };
+        if let Some(value) = value {
+            distinct.insert(value);
+        }
+    }
+    if distinct.len() != tasks {
+        return Err(ProbeError::SharedPostImage {
+            collection: name.to_string(),
+            tasks,
+            distinct: distinct.len(),
+        });
+    }
+
+    // 5. The server's time and topology.
+    let hello = clock::hello(db).await.map_err(fail("hello"))?;
+    if hello.local_time.is_none() {
+        return Err(ProbeError::NoServerTime);
     }
 
     let json_schema_validation = validator_support(db).await;
@@ -195,10 +269,19 @@ async fn run_checks(
 
     Ok(ServerCapabilities {
         version,
+        topology: hello.topology,
         json_schema_validation,
         contention_tasks: tasks,
         contention_retries: retries.load(Ordering::Relaxed),
     })
+}
+
+async fn read_counter(coll: &Collection<Document>, id: &str) -> mongodb::error::Result<i64> {
+    Ok(coll
+        .find_one(doc! { "_id": id })
+        .await?
+        .and_then(|d| d.get_i64("n").ok())
+        .unwrap_or(-1))
 }
 
 async fn cas_increment(
@@ -206,11 +289,7 @@ async fn cas_increment(
     retries: &AtomicU64,
 ) -> Result<(), mongodb::error::Error> {
     loop {
-        let current = coll
-            .find_one(doc! { "_id": "counter" })
-            .await?
-            .and_then(|d| d.get_i64("n").ok())
-            .unwrap_or(0);
+        let current = read_counter(coll, "counter").await?.max(0);
         let result = coll
             .update_one(
                 doc! { "_id": "counter", "n": current },
@@ -259,4 +338,16 @@ pub(crate) fn error_code(error: &mongodb::error::Error) -> Option<i32> {
             .and_then(|errors| errors.first().map(|w| w.code)),
         _ => None,
     }
+}
+
+/// The name of the index a duplicate-key error names (`_id_` for the id), if it can be read.
+pub(crate) fn duplicate_key_index(error: &mongodb::error::Error) -> Option<String> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    let message = match error.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) => e.message.as_str(),
+        ErrorKind::Command(e) => e.message.as_str(),
+        _ => return None,
+    };
+    let rest = message.split("index: ").nth(1)?;
+    Some(rest.split_whitespace().next()?.to_string())
 }

@@ -1,17 +1,22 @@
 //! The error type of the repository surface.
+//!
+//! Every message is one sentence that names the collection and the id (and the versions or the
+//! transaction involved). Driver errors are summarized in a few words and kept whole as the
+//! `source()`, never pasted into the message.
 
 use std::time::Duration;
 
 use bson::{oid::ObjectId, Bson};
 use thiserror::Error;
 
-use crate::collection::SpecError;
+use crate::repo::collection::SpecError;
+use crate::repo::hold::HoldError;
+use crate::server::clock::ClockError;
+use crate::server::summarize;
 
-/// Boxed error produced by a [`HoldResolver`](crate::hold::HoldResolver).
-pub type HoldError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// Everything a repository call can fail with; each message names the collection and the id.
+/// Everything a repository call can fail with.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum RepoError {
     /// No document has this id: it never existed or its tombstone was purged.
     #[error("{collection}/{id}: not found")]
@@ -50,7 +55,7 @@ pub enum RepoError {
         collection: String,
         /// The document id.
         id: String,
-        /// The ActiveTransaction last seen holding it.
+        /// The transaction last seen holding it.
         holder: Option<ObjectId>,
         /// How long the writer waited.
         waited: Duration,
@@ -62,6 +67,16 @@ pub enum RepoError {
         collection: String,
         /// The duplicated id.
         id: String,
+    },
+    /// A unique secondary index refused the write: another document has the same key.
+    #[error("{collection}/{id}: unique index {index} already has this key")]
+    DuplicateKey {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The index that refused it (as the server names it).
+        index: String,
     },
     /// The stored document has a schema version newer than this code understands.
     #[error("{collection}/{id}: stored schema version {found} is newer than the supported version {supported}; the document is left untouched")]
@@ -153,6 +168,14 @@ pub enum RepoError {
         /// The document id.
         id: String,
     },
+    /// A query mongotx cannot evaluate on committed values.
+    #[error("{collection}: invalid query: {reason}")]
+    InvalidQuery {
+        /// Collection name.
+        collection: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A stored document lacks valid system fields (it was not written by mongotx).
     #[error("{collection}/{id}: stored document is not a mongotx document: {reason}")]
     Malformed {
@@ -185,7 +208,7 @@ pub enum RepoError {
     /// The collection definition is unusable.
     #[error(transparent)]
     Spec(#[from] SpecError),
-    /// The transaction layer failed while resolving a document's holder.
+    /// The holder of the document could not be resolved.
     #[error("{collection}/{id}: resolving holder transaction {holder} failed: {source}")]
     Hold {
         /// Collection name.
@@ -198,8 +221,17 @@ pub enum RepoError {
         #[source]
         source: HoldError,
     },
+    /// The server's time, by which deadlines are decided, could not be read.
+    #[error("{collection}: {source}")]
+    Clock {
+        /// Collection name.
+        collection: String,
+        /// What went wrong.
+        #[source]
+        source: ClockError,
+    },
     /// The server or the connection failed.
-    #[error("{collection}/{id}: {operation} failed: {source}")]
+    #[error("{collection}/{id}: {operation} failed: {}", summarize(source))]
     Database {
         /// Collection name.
         collection: String,
@@ -216,19 +248,28 @@ pub enum RepoError {
 impl RepoError {
     /// Whether retrying the same call (after re-reading, for version conflicts) may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            RepoError::VersionConflict { .. } | RepoError::Locked { .. }
-        ) || matches!(self, RepoError::Database { source, .. } if is_transient(source))
+        match self {
+            RepoError::VersionConflict { .. } | RepoError::Locked { .. } => true,
+            RepoError::Database { source, .. } => crate::server::is_transient(source),
+            RepoError::Hold { source, .. } => source.is_retryable(),
+            RepoError::Clock { source, .. } => source.is_retryable(),
+            _ => false,
+        }
     }
-}
 
-pub(crate) fn is_transient(error: &mongodb::error::Error) -> bool {
-    matches!(
-        error.kind.as_ref(),
-        mongodb::error::ErrorKind::Io(_) | mongodb::error::ErrorKind::ConnectionPoolCleared { .. }
-    ) || error.contains_label(mongodb::error::RETRYABLE_WRITE_ERROR)
-        || error.contains_label(mongodb::error::TRANSIENT_TRANSACTION_ERROR)
+    pub(crate) fn database(
+        collection: &str,
+        id: &str,
+        operation: &'static str,
+        source: mongodb::error::Error,
+    ) -> RepoError {
+        RepoError::Database {
+            collection: collection.to_string(),
+            id: id.to_string(),
+            operation,
+            source: Box::new(source),
+        }
+    }
 }
 
 /// Renders an id for error messages: strings quoted, other values as extended JSON-ish text.
@@ -237,162 +278,4 @@ pub fn show_id(id: &Bson) -> String {
         Bson::String(s) => format!("{s:?}"),
         other => other.to_string(),
     }
-}
-
-/// Everything a transaction (staging, commit, GC) can fail with; messages name the transaction.
-#[derive(Debug, Error)]
-pub enum TxnError {
-    /// A staged document could not be changed: the repository error says which and why.
-    #[error("transaction {}: {source}", show_txn(txn))]
-    Document {
-        /// The transaction, once it has an ActiveTransaction document.
-        txn: Option<ObjectId>,
-        /// What happened to the document (boxed: it is large).
-        #[source]
-        source: Box<RepoError>,
-    },
-    /// The same document was staged twice.
-    #[error("{collection}/{id} is staged twice in one transaction; combine the changes")]
-    DuplicateEntry {
-        /// Collection name.
-        collection: String,
-        /// The document id.
-        id: String,
-    },
-    /// The deadline passed and a GC claimed the transaction before its commit point; it was
-    /// rolled back. Retrying is safe.
-    #[error(
-        "transaction {txn}: its deadline passed and it was rolled back before the commit point"
-    )]
-    Expired {
-        /// The transaction.
-        txn: ObjectId,
-    },
-    /// The commit point could not be written, so the coordinator aborted its own transaction
-    /// and rolled it back. Retrying is safe.
-    #[error("transaction {txn}: aborted and rolled back because the commit point could not be written: {cause}")]
-    Aborted {
-        /// The transaction.
-        txn: ObjectId,
-        /// The last failure seen while writing the commit point.
-        cause: String,
-    },
-    /// The commit point may or may not have been written and the coordinator could not find out.
-    /// Not retryable: rerunning the body could apply the changes twice. The ActiveTransaction
-    /// document (or, once it is gone, the documents themselves) tells; after the deadline the GC
-    /// settles the transaction either way.
-    #[error("transaction {txn}: outcome unknown, the commit point may or may not have been written ({cause}); check the documents before retrying")]
-    CommitUnknown {
-        /// The transaction.
-        txn: ObjectId,
-        /// What prevented finding out.
-        cause: String,
-    },
-    /// Recovery found a document in a state the protocol does not produce; the transaction is
-    /// left as it is for the next GC round.
-    #[error("transaction {txn}: cannot settle {collection}/{id}: {reason}")]
-    Unsettled {
-        /// The transaction.
-        txn: ObjectId,
-        /// Collection name.
-        collection: String,
-        /// The document id.
-        id: String,
-        /// What was found.
-        reason: String,
-    },
-    /// A fault injector stopped the coordinator or GC here, as a crash would.
-    #[error("transaction {}: injected crash at {at}", show_txn(txn))]
-    Crashed {
-        /// The transaction, if it had an id yet.
-        txn: Option<ObjectId>,
-        /// The failpoint.
-        at: crate::failpoint::Failpoint,
-    },
-    /// A stored ActiveTransaction document cannot be read.
-    #[error("transaction {txn}: ActiveTransaction document is malformed: {reason}")]
-    Malformed {
-        /// The transaction.
-        txn: ObjectId,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The caller's transaction body decided not to commit.
-    #[error("transaction rejected: {reason}")]
-    Rejected {
-        /// Why.
-        reason: String,
-    },
-    /// `run_transaction` ran out of time retrying.
-    #[error("gave up after {attempts} attempts in {elapsed:?}; last error: {last}")]
-    GaveUp {
-        /// Attempts made.
-        attempts: u32,
-        /// Time spent.
-        elapsed: Duration,
-        /// The last retryable error.
-        last: Box<TxnError>,
-    },
-    /// The server or the connection failed on the transactions collection.
-    #[error("transaction {}: {step} failed: {source}", show_txn(txn))]
-    Database {
-        /// The transaction, if it had an id yet.
-        txn: Option<ObjectId>,
-        /// The protocol step.
-        step: &'static str,
-        /// The driver error.
-        #[source]
-        source: Box<mongodb::error::Error>,
-    },
-}
-
-impl TxnError {
-    /// Whether running the transaction again (after re-reading) may succeed.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            TxnError::Document { source, .. } => source.is_retryable(),
-            TxnError::Expired { .. } | TxnError::Aborted { .. } => true,
-            TxnError::Database { source, .. } => is_transient(source),
-            _ => false,
-        }
-    }
-
-    /// The document-level error inside, if this is one.
-    pub fn repo_error(&self) -> Option<&RepoError> {
-        match self {
-            TxnError::Document { source, .. } => Some(source),
-            TxnError::GaveUp { last, .. } => last.repo_error(),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn document(txn: Option<ObjectId>, source: RepoError) -> TxnError {
-        TxnError::Document {
-            txn,
-            source: Box::new(source),
-        }
-    }
-
-    pub(crate) fn database(
-        txn: Option<ObjectId>,
-        step: &'static str,
-        source: mongodb::error::Error,
-    ) -> TxnError {
-        TxnError::Database {
-            txn,
-            step,
-            source: Box::new(source),
-        }
-    }
-}
-
-impl From<RepoError> for TxnError {
-    fn from(source: RepoError) -> TxnError {
-        TxnError::document(None, source)
-    }
-}
-
-fn show_txn(txn: &Option<ObjectId>) -> String {
-    txn.map(|t| t.to_hex())
-        .unwrap_or_else(|| "(not begun)".to_string())
 }

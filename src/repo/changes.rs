@@ -6,7 +6,7 @@
 
 use bson::{Bson, Document};
 
-use crate::schema::Violation;
+use crate::repo::schema::Violation;
 
 /// Fields to set and fields to remove, applied atomically to one document.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -83,6 +83,10 @@ pub const GC_ROLLBACK_AFTER: &str = "gc.rollback.after";
 pub const GC_END_BEFORE: &str = "gc.end.before";
 /// GC: after deleting it.
 pub const GC_END_AFTER: &str = "gc.end.after";
+/// GC: before resolving a held document in the sweep.
+pub const GC_SWEEP_BEFORE: &str = "gc.sweep.before";
+/// GC: after resolving a held document in the sweep.
+pub const GC_SWEEP_AFTER: &str = "gc.sweep.after";
 
 /// Every failpoint name.
 pub const ALL: &[&str] = &[
@@ -108,6 +112,8 @@ pub const ALL: &[&str] = &[
     GC_ROLLBACK_AFTER,
     GC_END_BEFORE,
     GC_END_AFTER,
+    GC_SWEEP_BEFORE,
+    GC_SWEEP_AFTER,
 ];
 
 /// An optional injector, cheap to clone and to consult.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use bson::Document;
 use thiserror::Error;
 
-use crate::fields;
-use crate::schema::{BsonType, JsonSchema, SchemaError};
+use crate::repo::fields;
+use crate::repo::schema::{BsonType, JsonSchema, SchemaError};
 
 /// One upgrade step: turns a document of schema version `n` into version `n + 1`.
 pub type UpgradeStep = Arc<dyn Fn(Document) -> Result<Document, String> + Send + Sync>;
@@ -167,7 +167,7 @@ impl CollectionSpec {
                 .get(&version)
                 .ok_or_else(|| (version, "no upgrade step is defined".to_string()))?;
             doc = step(doc).map_err(|reason| (version, reason))?;
-            if fields::ALL.iter().any(|f| doc.contains_key(*f)) {
+            if fields::RESERVED.iter().any(|f| doc.contains_key(*f)) {
                 return Err((version, "the step set a system field".to_string()));
             }
         }

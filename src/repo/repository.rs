@@ -3,7 +3,9 @@
 //! Every write is a single conditional operation on the happy path: the filter names the id, the
 //! version the caller read, and requires the document to be live and free. Only when it matches
 //! nothing does the repository read the document to say why (not found, deleted, changed, held, or
-//! stored in an older shape that must be upgraded first).
+//! stored in an older shape that must be upgraded first). A held document is waited for, or, once
+//! its holder's outcome is decided or its deadline has passed, resolved on the spot from the hold it
+//! carries (see `hold`).
 
 use std::collections::BTreeSet;
 use std::marker::PhantomData;
@@ -12,24 +14,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, oid::ObjectId, Bson, Document};
+use futures::TryStreamExt;
 use mongodb::Collection;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::changes::{self, Adjust, Update};
-use crate::collection::CollectionSpec;
-use crate::error::{show_id, HoldError, RepoError};
-use crate::fields::{self, SystemFields};
-use crate::hold::CommittedView;
-use crate::probe;
-use crate::schema::{BsonType, Violation};
-use crate::store::Store;
+use crate::repo::changes::{self, Adjust, Update};
+use crate::repo::collection::CollectionSpec;
+use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields::{self, SystemFields};
+use crate::repo::hold::{HoldError, HoldKind, TxnStatus};
+use crate::repo::query;
+use crate::repo::resolve::{self, Committed, Settled};
+use crate::repo::schema::{BsonType, Violation};
+use crate::repo::store::Store;
+use crate::server::{clock, probe};
 
-/// The version every document has right after insert.
+/// The version a document has right after insert into a collection that was never purged.
 pub const FIRST_VERSION: i64 = 1;
 
-/// How often a read follows a holder that finished meanwhile before giving up.
-const MAX_REREADS: usize = 8;
+/// How many times `find` runs again to learn the state of transactions holding candidates.
+const MAX_QUERY_PASSES: usize = 16;
 
 /// A document as read: the caller's value plus its id, version and schema version.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +64,7 @@ impl<T> Stamped<T> {
     }
 }
 
-/// A query over live documents: filter, sort and limit.
+/// A query over live documents, evaluated on committed values: filter, sort and limit.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Query {
     filter: Document,
@@ -85,9 +90,13 @@ impl Query {
         self
     }
 
-    /// Returns at most `limit` documents.
+    /// Returns at most `limit` documents (0 means no limit; a negative limit counts as its size,
+    /// as in the driver).
     pub fn limit(mut self, limit: i64) -> Query {
-        self.limit = Some(limit);
+        self.limit = match limit {
+            0 => None,
+            n => Some(n.saturating_abs()),
+        };
         self
     }
 }
@@ -138,11 +147,21 @@ enum Next {
     Upgrade(Document, i64),
 }
 
-/// A stored document after the committed-view and tombstone rules.
-enum Visible<T> {
-    Found(Stamped<T>),
-    Deleted(i64),
-    Absent,
+/// Waiting for holders, bounded by the store's lock-wait policy.
+struct Waiter {
+    started: Instant,
+    pauses: u32,
+    last_holder: Option<ObjectId>,
+}
+
+impl Waiter {
+    fn new() -> Waiter {
+        Waiter {
+            started: Instant::now(),
+            pauses: 0,
+            last_holder: None,
+        }
+    }
 }
 
 impl<T> Repository<T>
@@ -170,33 +189,70 @@ where
         &self.spec
     }
 
+    /// The store this repository belongs to.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The raw driver collection (system fields included), for tools and the transaction layer.
     pub fn raw_collection(&self) -> &Collection<Document> {
         &self.coll
     }
 
-    /// Inserts a new document at version 1 and returns its id (generated when the value has
-    /// none and the schema allows an ObjectId).
+    /// Inserts a new document and returns its id (generated when the value has none and the
+    /// schema allows an ObjectId). Its version is 1, or one above the collection's version floor
+    /// once tombstones were purged, so that no version ever repeats for an id.
+    ///
+    /// An id that a pending transactional insert is creating is waited for like a held document:
+    /// if that transaction commits the id is taken (`DuplicateId`), if not this insert goes ahead.
     pub async fn insert(&self, value: &T) -> Result<Bson, RepoError> {
         let (id, mut doc) = self.prepare_insert(value)?;
         let shown = show_id(&id);
-        self.stamp(&mut doc, FIRST_VERSION);
+        let version = self.first_version(&shown).await?;
+        self.stamp(&mut doc, version);
         self.validate(&shown, &doc)?;
 
-        match self.coll.insert_one(&doc).await {
-            Ok(_) => {}
-            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                if !self.take_placeholder(&id, &shown, &doc).await? {
-                    return Err(RepoError::DuplicateId {
-                        collection: self.name().to_string(),
-                        id: shown,
-                    });
+        let mut waiter = Waiter::new();
+        loop {
+            let error = match self.coll.insert_one(&doc).await {
+                Ok(_) => {
+                    tracing::debug!(collection = self.name(), id = %shown, version, "inserted");
+                    return Ok(id);
                 }
+                Err(e) => e,
+            };
+            if probe::error_code(&error) != Some(probe::DUPLICATE_KEY) {
+                return Err(self.write_error(&shown, "insert", error));
             }
-            Err(e) => return Err(self.write_error(&shown, "insert", e)),
+            if let Some(index) = other_index(&error) {
+                return Err(self.duplicate_key(&shown, index));
+            }
+            let taken = || RepoError::DuplicateId {
+                collection: self.name().to_string(),
+                id: shown.clone(),
+            };
+            let Some(stored) = self.read_raw(&id, &shown).await? else {
+                continue; // the document that held the id went away: try again
+            };
+            let sys = self.system_fields(&shown, &stored)?;
+            let Some(holder) = sys.active_txn else {
+                return Err(taken());
+            };
+            let hold =
+                fields::read_hold(&stored).map_err(|reason| self.malformed(&shown, reason))?;
+            if hold.op != HoldKind::Insert {
+                return Err(taken());
+            }
+            self.wait_for(&id, &shown, holder, &mut waiter).await?;
         }
-        tracing::debug!(collection = self.name(), id = %shown, "inserted");
-        Ok(id)
+    }
+
+    /// The version a new document starts at.
+    pub(crate) async fn first_version(&self, shown: &str) -> Result<i64, RepoError> {
+        self.store
+            .first_version(self.name())
+            .await
+            .map_err(|e| self.db_error(shown, "read the version floor", e))
     }
 
     /// The id and user fields of a value about to be inserted, checked but not yet stamped.
@@ -223,78 +279,97 @@ where
         Ok((id, doc))
     }
 
-    /// Replaces the placeholder a rolled-back transactional insert left under `id` (a free
-    /// version-0 tombstone) with `doc`; `false` when the id is taken by anything else.
-    pub(crate) async fn take_placeholder(
-        &self,
-        id: &Bson,
-        shown: &str,
-        doc: &Document,
-    ) -> Result<bool, RepoError> {
-        let result = self
-            .coll
-            .replace_one(fields::free_placeholder_filter(id), doc)
-            .await
-            .map_err(|e| self.write_error(shown, "insert", e))?;
-        Ok(result.matched_count == 1)
-    }
-
     /// Reads a document by id: its committed value, or `NotFound` / `Deleted`.
     pub async fn get(&self, id: impl Into<Bson>) -> Result<Stamped<T>, RepoError> {
         let id = id.into();
         self.check_id(&id)?;
         let shown = show_id(&id);
-        let stored = self
-            .coll
-            .find_one(doc! { "_id": id.clone() })
-            .await
-            .map_err(|e| self.db_error(&shown, "find by id", e))?;
         let not_found = || RepoError::NotFound {
             collection: self.name().to_string(),
             id: shown.clone(),
         };
-        let stored = stored.ok_or_else(not_found)?;
-        match self.visible(stored).await? {
-            Visible::Found(found) => Ok(found),
-            Visible::Deleted(version) => Err(RepoError::Deleted {
+        let stored = self.read_raw(&id, &shown).await?.ok_or_else(not_found)?;
+        match self.committed(&shown, stored).await? {
+            Committed::Live(doc) => self.decode(&id, &shown, doc),
+            Committed::Deleted(version) => Err(RepoError::Deleted {
                 collection: self.name().to_string(),
                 id: shown,
                 version,
             }),
-            Visible::Absent => Err(not_found()),
+            Committed::Absent => Err(not_found()),
         }
     }
 
-    /// Finds live documents matching the query (tombstones are skipped).
+    /// Finds live documents matching the query, with filter, sort and limit evaluated on
+    /// committed values (tombstones and uncommitted changes are never seen).
     pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {
-        use futures::TryStreamExt;
-
-        let filter = if query.filter.is_empty() {
-            fields::live_filter()
-        } else {
-            doc! { "$and": [query.filter, fields::live_filter()] }
-        };
-        let mut find = self.coll.find(filter);
-        if let Some(sort) = query.sort {
-            find = find.sort(sort);
+        if let Some(reason) = query::problem(&query.filter, query.sort.as_ref()) {
+            return Err(RepoError::InvalidQuery {
+                collection: self.name().to_string(),
+                reason,
+            });
         }
-        if let Some(limit) = query.limit {
-            find = find.limit(limit);
-        }
-        let docs: Vec<Document> = find
-            .await
-            .map_err(|e| self.db_error("*", "find", e))?
-            .try_collect()
-            .await
-            .map_err(|e| self.db_error("*", "find", e))?;
-
-        let mut out = Vec::with_capacity(docs.len());
-        for stored in docs {
-            if let Visible::Found(found) = self.visible(stored).await? {
-                out.push(found);
+        let started = Instant::now();
+        let mut pending: Vec<ObjectId> = Vec::new();
+        let mut committed: Vec<ObjectId> = Vec::new();
+        let mut last_unknown = None;
+        for _ in 0..MAX_QUERY_PASSES {
+            let stages = query::pipeline(
+                &query.filter,
+                query.sort.as_ref(),
+                query.limit,
+                &pending,
+                &committed,
+            );
+            let results: Vec<Document> = self
+                .coll
+                .aggregate(stages)
+                .await
+                .map_err(|e| self.db_error("*", "find", e))?
+                .try_collect()
+                .await
+                .map_err(|e| self.db_error("*", "find", e))?;
+            let mut unknown: Vec<ObjectId> =
+                results.iter().filter_map(query::unknown_holder).collect();
+            if unknown.is_empty() {
+                return results
+                    .into_iter()
+                    .map(|mut doc| {
+                        doc.remove(query::KNOWN_TAG);
+                        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+                        let shown = show_id(&id);
+                        self.decode(&id, &shown, doc)
+                    })
+                    .collect();
+            }
+            unknown.sort();
+            unknown.dedup();
+            last_unknown = unknown.first().copied();
+            let statuses = futures::future::join_all(
+                unknown
+                    .iter()
+                    .map(|t| self.store.inner.resolver.status(&self.store, *t)),
+            )
+            .await;
+            for (txn, status) in unknown.into_iter().zip(statuses) {
+                match status.map_err(|source| self.hold_error("*", txn, source))? {
+                    TxnStatus::Committed => committed.push(txn),
+                    // An absent record means "not committed" for any hold still left of it.
+                    TxnStatus::Pending { .. } | TxnStatus::Aborted | TxnStatus::Absent => {
+                        pending.push(txn)
+                    }
+                }
+            }
+            if started.elapsed() >= self.store.inner.lock_wait.max_wait {
+                break;
             }
         }
-        Ok(out)
+        Err(RepoError::Locked {
+            collection: self.name().to_string(),
+            id: "*".to_string(),
+            holder: last_unknown,
+            waited: started.elapsed(),
+        })
     }
 
     /// Sets and unsets fields of the document at `expected_version`; returns the new version.
@@ -340,7 +415,7 @@ where
             None => {
                 doc.insert("_id", id.clone());
             }
-            Some(own) if *own == id => {}
+            Some(own) if crate::repo::ids::same(own, &id) => {}
             Some(own) => {
                 return Err(self.invalid(
                     &shown,
@@ -371,27 +446,18 @@ where
         self.write(id, expected_version, Change::Delete).await
     }
 
-    /// Removes tombstones deleted more than `older_than` ago; returns how many were removed.
+    /// Removes tombstones deleted more than `older_than` ago (server time); returns how many were
+    /// removed. The collection's version floor is raised over them first, and the call waits for
+    /// the raise to stand for the store's floor grace before deleting, so that re-inserted ids
+    /// never repeat a version.
     pub async fn purge_tombstones(&self, older_than: Duration) -> Result<u64, RepoError> {
-        let age = chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
-        let cutoff = chrono::Utc::now()
-            .checked_sub_signed(age)
-            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-        let filter = doc! {
-            fields::DELETED: { "$lt": bson::DateTime::from_chrono(cutoff) },
-            fields::ACTIVE_TXN: null,
-        };
-        let result = self
-            .coll
-            .delete_many(filter)
+        let now = self.store.now().await.map_err(|source| RepoError::Clock {
+            collection: self.name().to_string(),
+            source,
+        })?;
+        self.store
+            .purge_tombstones(self.name(), clock::minus(now, older_than))
             .await
-            .map_err(|e| self.db_error("*", "purge tombstones", e))?;
-        tracing::info!(
-            collection = self.name(),
-            purged = result.deleted_count,
-            "purged tombstones"
-        );
-        Ok(result.deleted_count)
     }
 
     // ----- the conditional write loop -----
@@ -400,29 +466,40 @@ where
         let shown = show_id(&id);
         let new_version = expected + 1;
         let current = self.spec.schema_version();
-        let (filter, operation) = self.happy_path(&id, expected, new_version, &change);
-
-        let lock_wait = self.store.inner.lock_wait;
-        let started = Instant::now();
-        let mut waits = 0_u32;
-        let mut last_holder = None;
+        let filter = self.happy_filter(&id, expected, &change);
+        let mut waiter = Waiter::new();
         loop {
-            let matched = match &operation {
-                Operation::Update(update) => self
+            let written = match &change {
+                Change::Delete => {
+                    self.store
+                        .write_tombstone(&self.coll, filter.clone(), &id, current, new_version)
+                        .await
+                }
+                Change::Replace(value) => {
+                    let mut replacement = value.clone();
+                    self.stamp(&mut replacement, new_version);
+                    self.coll
+                        .replace_one(filter.clone(), replacement)
+                        .await
+                        .map(|r| r.matched_count)
+                }
+                Change::Update(_) | Change::Adjust(_) => self
                     .coll
-                    .update_one(filter.clone(), update.clone())
+                    .update_one(filter.clone(), self.happy_update(new_version, &change))
                     .await
                     .map(|r| r.matched_count),
-                Operation::Replace(replacement) => self
-                    .coll
-                    .replace_one(filter.clone(), replacement.clone())
-                    .await
-                    .map(|r| r.matched_count),
-            }
-            .map_err(|e| self.write_error(&shown, change.verb(), e))?;
-            if matched == 1 {
-                tracing::debug!(collection = self.name(), id = %shown, version = new_version, "{}", change.verb());
-                return Ok(new_version);
+            };
+            match written {
+                Ok(1) => {
+                    tracing::debug!(collection = self.name(), id = %shown, version = new_version, "{}", change.verb());
+                    return Ok(new_version);
+                }
+                Ok(_) => {}
+                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
+                    let index = other_index(&e).unwrap_or_else(|| "_id_".to_string());
+                    return Err(self.duplicate_key(&shown, index));
+                }
+                Err(e) => return Err(self.write_error(&shown, change.verb(), e)),
             }
 
             match self
@@ -439,42 +516,52 @@ where
                     }
                 }
                 Next::Retry => {}
-                Next::Wait(holder) => {
-                    let resolved = self
-                        .store
-                        .inner
-                        .holds
-                        .resolve_holder(&self.store.inner.db, self.name(), &id, &holder)
-                        .await
-                        .map_err(|source| self.hold_error(&shown, holder, source))?;
-                    // A resolved holder is retried at once, unless the same one is still there.
-                    let again = last_holder == Some(holder);
-                    last_holder = Some(holder);
-                    if (!resolved || again) && started.elapsed() < lock_wait.max_wait {
-                        tokio::time::sleep(lock_wait.backoff(waits)).await;
-                        waits += 1;
-                    }
-                }
+                Next::Wait(holder) => self.wait_for(&id, &shown, holder, &mut waiter).await?,
             }
-            if started.elapsed() >= lock_wait.max_wait {
-                return Err(RepoError::Locked {
-                    collection: self.name().to_string(),
-                    id: shown,
-                    holder: last_holder,
-                    waited: started.elapsed(),
-                });
+            if waiter.started.elapsed() >= self.store.inner.lock_wait.max_wait {
+                return Err(self.locked(&shown, &waiter));
             }
         }
     }
 
-    /// The filter and operation of the single write attempted first.
-    fn happy_path(
+    /// Deals with document `id` held by `holder`: resolves it if its outcome is decided or its
+    /// deadline passed, else pauses; fails with `Locked` once the lock-wait budget is spent.
+    async fn wait_for(
         &self,
         id: &Bson,
-        expected: i64,
-        new_version: i64,
-        change: &Change<'_>,
-    ) -> (Document, Operation) {
+        shown: &str,
+        holder: ObjectId,
+        waiter: &mut Waiter,
+    ) -> Result<(), RepoError> {
+        let lock_wait = self.store.inner.lock_wait;
+        let settled = resolve::settle(&self.store, self.name(), id, holder)
+            .await
+            .map_err(|source| self.hold_error(shown, holder, source))?;
+        // A resolved holder is retried at once, unless the same one is still there.
+        let again = waiter.last_holder == Some(holder);
+        waiter.last_holder = Some(holder);
+        if settled == Settled::Freed && !again {
+            return Ok(());
+        }
+        if waiter.started.elapsed() >= lock_wait.max_wait {
+            return Err(self.locked(shown, waiter));
+        }
+        tokio::time::sleep(lock_wait.backoff(waiter.pauses)).await;
+        waiter.pauses += 1;
+        Ok(())
+    }
+
+    fn locked(&self, shown: &str, waiter: &Waiter) -> RepoError {
+        RepoError::Locked {
+            collection: self.name().to_string(),
+            id: shown.to_string(),
+            holder: waiter.last_holder,
+            waited: waiter.started.elapsed(),
+        }
+    }
+
+    /// The filter of the single write attempted first.
+    fn happy_filter(&self, id: &Bson, expected: i64, change: &Change<'_>) -> Document {
         let current = self.spec.schema_version();
         let mut filter = doc! {
             "_id": id.clone(),
@@ -483,9 +570,22 @@ where
             fields::DELETED: null,
         };
         match change {
-            Change::Update(update) => {
-                // Field-level changes are only safe on documents already in the current shape.
+            // Field-level changes are only safe on documents already in the current shape.
+            Change::Update(_) | Change::Adjust(_) => {
                 filter.insert(fields::SCHEMA_VERSION, current);
+            }
+            // A whole new value (or a tombstone) may replace any older shape.
+            Change::Replace(_) | Change::Delete => {
+                filter.insert(fields::SCHEMA_VERSION, doc! { "$lte": current });
+            }
+        }
+        filter
+    }
+
+    /// The update document of a field-level change.
+    fn happy_update(&self, new_version: i64, change: &Change<'_>) -> Document {
+        match change {
+            Change::Update(update) => {
                 let mut set = doc! {};
                 for (path, value) in update.sets() {
                     set.insert(path.clone(), value.clone());
@@ -500,35 +600,17 @@ where
                         .collect();
                     op.insert("$unset", unset);
                 }
-                (filter, Operation::Update(op))
+                op
             }
             Change::Adjust(adjust) => {
-                filter.insert(fields::SCHEMA_VERSION, current);
                 let inc: Document = adjust
                     .increments()
                     .iter()
                     .map(|(p, v)| (p.clone(), v.clone()))
                     .collect();
-                let op = doc! { "$inc": inc, "$set": { fields::VERSION: new_version } };
-                (filter, Operation::Update(op))
+                doc! { "$inc": inc, "$set": { fields::VERSION: new_version } }
             }
-            Change::Replace(value) => {
-                // A whole new value in the current shape may replace any older shape.
-                filter.insert(fields::SCHEMA_VERSION, doc! { "$lte": current });
-                let mut replacement = value.clone();
-                self.stamp(&mut replacement, new_version);
-                (filter, Operation::Replace(replacement))
-            }
-            Change::Delete => {
-                filter.insert(fields::SCHEMA_VERSION, doc! { "$lte": current });
-                let tombstone = doc! {
-                    "_id": id.clone(),
-                    fields::SCHEMA_VERSION: current,
-                    fields::VERSION: new_version,
-                    fields::DELETED: bson::DateTime::now(),
-                };
-                (filter, Operation::Replace(tombstone))
-            }
+            Change::Replace(_) | Change::Delete => doc! {},
         }
     }
 
@@ -541,24 +623,13 @@ where
         current: i64,
         change: &Change<'_>,
     ) -> Result<Next, RepoError> {
-        let stored = self
-            .coll
-            .find_one(doc! { "_id": id.clone() })
-            .await
-            .map_err(|e| self.db_error(shown, "find by id", e))?;
-        let Some(stored) = stored else {
+        let Some(stored) = self.read_raw(id, shown).await? else {
             return Ok(Next::Fail(RepoError::NotFound {
                 collection: self.name().to_string(),
                 id: shown.to_string(),
             }));
         };
         let sys = self.system_fields(shown, &stored)?;
-        if sys.is_placeholder() {
-            return Ok(Next::Fail(RepoError::NotFound {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-            }));
-        }
         if sys.is_deleted() {
             return Ok(Next::Fail(RepoError::Deleted {
                 collection: self.name().to_string(),
@@ -566,11 +637,11 @@ where
                 version: sys.version,
             }));
         }
-        if sys.schema_version > current {
-            return Ok(Next::Fail(self.too_new(shown, sys.schema_version)));
-        }
         if let Some(holder) = sys.active_txn {
             return Ok(Next::Wait(holder));
+        }
+        if sys.schema_version > current {
+            return Ok(Next::Fail(self.too_new(shown, sys.schema_version)));
         }
         if sys.version != expected {
             return Ok(Next::Fail(RepoError::VersionConflict {
@@ -614,11 +685,14 @@ where
             fields::ACTIVE_TXN: null,
             fields::DELETED: null,
         };
-        let result = self
-            .coll
-            .replace_one(filter, doc)
-            .await
-            .map_err(|e| self.write_error(shown, change.verb(), e))?;
+        let result = match self.coll.replace_one(filter, doc).await {
+            Ok(result) => result,
+            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
+                let index = other_index(&e).unwrap_or_else(|| "_id_".to_string());
+                return Err(self.duplicate_key(shown, index));
+            }
+            Err(e) => return Err(self.write_error(shown, change.verb(), e)),
+        };
         if result.matched_count == 1 {
             tracing::info!(collection = self.name(), id = %shown, from = stored_schema, to = self.spec.schema_version(), "upgraded document on write");
         }
@@ -627,77 +701,51 @@ where
 
     // ----- reading -----
 
-    /// Applies the committed-view, tombstone, schema and decoding rules to a stored document.
-    async fn visible(&self, mut stored: Document) -> Result<Visible<T>, RepoError> {
-        let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
-        let shown = show_id(&id);
-        let mut rereads = 0;
-        let (doc, sys) = loop {
-            let sys = self.system_fields(&shown, &stored)?;
-            if sys.is_placeholder() {
-                return Ok(Visible::Absent);
-            }
-            if sys.is_deleted() {
-                return Ok(Visible::Deleted(sys.version));
-            }
-            let Some(holder) = sys.active_txn else {
-                break (stored, sys);
-            };
-            let view = self
-                .store
-                .inner
-                .holds
-                .committed_view(&self.store.inner.db, self.name(), &stored, &holder)
-                .await
-                .map_err(|source| self.hold_error(&shown, holder, source))?;
-            match view {
-                // Past the commit point a pending delete is a delete.
-                CommittedView::Stored if sys.deleting => return Ok(Visible::Deleted(sys.version)),
-                CommittedView::Stored => break (stored, sys),
-                CommittedView::PreImage(pre) => {
-                    let pre_sys = self.system_fields(&shown, &pre)?;
-                    if pre_sys.is_deleted() {
-                        return Ok(Visible::Deleted(pre_sys.version));
-                    }
-                    break (pre, pre_sys);
-                }
-                CommittedView::Absent => return Ok(Visible::Absent),
-                CommittedView::Reread if rereads < MAX_REREADS => {
-                    rereads += 1;
-                    match self
-                        .coll
-                        .find_one(doc! { "_id": id.clone() })
-                        .await
-                        .map_err(|e| self.db_error(&shown, "find by id", e))?
-                    {
-                        Some(fresh) => stored = fresh,
-                        None => return Ok(Visible::Absent),
-                    }
-                }
-                CommittedView::Reread => {
-                    return Err(self.hold_error(
-                        &shown,
-                        holder,
-                        "the document kept changing while it was read".into(),
-                    ))
-                }
-            }
-        };
+    /// The stored document under `id`, exactly as stored.
+    pub(crate) async fn read_raw(
+        &self,
+        id: &Bson,
+        shown: &str,
+    ) -> Result<Option<Document>, RepoError> {
+        self.coll
+            .find_one(doc! { "_id": id.clone() })
+            .await
+            .map_err(|e| self.db_error(shown, "find by id", e))
+    }
+
+    /// The committed value of a stored document.
+    pub(crate) async fn committed(
+        &self,
+        shown: &str,
+        stored: Document,
+    ) -> Result<Committed, RepoError> {
+        let holder = stored.get_object_id(fields::ACTIVE_TXN).ok();
+        resolve::committed(&self.store, self.name(), stored)
+            .await
+            .map_err(|source| match holder {
+                Some(holder) => self.hold_error(shown, holder, source),
+                None => self.malformed(shown, source.to_string()),
+            })
+    }
+
+    /// Turns a committed document (system fields included, no hold) into the caller's value.
+    fn decode(&self, id: &Bson, shown: &str, doc: Document) -> Result<Stamped<T>, RepoError> {
+        let sys = self.system_fields(shown, &doc)?;
         if sys.schema_version > self.spec.schema_version() {
-            return Err(self.too_new(&shown, sys.schema_version));
+            return Err(self.too_new(shown, sys.schema_version));
         }
-        let user = self.upgrade(&shown, doc, sys.schema_version)?;
+        let user = self.upgrade(shown, doc, sys.schema_version)?;
         let value = bson::from_document::<T>(user).map_err(|source| RepoError::Decode {
             collection: self.name().to_string(),
-            id: shown.clone(),
+            id: shown.to_string(),
             source,
         })?;
-        Ok(Visible::Found(Stamped {
-            id,
+        Ok(Stamped {
+            id: id.clone(),
             version: sys.version,
             stored_schema_version: sys.schema_version,
             value,
-        }))
+        })
     }
 
     /// Strips system fields and upgrades the caller's fields to the current schema version.
@@ -885,7 +933,7 @@ where
             collection: self.name().to_string(),
             reason: e.to_string(),
         })?;
-        if let Some(field) = fields::ALL.iter().find(|f| doc.contains_key(**f)) {
+        if let Some(field) = fields::RESERVED.iter().find(|f| doc.contains_key(**f)) {
             return Err(RepoError::SystemField {
                 collection: self.name().to_string(),
                 id: shown.to_string(),
@@ -937,6 +985,28 @@ where
         }
     }
 
+    pub(crate) fn malformed(&self, shown: &str, reason: String) -> RepoError {
+        RepoError::Malformed {
+            collection: self.name().to_string(),
+            id: shown.to_string(),
+            reason,
+        }
+    }
+
+    pub(crate) fn duplicate_key(&self, shown: &str, index: String) -> RepoError {
+        if index == "_id_" {
+            return RepoError::DuplicateId {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+            };
+        }
+        RepoError::DuplicateKey {
+            collection: self.name().to_string(),
+            id: shown.to_string(),
+            index,
+        }
+    }
+
     fn hold_error(&self, shown: &str, holder: ObjectId, source: HoldError) -> RepoError {
         RepoError::Hold {
             collection: self.name().to_string(),
@@ -961,15 +1031,10 @@ where
         operation: &'static str,
         source: mongodb::error::Error,
     ) -> RepoError {
-        RepoError::Database {
-            collection: self.name().to_string(),
-            id: shown.to_string(),
-            operation,
-            source: Box::new(source),
-        }
+        RepoError::database(self.name(), shown, operation, source)
     }
 
-    fn write_error(
+    pub(crate) fn write_error(
         &self,
         shown: &str,
         operation: &'static str,
@@ -980,18 +1045,12 @@ where
                 shown,
                 Violation {
                     field: "(server validator)".into(),
-                    reason: source.to_string(),
+                    reason: "the server's schema validator refused the document".into(),
                 },
             );
         }
         self.db_error(shown, operation, source)
     }
-}
-
-/// The operation of a conditional write.
-enum Operation {
-    Update(Document),
-    Replace(Document),
 }
 
 impl Change<'_> {
@@ -1003,6 +1062,11 @@ impl Change<'_> {
             Change::Delete => "delete",
         }
     }
+}
+
+/// The index a duplicate-key error names, when it is not the `_id` index.
+fn other_index(error: &mongodb::error::Error) -> Option<String> {
+    probe::duplicate_key_index(error).filter(|index| index != "_id_")
 }
 
 /// The BSON type `$inc` produces when adding a `by` to a `field` (ignoring int overflow).

@@ -7,7 +7,7 @@
 
 use thiserror::Error;
 
-use crate::local_server::{LocalServer, LocalServerError};
+use crate::server::local::{LocalServer, LocalServerError};
 
 /// Environment variable holding the connection string of a real MongoDB.
 pub const URI_ENV: &str = "MONGODB_URI";

@@ -1,0 +1,194 @@
+//! Resolving one held document: what readers see of it, and how a writer that meets it gets it
+//! out of the way. Everything here works from the document's own hold and the holder's record
+//! status (see `hold` for why that suffices); whole transactions are the transaction layer's.
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+
+use crate::repo::fields::{self, SystemFields};
+use crate::repo::hold::{self, Hold, HoldError, HoldKind, TxnStatus};
+use crate::repo::store::Store;
+use crate::repo::write;
+
+/// The committed value of a stored document.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Committed {
+    /// This document (system fields included; no hold).
+    Live(Document),
+    /// A tombstone at this version.
+    Deleted(i64),
+    /// Nothing: the id is free.
+    Absent,
+}
+
+/// How many times a read follows a document that changed while it was being resolved.
+const MAX_REREADS: usize = 8;
+
+/// The committed value of `stored` (read from `coll`), looking up its holder if it has one.
+pub(crate) async fn committed(
+    store: &Store,
+    coll: &str,
+    mut stored: Document,
+) -> Result<Committed, HoldError> {
+    for _ in 0..MAX_REREADS {
+        let sys = SystemFields::read(&stored).map_err(HoldError::new)?;
+        if sys.is_deleted() {
+            return Ok(Committed::Deleted(sys.version));
+        }
+        let Some(holder) = sys.active_txn else {
+            return Ok(Committed::Live(stored));
+        };
+        let hold = fields::read_hold(&stored).map_err(HoldError::new)?;
+        match store.inner.resolver.status(store, holder).await? {
+            TxnStatus::Committed if sys.deleting => return Ok(Committed::Deleted(sys.version)),
+            TxnStatus::Committed => {
+                let mut doc = stored;
+                doc.remove(fields::ACTIVE_TXN);
+                doc.remove(fields::HOLD);
+                return Ok(Committed::Live(doc));
+            }
+            TxnStatus::Pending { .. } | TxnStatus::Aborted => return Ok(pre(&hold, &stored)),
+            TxnStatus::Absent => {
+                // The holder ended between the two reads (its record goes only after its holds),
+                // or this hold outlived it: only a fresh read tells which.
+                let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
+                match reread(store, coll, &id).await? {
+                    None => return Ok(Committed::Absent),
+                    Some(fresh) if same_hold(&fresh, holder) => return Ok(pre(&hold, &fresh)),
+                    Some(fresh) => stored = fresh,
+                }
+            }
+        }
+    }
+    Err(HoldError::new(
+        "the document kept changing while its holder was being looked up",
+    ))
+}
+
+fn pre(hold: &Hold, stored: &Document) -> Committed {
+    match hold.pre_image(stored) {
+        Some(pre) => Committed::Live(pre),
+        None => Committed::Absent,
+    }
+}
+
+fn same_hold(doc: &Document, holder: ObjectId) -> bool {
+    doc.get_object_id(fields::ACTIVE_TXN).ok() == Some(holder)
+}
+
+async fn reread(store: &Store, coll: &str, id: &Bson) -> Result<Option<Document>, HoldError> {
+    store
+        .protocol_collection(coll)
+        .await
+        .map_err(|e| HoldError::database("reading the held document", e))?
+        .find_one(doc! { "_id": id.clone() })
+        .await
+        .map_err(|e| HoldError::database("reading the held document", e))
+}
+
+/// What a writer that met a held document should do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// The hold was resolved (by us or meanwhile): try the write again now.
+    Freed,
+    /// The holder is alive and within its deadline: wait for it.
+    Live,
+}
+
+/// Resolves the hold of `holder` on document `id` of `coll` if its outcome is decided or its
+/// deadline (server time) has passed; otherwise says to wait.
+pub(crate) async fn settle(
+    store: &Store,
+    coll: &str,
+    id: &Bson,
+    holder: ObjectId,
+) -> Result<Settled, HoldError> {
+    let resolver = &store.inner.resolver;
+    let mut status = resolver.status(store, holder).await?;
+    if let TxnStatus::Pending { deadline } = status {
+        let now = store
+            .now()
+            .await
+            .map_err(|e| HoldError::new(e.to_string()))?;
+        if deadline > now {
+            return Ok(Settled::Live);
+        }
+        status = resolver.abort_expired(store, holder, now).await?;
+    }
+    match status {
+        TxnStatus::Pending { .. } => Ok(Settled::Live),
+        TxnStatus::Committed => {
+            roll_forward(store, coll, id, holder).await?;
+            Ok(Settled::Freed)
+        }
+        TxnStatus::Aborted | TxnStatus::Absent => {
+            roll_back(store, coll, id, holder).await?;
+            Ok(Settled::Freed)
+        }
+    }
+}
+
+/// Undoes the hold of `holder` on `id`, from the hold the document carries.
+pub(crate) async fn roll_back(
+    store: &Store,
+    coll: &str,
+    id: &Bson,
+    holder: ObjectId,
+) -> Result<(), HoldError> {
+    let collection = store
+        .protocol_collection(coll)
+        .await
+        .map_err(|e| HoldError::database("undoing the hold", e))?;
+    let Some(held) = collection
+        .find_one(hold::held_by(id, holder))
+        .await
+        .map_err(|e| HoldError::database("reading the held document", e))?
+    else {
+        return Ok(());
+    };
+    let undo = fields::read_hold(&held)
+        .map_err(HoldError::new)?
+        .undo(id, holder);
+    write::run(&collection, &undo)
+        .await
+        .map_err(|e| HoldError::database("undoing the hold", e))?;
+    tracing::debug!(collection = coll, txn = %holder, "undid a hold");
+    Ok(())
+}
+
+/// Makes the committed change of `holder` on `id` final.
+pub(crate) async fn roll_forward(
+    store: &Store,
+    coll: &str,
+    id: &Bson,
+    holder: ObjectId,
+) -> Result<(), HoldError> {
+    let collection = store
+        .protocol_collection(coll)
+        .await
+        .map_err(|e| HoldError::database("finishing the hold", e))?;
+    let Some(held) = collection
+        .find_one(hold::held_by(id, holder))
+        .await
+        .map_err(|e| HoldError::database("reading the held document", e))?
+    else {
+        return Ok(());
+    };
+    let sys = SystemFields::read(&held).map_err(HoldError::new)?;
+    let op = fields::read_hold(&held).map_err(HoldError::new)?.op;
+    let finished = if op == HoldKind::Delete {
+        store
+            .write_tombstone(
+                &collection,
+                hold::held_by(id, holder),
+                id,
+                sys.schema_version,
+                sys.version,
+            )
+            .await
+    } else {
+        write::run(&collection, &hold::finish(id, holder)).await
+    };
+    finished.map_err(|e| HoldError::database("finishing the hold", e))?;
+    tracing::debug!(collection = coll, txn = %holder, "finished a committed hold");
+    Ok(())
+}

@@ -1,0 +1,621 @@
+//! The entry point: a database handle plus the settings every repository shares, and the services
+//! the layers above need from one place: the server's time, the durability of protocol writes,
+//! version floors and tombstone shapes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::options::{CollectionOptions, IndexOptions, ReadConcern, WriteConcern};
+use mongodb::{Collection, Database, IndexModel};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::OnceCell;
+
+use crate::repo::changes::set_path;
+use crate::repo::collection::CollectionSpec;
+use crate::repo::error::RepoError;
+use crate::repo::fields;
+use crate::repo::hold::{HoldResolver, RecordResolver};
+use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
+use crate::repo::repository::Repository;
+use crate::server::clock::{self, ClockError, Durability, ServerClock, Topology};
+use crate::server::probe;
+
+/// Default name of the collection holding ActiveTransaction records.
+pub const TRANSACTIONS_COLLECTION: &str = "mongotx_transactions";
+
+/// Whether to install each collection's schema as a server-side `$jsonSchema` validator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ServerValidation {
+    /// Install it when the server is found to enforce validators (checked once per store).
+    #[default]
+    Auto,
+    /// Always install it (for servers known to support it).
+    Always,
+    /// Never install it; validate on the client only.
+    Never,
+}
+
+/// How writers wait for a held document, and how they back off meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockWait {
+    /// Total time to wait before failing with `Locked`.
+    pub max_wait: Duration,
+    /// First pause between attempts.
+    pub initial_backoff: Duration,
+    /// Longest pause between attempts.
+    pub max_backoff: Duration,
+}
+
+impl Default for LockWait {
+    fn default() -> LockWait {
+        LockWait {
+            max_wait: Duration::from_secs(2),
+            initial_backoff: Duration::from_millis(2),
+            max_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+impl LockWait {
+    /// The pause before attempt `attempt` (0-based): exponential, capped, jittered so that writers
+    /// queued on one document do not retry in lockstep.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        use rand::Rng;
+        let ceiling = self
+            .initial_backoff
+            .saturating_mul(1_u32 << attempt.min(16))
+            .min(self.max_backoff);
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        if nanos == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(rand::rng().random_range(nanos / 2..=nanos))
+    }
+}
+
+/// A database plus shared settings; opens typed repositories. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<StoreInner>,
+}
+
+pub(crate) struct StoreInner {
+    pub(crate) db: Database,
+    pub(crate) lock_wait: LockWait,
+    pub(crate) resolver: Arc<dyn HoldResolver>,
+    txns_collection: String,
+    validation: ServerValidation,
+    validator_support: OnceCell<bool>,
+    durability: Durability,
+    topology: OnceCell<Topology>,
+    clock: ServerClock,
+    floor_refresh: Duration,
+    floor_grace: Duration,
+    floors: Mutex<HashMap<String, CachedFloor>>,
+    markers: Mutex<HashMap<String, Arc<Vec<String>>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("database", &self.inner.db.name())
+            .field("lock_wait", &self.inner.lock_wait)
+            .field("validation", &self.inner.validation)
+            .field("durability", &self.inner.durability)
+            .finish()
+    }
+}
+
+/// Builds a [`Store`] with non-default settings.
+pub struct StoreBuilder {
+    db: Database,
+    lock_wait: LockWait,
+    resolver: Option<Arc<dyn HoldResolver>>,
+    txns_collection: String,
+    validation: ServerValidation,
+    durability: Durability,
+    clock_resample: Duration,
+    floor_grace: Duration,
+}
+
+impl StoreBuilder {
+    /// Sets how writers wait for documents held by transactions.
+    pub fn lock_wait(mut self, lock_wait: LockWait) -> StoreBuilder {
+        self.lock_wait = lock_wait;
+        self
+    }
+
+    /// Replaces the resolver that reads and decides holders' outcomes (for tests and tools).
+    pub fn hold_resolver(mut self, resolver: Arc<dyn HoldResolver>) -> StoreBuilder {
+        self.resolver = Some(resolver);
+        self
+    }
+
+    /// Sets the collection of ActiveTransaction records (default `mongotx_transactions`).
+    pub fn transactions_collection(mut self, name: impl Into<String>) -> StoreBuilder {
+        self.txns_collection = name.into();
+        self
+    }
+
+    /// Sets whether schemas are installed as server-side validators.
+    pub fn server_validation(mut self, validation: ServerValidation) -> StoreBuilder {
+        self.validation = validation;
+        self
+    }
+
+    /// Sets the write and read concerns of the transaction protocol (default: majority on
+    /// replica sets and sharded clusters).
+    pub fn durability(mut self, durability: Durability) -> StoreBuilder {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets how often the server's time is sampled again (default 30 s); between samples it is
+    /// advanced by this process's monotonic clock.
+    pub fn clock_resample(mut self, every: Duration) -> StoreBuilder {
+        self.clock_resample = every;
+        self
+    }
+
+    /// Sets how long a raised version floor must stand before tombstones under it are purged
+    /// (default 20 s); processes re-read floors four times as often.
+    pub fn version_floor_grace(mut self, grace: Duration) -> StoreBuilder {
+        self.floor_grace = grace;
+        self
+    }
+
+    /// Finishes the store.
+    pub fn build(self) -> Store {
+        Store {
+            inner: Arc::new(StoreInner {
+                db: self.db,
+                lock_wait: self.lock_wait,
+                resolver: self.resolver.unwrap_or_else(|| Arc::new(RecordResolver)),
+                txns_collection: self.txns_collection,
+                validation: self.validation,
+                validator_support: OnceCell::new(),
+                durability: self.durability,
+                topology: OnceCell::new(),
+                clock: ServerClock::new(self.clock_resample),
+                floor_refresh: self.floor_grace / 4,
+                floor_grace: self.floor_grace,
+                floors: Mutex::new(HashMap::new()),
+                markers: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+impl Store {
+    /// A store on `db` with default settings.
+    pub fn new(db: Database) -> Store {
+        Store::builder(db).build()
+    }
+
+    /// A builder for a store on `db`.
+    pub fn builder(db: Database) -> StoreBuilder {
+        StoreBuilder {
+            db,
+            lock_wait: LockWait::default(),
+            resolver: None,
+            txns_collection: TRANSACTIONS_COLLECTION.to_string(),
+            validation: ServerValidation::default(),
+            durability: Durability::default(),
+            clock_resample: Duration::from_secs(30),
+            floor_grace: Duration::from_secs(20),
+        }
+    }
+
+    /// The underlying database handle.
+    pub fn database(&self) -> &Database {
+        &self.inner.db
+    }
+
+    /// The lock-wait policy writers use.
+    pub fn lock_wait(&self) -> LockWait {
+        self.inner.lock_wait
+    }
+
+    /// The collection holding ActiveTransaction records.
+    pub fn transactions_collection(&self) -> &str {
+        &self.inner.txns_collection
+    }
+
+    /// The resolver that reads and decides holders' outcomes.
+    pub fn resolver(&self) -> &dyn HoldResolver {
+        self.inner.resolver.as_ref()
+    }
+
+    /// The durability setting of the transaction protocol.
+    pub fn durability(&self) -> Durability {
+        self.inner.durability
+    }
+
+    /// The server's current time, as this store estimates it (see [`ServerClock`]).
+    pub async fn server_time(&self) -> Result<DateTime, ClockError> {
+        self.now().await
+    }
+
+    /// The deployment's topology, from the server's `hello` reply (asked once per store).
+    pub async fn topology(&self) -> Result<Topology, ClockError> {
+        self.inner
+            .topology
+            .get_or_try_init(|| async {
+                clock::hello(&self.inner.db)
+                    .await
+                    .map(|h| h.topology)
+                    .map_err(|source| ClockError::Database {
+                        source: Box::new(source),
+                    })
+            })
+            .await
+            .cloned()
+    }
+
+    pub(crate) async fn now(&self) -> Result<DateTime, ClockError> {
+        self.inner.clock.now(&self.inner.db).await
+    }
+
+    /// Whether protocol writes and deciding reads use majority concerns.
+    pub(crate) async fn majority(&self) -> mongodb::error::Result<bool> {
+        match self.inner.durability {
+            Durability::Auto => match self.topology().await {
+                Ok(topology) => Ok(topology.is_replicated()),
+                Err(ClockError::Database { source }) => Err(*source),
+                Err(other) => Err(mongodb::error::Error::custom(other.to_string())),
+            },
+            other => Ok(other.majority_on(&Topology::Standalone)),
+        }
+    }
+
+    /// A handle on `name` for the transaction protocol: majority writes and reads where the
+    /// durability setting asks for them.
+    pub(crate) async fn protocol_collection(
+        &self,
+        name: &str,
+    ) -> mongodb::error::Result<Collection<Document>> {
+        if !self.majority().await? {
+            return Ok(self.inner.db.collection(name));
+        }
+        let options = CollectionOptions::builder()
+            .write_concern(WriteConcern::majority())
+            .read_concern(ReadConcern::majority())
+            .build();
+        Ok(self.inner.db.collection_with_options(name, options))
+    }
+
+    /// Opens a typed repository: checks the definition, registers the collection, creates the
+    /// system indexes and installs the server-side validator where supported. Idempotent.
+    pub async fn repository<T>(&self, spec: CollectionSpec) -> Result<Repository<T>, RepoError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        spec.check_upgrades()?;
+        let name = spec.name().to_string();
+        let db_error = |operation: &'static str| {
+            let collection = name.clone();
+            move |source| RepoError::database(&collection, "*", operation, source)
+        };
+
+        if self.installs_validator().await {
+            self.install_validator(&spec)
+                .await
+                .map_err(db_error("installing the validator"))?;
+        } else {
+            tracing::info!(
+                collection = %name,
+                "server does not enforce $jsonSchema validators; documents are validated on the client only"
+            );
+        }
+
+        let coll = self.inner.db.collection::<Document>(&name);
+        // Sparse indexes: only tombstones and held documents carry these fields; purge, the GC's
+        // sweep and queries on committed values look documents up by them.
+        let sparse = |field: &str| {
+            IndexModel::builder()
+                .keys(doc! { field: 1 })
+                .options(IndexOptions::builder().sparse(true).build())
+                .build()
+        };
+        coll.create_indexes([sparse(fields::DELETED), sparse(fields::ACTIVE_TXN)])
+            .await
+            .map_err(db_error("creating indexes"))?;
+        meta::register(&self.meta(), &name)
+            .await
+            .map_err(db_error("registering the collection"))?;
+        self.refresh_markers(&name)
+            .await
+            .map_err(db_error("listing indexes"))?;
+
+        Ok(Repository::new(self.clone(), Arc::new(spec), coll))
+    }
+
+    fn meta(&self) -> Collection<Document> {
+        self.inner.db.collection(META_COLLECTION)
+    }
+
+    /// The version a new document of `collection` gets: one above its version floor.
+    pub(crate) async fn first_version(&self, collection: &str) -> mongodb::error::Result<i64> {
+        let cached = self
+            .inner
+            .floors
+            .lock()
+            .ok()
+            .and_then(|floors| floors.get(collection).copied())
+            .filter(|c| c.fresh(self.inner.floor_refresh));
+        let floor = match cached {
+            Some(c) => c.floor,
+            None => {
+                let floor = meta::read_floor(&self.meta(), collection).await?;
+                self.remember_floor(collection, floor);
+                floor
+            }
+        };
+        Ok(floor.saturating_add(1))
+    }
+
+    fn remember_floor(&self, collection: &str, floor: i64) {
+        if let Ok(mut floors) = self.inner.floors.lock() {
+            let entry = floors.entry(collection.to_string()).or_insert(CachedFloor {
+                floor,
+                read_at: Instant::now(),
+            });
+            entry.floor = entry.floor.max(floor);
+            entry.read_at = Instant::now();
+        }
+    }
+
+    /// Purges the free tombstones of `collection` deleted before `cutoff` (server time), after
+    /// raising its version floor over them and letting the raise stand for the grace period.
+    pub(crate) async fn purge_tombstones(
+        &self,
+        collection: &str,
+        cutoff: DateTime,
+    ) -> Result<u64, RepoError> {
+        let fail =
+            |operation| move |source| RepoError::database(collection, "*", operation, source);
+        let coll = self.inner.db.collection::<Document>(collection);
+        let highest = coll
+            .find_one(meta::purgeable(cutoff))
+            .sort(doc! { fields::VERSION: -1 })
+            .projection(doc! { fields::VERSION: 1 })
+            .await
+            .map_err(fail("purge tombstones"))?;
+        let Some(highest) = highest.and_then(|d| match d.get(fields::VERSION) {
+            Some(Bson::Int64(v)) => Some(*v),
+            Some(Bson::Int32(v)) => Some(i64::from(*v)),
+            _ => None,
+        }) else {
+            return Ok(0);
+        };
+        let now = self.now().await.map_err(|e| RepoError::Clock {
+            collection: collection.to_string(),
+            source: e,
+        })?;
+        let raised = meta::raise_floor(&self.meta(), collection, highest, now)
+            .await
+            .map_err(fail("raise the version floor"))?;
+        self.remember_floor(collection, highest);
+        if let Some(raised) = raised {
+            let ready = clock::plus(raised, self.inner.floor_grace);
+            let wait = ready.timestamp_millis() - now.timestamp_millis();
+            if wait > 0 {
+                tracing::debug!(
+                    collection,
+                    wait_ms = wait,
+                    "letting the raised version floor stand before purging"
+                );
+                tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+            }
+        }
+        let mut filter = meta::purgeable(cutoff);
+        filter.insert(fields::VERSION, doc! { "$lte": highest });
+        let purged = coll
+            .delete_many(filter)
+            .await
+            .map_err(fail("purge tombstones"))?
+            .deleted_count;
+        tracing::info!(collection, purged, floor = highest, "purged tombstones");
+        Ok(purged)
+    }
+
+    /// The paths tombstones of `collection` fill with a per-document marker: the first key of every
+    /// unique index that would otherwise index all tombstones under one missing (null) key.
+    async fn refresh_markers(&self, collection: &str) -> mongodb::error::Result<Arc<Vec<String>>> {
+        let indexes: Vec<IndexModel> = self
+            .inner
+            .db
+            .collection::<Document>(collection)
+            .list_indexes()
+            .await?
+            .try_collect()
+            .await?;
+        let paths: Vec<String> = indexes
+            .iter()
+            .filter(|index| {
+                let options = index.options.as_ref();
+                options.and_then(|o| o.unique) == Some(true)
+                    && options.and_then(|o| o.sparse) != Some(true)
+                    && options
+                        .and_then(|o| o.partial_filter_expression.as_ref())
+                        .is_none()
+            })
+            .filter_map(|index| index.keys.keys().next().cloned())
+            .filter(|path| path != "_id")
+            .collect();
+        let paths = Arc::new(paths);
+        if let Ok(mut markers) = self.inner.markers.lock() {
+            markers.insert(collection.to_string(), Arc::clone(&paths));
+        }
+        Ok(paths)
+    }
+
+    fn markers(&self, collection: &str) -> Arc<Vec<String>> {
+        self.inner
+            .markers
+            .lock()
+            .ok()
+            .and_then(|markers| markers.get(collection).cloned())
+            .unwrap_or_default()
+    }
+
+    /// Replaces what `filter` matches in `coll` by the tombstone of `id` at `version`; refreshes
+    /// the tombstone's unique-index markers and tries again if a unique index refuses it.
+    pub(crate) async fn write_tombstone(
+        &self,
+        coll: &Collection<Document>,
+        filter: Document,
+        id: &Bson,
+        schema_version: i64,
+        version: i64,
+    ) -> mongodb::error::Result<u64> {
+        let name = coll.name().to_string();
+        let deleted_at = match self.now().await {
+            Ok(now) => now,
+            Err(e) => return Err(mongodb::error::Error::custom(e.to_string())),
+        };
+        let mut paths = self.markers(&name);
+        for attempt in 0..2 {
+            let tombstone = tombstone(id, schema_version, version, deleted_at, &paths);
+            match coll.replace_one(filter.clone(), tombstone).await {
+                Ok(result) => return Ok(result.matched_count),
+                Err(e) if attempt == 0 && probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
+                    paths = self.refresh_markers(&name).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(mongodb::error::Error::custom(
+            "a unique index refused the tombstone twice",
+        ))
+    }
+
+    async fn installs_validator(&self) -> bool {
+        match self.inner.validation {
+            ServerValidation::Always => true,
+            ServerValidation::Never => false,
+            ServerValidation::Auto => {
+                *self
+                    .inner
+                    .validator_support
+                    .get_or_init(|| probe::validator_support(&self.inner.db))
+                    .await
+            }
+        }
+    }
+
+    async fn install_validator(&self, spec: &CollectionSpec) -> Result<(), mongodb::error::Error> {
+        let mut schema = spec.schema().to_document();
+        // Holds are written by the protocol, not by callers: declare them whatever the schema says.
+        if let Ok(properties) = schema.get_document_mut("properties") {
+            if !properties.contains_key(fields::HOLD) {
+                properties.insert(fields::HOLD, doc! { "bsonType": "object" });
+            }
+        }
+        // Tombstones have their user fields cleared, so the schema applies to live documents only.
+        let validator = doc! {
+            "$or": [
+                { fields::DELETED: { "$exists": true } },
+                { "$jsonSchema": schema },
+            ]
+        };
+        let created = self
+            .inner
+            .db
+            .run_command(doc! { "create": spec.name(), "validator": validator.clone() })
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(e) if probe::error_code(&e) == Some(NAMESPACE_EXISTS) => self
+                .inner
+                .db
+                .run_command(doc! { "collMod": spec.name(), "validator": validator })
+                .await
+                .map(|_| ()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+const NAMESPACE_EXISTS: i32 = 48;
+
+/// Marks a tombstone's unique-index fields with a value no other document can have.
+const TOMBSTONE_MARKER: &str = "_mongotx_tombstone";
+
+/// The tombstone of `id`: system fields only, plus a per-id marker at each of `paths` so that
+/// tombstones never collide in a user's unique index.
+pub(crate) fn tombstone(
+    id: &Bson,
+    schema_version: i64,
+    version: i64,
+    deleted_at: DateTime,
+    paths: &[String],
+) -> Document {
+    let mut doc = doc! {
+        "_id": id.clone(),
+        fields::SCHEMA_VERSION: schema_version,
+        fields::VERSION: version,
+        fields::DELETED: deleted_at,
+    };
+    for path in paths {
+        // A path under another marked path lands inside that marker document; still unique per id.
+        let _ = set_path(
+            &mut doc,
+            path,
+            Bson::Document(doc! { TOMBSTONE_MARKER: id.clone() }),
+        );
+    }
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tombstones_mark_unique_fields_per_id() {
+        let at = DateTime::from_millis(1);
+        let plain = tombstone(&Bson::from("a"), 1, 3, at, &[]);
+        assert_eq!(
+            plain,
+            doc! { "_id": "a", "_schema": 1_i64, "_version": 3_i64, "_deleted": at }
+        );
+        let marked = tombstone(
+            &Bson::from("a"),
+            1,
+            3,
+            at,
+            &["email".to_string(), "login.name".to_string()],
+        );
+        assert_eq!(
+            marked.get_document("email").expect("email marker"),
+            &doc! { TOMBSTONE_MARKER: "a" }
+        );
+        assert_eq!(
+            marked
+                .get_document("login")
+                .and_then(|l| l.get_document("name"))
+                .expect("nested marker"),
+            &doc! { TOMBSTONE_MARKER: "a" }
+        );
+    }
+
+    #[test]
+    fn backoff_is_capped_and_jittered() {
+        let wait = LockWait {
+            max_wait: Duration::from_secs(1),
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(40),
+        };
+        for attempt in 0..20 {
+            let pause = wait.backoff(attempt);
+            assert!(pause <= Duration::from_millis(40), "{pause:?}");
+        }
+        assert!(wait.backoff(0) >= Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,254 @@
+//! The server's view of the world that every mongotx process must share: what the deployment is
+//! (standalone, replica set, sharded) and what time it is.
+//!
+//! Expiry decisions compare a deadline written by one process with "now" as seen by another. If
+//! each used its own wall clock, a host whose clock runs 30 s ahead would see every live
+//! transaction as expired. So every deadline and every "now" in mongotx is in the *server's* time:
+//! a process asks the server for its `localTime` (the `hello` reply carries it), and between two
+//! samples it advances that reading by the elapsed time of its own monotonic clock, which no wall
+//! clock adjustment can move. The error is bounded by half a round trip plus the drift of the
+//! monotonic clock over the resample interval.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, DateTime, Document};
+use mongodb::Database;
+use tokio::sync::Mutex;
+
+/// What kind of deployment a server belongs to, as its `hello` reply tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// A single `mongod` (or a wire-compatible server) without replication.
+    Standalone,
+    /// A member of the named replica set.
+    ReplicaSet {
+        /// The replica set name.
+        name: String,
+    },
+    /// A `mongos` router of a sharded cluster.
+    Sharded,
+}
+
+impl Topology {
+    /// Whether writes can be acknowledged by one node and then lost in a failover.
+    pub fn is_replicated(&self) -> bool {
+        !matches!(self, Topology::Standalone)
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Topology::Standalone => f.write_str("standalone"),
+            Topology::ReplicaSet { name } => write!(f, "replica set {name:?}"),
+            Topology::Sharded => f.write_str("sharded cluster (mongos)"),
+        }
+    }
+}
+
+/// How durably the protocol's writes are acknowledged and how its deciding reads are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Majority on replica sets and sharded clusters, the server default on a standalone server.
+    #[default]
+    Auto,
+    /// Always `w: "majority"` writes and `readConcern: "majority"` reads for the protocol.
+    Majority,
+    /// The client's defaults. On a replica set a failover may then lose an acknowledged commit
+    /// point; only for deployments where that is acceptable.
+    ClientDefault,
+}
+
+impl Durability {
+    /// Whether protocol writes and deciding reads use majority, on `topology`.
+    pub fn majority_on(self, topology: &Topology) -> bool {
+        match self {
+            Durability::Auto => topology.is_replicated(),
+            Durability::Majority => true,
+            Durability::ClientDefault => false,
+        }
+    }
+}
+
+/// The parts of a `hello` reply mongotx uses.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Hello {
+    pub(crate) topology: Topology,
+    pub(crate) local_time: Option<DateTime>,
+}
+
+impl Hello {
+    /// Reads a `hello` (or legacy `isMaster`) reply.
+    pub(crate) fn parse(reply: &Document) -> Hello {
+        let topology = if reply.get_str("msg").ok() == Some("isdbgrid") {
+            Topology::Sharded
+        } else if let Ok(name) = reply.get_str("setName") {
+            Topology::ReplicaSet {
+                name: name.to_string(),
+            }
+        } else {
+            Topology::Standalone
+        };
+        Hello {
+            topology,
+            local_time: reply.get_datetime("localTime").ok().copied(),
+        }
+    }
+}
+
+/// Sends `hello`, or `isMaster` to servers that do not know `hello` yet.
+pub(crate) async fn hello(db: &Database) -> mongodb::error::Result<Hello> {
+    match db.run_command(doc! { "hello": 1 }).await {
+        Ok(reply) => Ok(Hello::parse(&reply)),
+        Err(e) if crate::server::probe::error_code(&e).is_some() => db
+            .run_command(doc! { "isMaster": 1 })
+            .await
+            .map(|reply| Hello::parse(&reply)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Why the server's time could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClockError {
+    /// The server could not be asked.
+    #[error(
+        "reading the server's time failed: {}",
+        crate::server::summarize(source)
+    )]
+    Database {
+        /// The driver error.
+        #[source]
+        source: Box<mongodb::error::Error>,
+    },
+    /// The server's `hello` reply carries no `localTime`.
+    #[error("the server does not report its time (no localTime in its hello reply); mongotx decides expiry by the server's clock")]
+    NoLocalTime,
+}
+
+impl ClockError {
+    /// Whether asking again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ClockError::Database { source } if crate::server::is_transient(source))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// Server time, in milliseconds, at the instant `taken`.
+    server_ms: i64,
+    taken: Instant,
+}
+
+/// The server's time as seen from this process (cheap to clone; clones share samples).
+#[derive(Debug, Clone)]
+pub struct ServerClock {
+    sample: Arc<Mutex<Option<Sample>>>,
+    resample: Duration,
+}
+
+impl Default for ServerClock {
+    fn default() -> ServerClock {
+        ServerClock::new(Duration::from_secs(30))
+    }
+}
+
+impl ServerClock {
+    /// A clock that asks the server again once its last sample is older than `resample`.
+    pub fn new(resample: Duration) -> ServerClock {
+        ServerClock {
+            sample: Arc::new(Mutex::new(None)),
+            resample,
+        }
+    }
+
+    /// The server's current time, estimated from the last sample (one `hello` when it is stale).
+    pub async fn now(&self, db: &Database) -> Result<DateTime, ClockError> {
+        let mut sample = self.sample.lock().await;
+        let fresh = match *sample {
+            Some(s) if s.taken.elapsed() < self.resample => s,
+            _ => {
+                let s = Self::take(db).await?;
+                *sample = Some(s);
+                s
+            }
+        };
+        Ok(advance(fresh))
+    }
+
+    async fn take(db: &Database) -> Result<Sample, ClockError> {
+        let sent = Instant::now();
+        let hello = hello(db).await.map_err(|source| ClockError::Database {
+            source: Box::new(source),
+        })?;
+        let taken = Instant::now();
+        let local = hello.local_time.ok_or(ClockError::NoLocalTime)?;
+        // The server read its clock somewhere within the round trip: assume the middle.
+        let half_trip = i64::try_from(taken.duration_since(sent).as_millis() / 2).unwrap_or(0);
+        Ok(Sample {
+            server_ms: local.timestamp_millis().saturating_add(half_trip),
+            taken,
+        })
+    }
+}
+
+fn advance(sample: Sample) -> DateTime {
+    let elapsed = i64::try_from(sample.taken.elapsed().as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(sample.server_ms.saturating_add(elapsed))
+}
+
+/// `at` plus `by`, saturating.
+pub(crate) fn plus(at: DateTime, by: Duration) -> DateTime {
+    let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(at.timestamp_millis().saturating_add(ms))
+}
+
+/// `at` minus `by`, saturating.
+pub(crate) fn minus(at: DateTime, by: Duration) -> DateTime {
+    let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+    DateTime::from_millis(at.timestamp_millis().saturating_sub(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_replies_name_the_topology() {
+        let standalone =
+            Hello::parse(&doc! { "ismaster": true, "localTime": DateTime::from_millis(5) });
+        assert_eq!(standalone.topology, Topology::Standalone);
+        assert_eq!(standalone.local_time, Some(DateTime::from_millis(5)));
+        let member = Hello::parse(&doc! { "isWritablePrimary": true, "setName": "rs0" });
+        assert_eq!(member.topology, Topology::ReplicaSet { name: "rs0".into() });
+        assert_eq!(member.local_time, None);
+        assert_eq!(
+            Hello::parse(&doc! { "msg": "isdbgrid" }).topology,
+            Topology::Sharded
+        );
+    }
+
+    #[test]
+    fn majority_follows_the_topology_unless_told() {
+        let rs = Topology::ReplicaSet { name: "rs".into() };
+        assert!(Durability::Auto.majority_on(&rs));
+        assert!(Durability::Auto.majority_on(&Topology::Sharded));
+        assert!(!Durability::Auto.majority_on(&Topology::Standalone));
+        assert!(Durability::Majority.majority_on(&Topology::Standalone));
+        assert!(!Durability::ClientDefault.majority_on(&rs));
+    }
+
+    #[test]
+    fn estimates_advance_with_the_monotonic_clock() {
+        let past = Sample {
+            server_ms: 1_000,
+            taken: Instant::now() - Duration::from_millis(250),
+        };
+        let now = advance(past).timestamp_millis();
+        assert!((1_250..1_400).contains(&now), "{now}");
+    }
+}

@@ -1,0 +1,177 @@
+//! The error type of transactions: staging, commit, rollback and GC.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+use thiserror::Error;
+
+use crate::repo::error::RepoError;
+use crate::server::clock::ClockError;
+use crate::server::summarize;
+
+/// Everything a transaction (staging, commit, GC) can fail with; messages name the transaction.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum TxnError {
+    /// A staged document could not be changed: the repository error says which and why.
+    #[error("transaction {}: {source}", show_txn(txn))]
+    Document {
+        /// The transaction, once it has a record.
+        txn: Option<ObjectId>,
+        /// What happened to the document (boxed: it is large).
+        #[source]
+        source: Box<RepoError>,
+    },
+    /// The same document was staged twice (ids the server treats as one, such as Int32 7 and
+    /// Double 7.0, count as the same document).
+    #[error("{collection}/{id} is staged twice in one transaction; combine the changes")]
+    DuplicateEntry {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+    },
+    /// A repository of another database was staged; a transaction's record and all its documents
+    /// live in one database.
+    #[error("{collection} belongs to database {database}, but this transaction runs in database {expected}")]
+    ForeignRepository {
+        /// Collection name.
+        collection: String,
+        /// The repository's database.
+        database: String,
+        /// The transaction's database.
+        expected: String,
+    },
+    /// The deadline passed and the transaction was aborted by someone else before its commit
+    /// point; it was rolled back. Retrying is safe.
+    #[error(
+        "transaction {txn}: its deadline passed and it was rolled back before the commit point"
+    )]
+    Expired {
+        /// The transaction.
+        txn: ObjectId,
+    },
+    /// The commit point could not be written, so the coordinator aborted its own transaction
+    /// and rolled it back. Retrying is safe.
+    #[error("transaction {txn}: aborted and rolled back because the commit point could not be written ({cause})")]
+    Aborted {
+        /// The transaction.
+        txn: ObjectId,
+        /// The last failure seen while writing the commit point.
+        cause: String,
+    },
+    /// The commit point may or may not have been written and the coordinator could not find out.
+    /// Not retryable: rerunning the body could apply the changes twice. The record (or, once it is
+    /// gone, the documents) tells; after the deadline anyone settles the transaction either way.
+    #[error("transaction {txn}: outcome unknown, the commit point may or may not have been written ({cause}); check the documents before retrying")]
+    CommitUnknown {
+        /// The transaction.
+        txn: ObjectId,
+        /// What prevented finding out.
+        cause: String,
+    },
+    /// A fault injector stopped the coordinator or GC here, as a crash would.
+    #[error("transaction {}: injected crash at {at}", show_txn(txn))]
+    Crashed {
+        /// The transaction, if it had an id yet.
+        txn: Option<ObjectId>,
+        /// The failpoint.
+        at: crate::txn::failpoint::Failpoint,
+    },
+    /// A stored record cannot be read.
+    #[error("transaction {txn}: its record is malformed: {reason}")]
+    Malformed {
+        /// The transaction.
+        txn: ObjectId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The caller's transaction body decided not to commit.
+    #[error("transaction rejected: {reason}")]
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+    /// `run` ran out of time retrying.
+    #[error("gave up after {attempts} attempts in {elapsed:?}; last error: {last}")]
+    GaveUp {
+        /// Attempts made.
+        attempts: u32,
+        /// Time spent.
+        elapsed: Duration,
+        /// The last retryable error.
+        last: Box<TxnError>,
+    },
+    /// The server's time, by which deadlines are set, could not be read.
+    #[error("transaction {}: {source}", show_txn(txn))]
+    Clock {
+        /// The transaction, if it had an id yet.
+        txn: Option<ObjectId>,
+        /// What went wrong.
+        #[source]
+        source: ClockError,
+    },
+    /// The server or the connection failed during a protocol step.
+    #[error("transaction {}: {step} failed: {}", show_txn(txn), summarize(source))]
+    Database {
+        /// The transaction, if it had an id yet.
+        txn: Option<ObjectId>,
+        /// The protocol step.
+        step: &'static str,
+        /// The driver error.
+        #[source]
+        source: Box<mongodb::error::Error>,
+    },
+}
+
+impl TxnError {
+    /// Whether running the transaction again (after re-reading) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            TxnError::Document { source, .. } => source.is_retryable(),
+            TxnError::Expired { .. } | TxnError::Aborted { .. } => true,
+            TxnError::Database { source, .. } => crate::server::is_transient(source),
+            TxnError::Clock { source, .. } => source.is_retryable(),
+            _ => false,
+        }
+    }
+
+    /// The document-level error inside, if this is one.
+    pub fn repo_error(&self) -> Option<&RepoError> {
+        match self {
+            TxnError::Document { source, .. } => Some(source),
+            TxnError::GaveUp { last, .. } => last.repo_error(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn document(txn: Option<ObjectId>, source: RepoError) -> TxnError {
+        TxnError::Document {
+            txn,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn database(
+        txn: Option<ObjectId>,
+        step: &'static str,
+        source: mongodb::error::Error,
+    ) -> TxnError {
+        TxnError::Database {
+            txn,
+            step,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl From<RepoError> for TxnError {
+    fn from(source: RepoError) -> TxnError {
+        TxnError::document(None, source)
+    }
+}
+
+fn show_txn(txn: &Option<ObjectId>) -> String {
+    txn.map(|t| t.to_hex())
+        .unwrap_or_else(|| "(not begun)".to_string())
+}

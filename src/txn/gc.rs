@@ -1,0 +1,382 @@
+//! The transaction GC: finishes or rolls back transactions whose deadline has passed, resolves
+//! holds whose transaction has ended (an orphaned hold never outlives one round), and purges old
+//! tombstones.
+//!
+//! Safe to run from several processes at once and next to live coordinators: aborting a pending
+//! transaction and writing its commit point are both conditional on it still being pending, and
+//! every finish or undo is conditional on the document still being held by it. Deadlines are
+//! compared with the server's time, never this host's clock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use futures::TryStreamExt;
+use mongodb::Database;
+
+use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields;
+use crate::repo::hold::TxnStatus;
+use crate::repo::meta;
+use crate::repo::resolve;
+use crate::repo::store::{Store, TRANSACTIONS_COLLECTION};
+use crate::server::clock::{self, Durability};
+use crate::txn::error::TxnError;
+use crate::txn::failpoint::{self, FaultInjector, Faults};
+use crate::txn::recovery::{self, Env, Resolution};
+
+/// Settings of a GC.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct GcOptions {
+    /// The collection of ActiveTransaction records.
+    pub transactions_collection: String,
+    /// How many expired transactions (and held documents per collection) one round handles at most.
+    pub batch_size: usize,
+    /// Purge tombstones deleted longer ago than this (`None`: keep them).
+    pub tombstone_retention: Option<Duration>,
+    /// Write and read concerns of the protocol (default: majority on replica sets).
+    pub durability: Durability,
+    faults: Option<Arc<dyn FaultInjector>>,
+}
+
+impl Default for GcOptions {
+    fn default() -> GcOptions {
+        GcOptions {
+            transactions_collection: TRANSACTIONS_COLLECTION.to_string(),
+            batch_size: 100,
+            tombstone_retention: None,
+            durability: Durability::default(),
+            faults: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for GcOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcOptions")
+            .field("transactions_collection", &self.transactions_collection)
+            .field("batch_size", &self.batch_size)
+            .field("tombstone_retention", &self.tombstone_retention)
+            .field("durability", &self.durability)
+            .finish()
+    }
+}
+
+impl GcOptions {
+    /// Sets the collection of ActiveTransaction records.
+    pub fn transactions_collection(mut self, name: impl Into<String>) -> GcOptions {
+        self.transactions_collection = name.into();
+        self
+    }
+
+    /// Sets how many expired transactions one round handles at most.
+    pub fn batch_size(mut self, batch_size: usize) -> GcOptions {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Sets (or clears) the tombstone retention.
+    pub fn tombstone_retention(mut self, retention: Option<Duration>) -> GcOptions {
+        self.tombstone_retention = retention;
+        self
+    }
+
+    /// Sets the write and read concerns of the protocol.
+    pub fn durability(mut self, durability: Durability) -> GcOptions {
+        self.durability = durability;
+        self
+    }
+
+    /// Installs a fault injector (tests): the GC stops at the points it chooses.
+    pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> GcOptions {
+        self.faults = Some(injector);
+        self
+    }
+}
+
+/// What one GC round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RoundSummary {
+    /// Committed transactions whose documents were freed.
+    pub finished: usize,
+    /// Transactions rolled back.
+    pub rolled_back: usize,
+    /// Held documents whose transaction had ended (no record), undone one by one.
+    pub swept: usize,
+    /// Items that failed and are left for the next round.
+    pub skipped: usize,
+    /// Tombstones purged.
+    pub purged: u64,
+}
+
+/// A GC over one database.
+#[derive(Debug, Clone)]
+pub struct Gc {
+    env: Env,
+    options: GcOptions,
+}
+
+impl Gc {
+    /// A GC over `db`.
+    pub fn new(db: Database, options: GcOptions) -> Gc {
+        let store = Store::builder(db)
+            .transactions_collection(options.transactions_collection.clone())
+            .durability(options.durability)
+            .build();
+        Gc::with_store(&store, options)
+    }
+
+    /// A GC sharing `store`'s settings (clock, durability, version-floor grace); the store's
+    /// transactions collection takes precedence over the options'.
+    pub fn with_store(store: &Store, options: GcOptions) -> Gc {
+        let options = GcOptions {
+            transactions_collection: store.transactions_collection().to_string(),
+            ..options
+        };
+        Gc {
+            env: Env {
+                store: store.clone(),
+                faults: Faults::new(options.faults.clone()),
+            },
+            options,
+        }
+    }
+
+    /// Runs one round now (server time).
+    pub async fn run_round(&self) -> Result<RoundSummary, TxnError> {
+        let now = self.env.now(None).await?;
+        self.run_round_at(now, &AtomicBool::new(false)).await
+    }
+
+    /// Runs one round as if the server's time were `now`; stops between items once `stop` is set.
+    ///
+    /// An item that fails is logged and skipped (the next round retries it); an injected crash
+    /// ends the round with `Err`, as the death of the process would.
+    pub async fn run_round_at(
+        &self,
+        now: DateTime,
+        stop: &AtomicBool,
+    ) -> Result<RoundSummary, TxnError> {
+        let mut summary = RoundSummary::default();
+        self.resolve_expired(now, stop, &mut summary).await?;
+        let collections = meta::managed(self.env.store.database())
+            .await
+            .map_err(|e| TxnError::database(None, "list managed collections", e))?;
+        for collection in &collections {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            self.sweep(collection, stop, &mut summary).await?;
+        }
+        if let Some(retention) = self.options.tombstone_retention {
+            for collection in &collections {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                match self
+                    .env
+                    .store
+                    .purge_tombstones(collection, clock::minus(now, retention))
+                    .await
+                {
+                    Ok(purged) => summary.purged += purged,
+                    Err(e) => {
+                        tracing::warn!(collection, error = %e, "purging tombstones failed; retrying next round");
+                        summary.skipped += 1;
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            finished = summary.finished,
+            rolled_back = summary.rolled_back,
+            swept = summary.swept,
+            skipped = summary.skipped,
+            purged = summary.purged,
+            "GC round"
+        );
+        Ok(summary)
+    }
+
+    /// Finishes or rolls back every transaction whose deadline is at or before `now`.
+    async fn resolve_expired(
+        &self,
+        now: DateTime,
+        stop: &AtomicBool,
+        summary: &mut RoundSummary,
+    ) -> Result<(), TxnError> {
+        let limit = i64::try_from(self.options.batch_size.max(1)).unwrap_or(i64::MAX);
+        let expired: Vec<Document> = self
+            .env
+            .records(None)
+            .await?
+            .find(doc! { "deadline": { "$lte": now } })
+            .projection(doc! { "_id": 1 })
+            .sort(doc! { "deadline": 1 })
+            .limit(limit)
+            .await
+            .map_err(|e| TxnError::database(None, "find expired transactions", e))?
+            .try_collect()
+            .await
+            .map_err(|e| TxnError::database(None, "find expired transactions", e))?;
+
+        for item in expired {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(t) = item.get_object_id("_id") else {
+                tracing::warn!(item = %item, "skipping a record without an ObjectId");
+                summary.skipped += 1;
+                continue;
+            };
+            match recovery::resolve_expired(&self.env, t, now).await {
+                Ok(Resolution::Finished) => summary.finished += 1,
+                Ok(Resolution::RolledBack) => summary.rolled_back += 1,
+                Ok(Resolution::Gone | Resolution::NotExpired) => {}
+                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+                Err(e) => {
+                    tracing::warn!(txn = %t, error = %e, "GC could not resolve transaction; retrying next round");
+                    summary.skipped += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes the held documents of `collection` whose transaction has no record: holds left by
+    /// applies the server ran after their transaction had ended (see `repo::hold`). Holds of
+    /// transactions that still have a record are the expired-record pass's business.
+    async fn sweep(
+        &self,
+        collection: &str,
+        stop: &AtomicBool,
+        summary: &mut RoundSummary,
+    ) -> Result<(), TxnError> {
+        let limit = i64::try_from(self.options.batch_size.max(1)).unwrap_or(i64::MAX);
+        let held: Vec<Document> = self
+            .env
+            .collection(None, collection)
+            .await?
+            .find(doc! { fields::ACTIVE_TXN: { "$exists": true } })
+            .projection(doc! { "_id": 1, fields::ACTIVE_TXN: 1 })
+            .limit(limit)
+            .await
+            .map_err(|e| TxnError::database(None, "find held documents", e))?
+            .try_collect()
+            .await
+            .map_err(|e| TxnError::database(None, "find held documents", e))?;
+        for doc in held {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let (Some(id), Ok(holder)) = (doc.get("_id"), doc.get_object_id(fields::ACTIVE_TXN))
+            else {
+                continue;
+            };
+            match self.undo_orphan(collection, id, holder).await {
+                Ok(true) => {
+                    summary.swept += 1;
+                    tracing::info!(collection, txn = %holder, "undid a hold whose transaction had ended");
+                }
+                Ok(false) => {}
+                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+                Err(e) => {
+                    tracing::warn!(collection, txn = %holder, error = %e, "GC could not resolve a hold; retrying next round");
+                    summary.skipped += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes the hold of `holder` on `id` if `holder` has no record; says whether it did.
+    async fn undo_orphan(
+        &self,
+        collection: &str,
+        id: &Bson,
+        holder: ObjectId,
+    ) -> Result<bool, TxnError> {
+        let store = &self.env.store;
+        let hold_error = |source| {
+            TxnError::document(
+                Some(holder),
+                RepoError::Hold {
+                    collection: collection.to_string(),
+                    id: show_id(id),
+                    holder,
+                    source,
+                },
+            )
+        };
+        let status = store
+            .resolver()
+            .status(store, holder)
+            .await
+            .map_err(hold_error)?;
+        if status != TxnStatus::Absent {
+            return Ok(false);
+        }
+        self.env
+            .point(Some(holder), failpoint::GC_SWEEP_BEFORE, 0)?;
+        resolve::roll_back(store, collection, id, holder)
+            .await
+            .map_err(hold_error)?;
+        self.env.point(Some(holder), failpoint::GC_SWEEP_AFTER, 0)?;
+        Ok(true)
+    }
+
+    /// Resolves one transaction now if it has expired (used by tools and tests).
+    pub async fn resolve(&self, txn: ObjectId) -> Result<bool, TxnError> {
+        let now = self.env.now(Some(txn)).await?;
+        let resolution = recovery::resolve_expired(&self.env, txn, now).await?;
+        Ok(matches!(
+            resolution,
+            Resolution::Finished | Resolution::RolledBack
+        ))
+    }
+}
+
+/// Parses a duration such as `500ms`, `30s`, `5m`, `2h`, `7d` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 30s, 5m, 2h, 7d)"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        "d" => value * 86_400.0,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use ms, s, m, h or d)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,18 @@
+//! The transaction layer: multi-document all-or-nothing changes on single-document writes.
+//!
+//! [`Transactions`] is the handle a user starts from; a [`Transaction`] stages actions (insert,
+//! update, adjust, delete, check) and commits them. Inside, one idea per module: `worklist` turns
+//! each entry into its writes without I/O; `committer` runs the commit protocol (its module doc
+//! gives the steps and why each is safe when repeated, late or interrupted); `recovery` finishes or
+//! rolls back whole transactions from their records; [`Gc`] does that for expired ones, sweeps
+//! holds whose transaction ended, and purges tombstones; `failpoint` lets tests stop any party at
+//! any write. The layer stands on the repository layer (holds are defined there) and never the
+//! other way round.
+
+pub(crate) mod committer;
+pub(crate) mod error;
+pub mod failpoint;
+pub(crate) mod gc;
+pub(crate) mod recovery;
+pub(crate) mod transaction;
+pub(crate) mod worklist;

@@ -1,0 +1,525 @@
+//! The user's handle on transactions: [`Transactions`] begins them and reruns bodies on retryable
+//! errors; a [`Transaction`] stages actions and commits them (the protocol itself is in
+//! `committer`).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{oid::ObjectId, Bson, Document};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::repo::changes::{Adjust, Update};
+use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields::SystemFields;
+use crate::repo::ids;
+use crate::repo::repository::Repository;
+use crate::repo::resolve::Committed;
+use crate::repo::store::{LockWait, Store};
+use crate::txn::error::TxnError;
+use crate::txn::failpoint::{FaultInjector, Faults};
+use crate::txn::recovery::Env;
+use crate::txn::worklist::{undo_for, Entry, Op, PathValue};
+
+/// When the coordinator frees the documents of a committed transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Finish {
+    /// Free every document before `commit` returns.
+    #[default]
+    BeforeReturning,
+    /// Return once the commit point is written and free the documents in a background task
+    /// (readers already see the committed values; a GC finishes the job if the process dies).
+    InBackground,
+}
+
+/// Settings of a [`Transactions`] handle.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct TxnOptions {
+    /// How long a transaction may take (from its record being written, in server time) before
+    /// anyone may abort it, or finish it if it committed.
+    pub timeout: Duration,
+    /// When documents are freed after the commit point.
+    pub finish: Finish,
+    /// How [`Transactions::run`] retries: `max_wait` is the overall deadline.
+    pub retry: LockWait,
+    pub(crate) faults: Option<Arc<dyn FaultInjector>>,
+}
+
+impl Default for TxnOptions {
+    fn default() -> TxnOptions {
+        TxnOptions {
+            timeout: Duration::from_secs(30),
+            finish: Finish::default(),
+            retry: LockWait {
+                max_wait: Duration::from_secs(10),
+                initial_backoff: Duration::from_millis(2),
+                max_backoff: Duration::from_millis(100),
+            },
+            faults: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for TxnOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnOptions")
+            .field("timeout", &self.timeout)
+            .field("finish", &self.finish)
+            .field("retry", &self.retry)
+            .field("faults", &self.faults.is_some())
+            .finish()
+    }
+}
+
+impl TxnOptions {
+    /// Sets how long a transaction may take before anyone may resolve it.
+    pub fn timeout(mut self, timeout: Duration) -> TxnOptions {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets when documents are freed after the commit point.
+    pub fn finish(mut self, finish: Finish) -> TxnOptions {
+        self.finish = finish;
+        self
+    }
+
+    /// Sets how [`Transactions::run`] retries.
+    pub fn retry(mut self, retry: LockWait) -> TxnOptions {
+        self.retry = retry;
+        self
+    }
+
+    /// Installs a fault injector (tests): the coordinator stops at the points it chooses.
+    pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> TxnOptions {
+        self.faults = Some(injector);
+        self
+    }
+}
+
+/// What a document looks like after a committed transaction.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Written {
+    /// Collection name.
+    pub collection: String,
+    /// Document id.
+    pub id: Bson,
+    /// Its version now (unchanged for a check; the tombstone's for a delete).
+    pub version: i64,
+}
+
+/// The result of a committed transaction.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Outcome {
+    /// The transaction id (`None` when nothing was staged and nothing written).
+    pub txn: Option<ObjectId>,
+    /// Each staged document, in lock order.
+    pub written: Vec<Written>,
+    /// Whether every document was freed before returning.
+    pub finished: bool,
+}
+
+impl Outcome {
+    /// The new version of document `id` in `collection`, if the transaction staged it.
+    pub fn version_of(&self, collection: &str, id: impl Into<Bson>) -> Option<i64> {
+        let id = id.into();
+        self.written
+            .iter()
+            .find(|w| w.collection == collection && ids::same(&w.id, &id))
+            .map(|w| w.version)
+    }
+}
+
+/// Begins and runs transactions on one store. Cheap to clone.
+///
+/// ```no_run
+/// # async fn demo(accounts: mongotx::Repository<serde_json::Value>, store: mongotx::Store)
+/// # -> Result<(), mongotx::TxnError> {
+/// use mongotx::{Adjust, Transactions};
+///
+/// let txns = Transactions::new(&store);
+/// txns.run(|tx| {
+///     let accounts = accounts.clone();
+///     async move {
+///         let a = accounts.get("alice").await?;
+///         let b = accounts.get("bob").await?;
+///         tx.adjust(&accounts, "alice", a.version, &Adjust::new().by("balance", -25_i64)).await?;
+///         tx.adjust(&accounts, "bob", b.version, &Adjust::new().by("balance", 25_i64)).await?;
+///         Ok(())
+///     }
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Transactions {
+    pub(crate) store: Store,
+    pub(crate) env: Env,
+    pub(crate) options: Arc<TxnOptions>,
+}
+
+impl Transactions {
+    /// Transactions on `store` with default options.
+    pub fn new(store: &Store) -> Transactions {
+        Transactions::with_options(store, TxnOptions::default())
+    }
+
+    /// Transactions on `store` with `options`.
+    pub fn with_options(store: &Store, options: TxnOptions) -> Transactions {
+        Transactions {
+            env: Env {
+                store: store.clone(),
+                faults: Faults::new(options.faults.clone()),
+            },
+            store: store.clone(),
+            options: Arc::new(options),
+        }
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &TxnOptions {
+        &self.options
+    }
+
+    /// A new, empty transaction.
+    pub fn begin(&self) -> Transaction {
+        Transaction {
+            txns: self.clone(),
+            entries: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Runs `body` on a fresh transaction and commits what it staged; reruns both on retryable
+    /// errors (conflicts, holds, expiry) with jittered backoff until `options.retry.max_wait`
+    /// has passed. The body gets a handle to stage on; it must not commit it itself.
+    pub async fn run<R, F, Fut>(&self, mut body: F) -> Result<(R, Outcome), TxnError>
+    where
+        F: FnMut(Transaction) -> Fut,
+        Fut: Future<Output = Result<R, TxnError>>,
+    {
+        let started = Instant::now();
+        let mut attempts = 0_u32;
+        loop {
+            attempts += 1;
+            let tx = self.begin();
+            let result = match body(tx.clone()).await {
+                Ok(value) => tx.commit().await.map(|outcome| (value, outcome)),
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if e.is_retryable() => {
+                    let elapsed = started.elapsed();
+                    if elapsed >= self.options.retry.max_wait {
+                        return Err(TxnError::GaveUp {
+                            attempts,
+                            elapsed,
+                            last: Box::new(e),
+                        });
+                    }
+                    tracing::debug!(attempts, error = %e, "retrying transaction");
+                    tokio::time::sleep(self.options.retry.backoff(attempts.saturating_sub(1)))
+                        .await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// A transaction being staged: add actions, then [`commit`](Transaction::commit). Clones are
+/// handles on the same transaction.
+#[derive(Debug, Clone)]
+pub struct Transaction {
+    txns: Transactions,
+    entries: Arc<Mutex<Vec<Entry>>>,
+}
+
+impl Transaction {
+    /// How many documents are staged.
+    pub fn len(&self) -> usize {
+        self.staged().len()
+    }
+
+    /// Whether nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.staged().is_empty()
+    }
+
+    fn staged(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        // Never held across an await; a panic while staging leaves a usable list.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stages the insert of a new document; returns its id (generated if the value has none).
+    pub async fn insert<T>(&self, repo: &Repository<T>, value: &T) -> Result<Bson, TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        self.same_database(repo)?;
+        let (id, doc) = repo.prepare_insert(value)?;
+        let shown = show_id(&id);
+        let version = repo.first_version(&shown).await?;
+        let mut check = doc.clone();
+        repo.stamp(&mut check, version);
+        repo.validate(&shown, &check)?;
+        self.push(Entry {
+            coll: repo.name().to_string(),
+            id: id.clone(),
+            expected: 0,
+            applied: version,
+            schema: repo.spec().schema_version(),
+            op: Op::Insert { doc },
+        })?;
+        Ok(id)
+    }
+
+    /// Stages setting and unsetting fields of the document at `expected_version`.
+    pub async fn update<T>(
+        &self,
+        repo: &Repository<T>,
+        id: impl Into<Bson>,
+        expected_version: i64,
+        update: &Update,
+    ) -> Result<(), TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        self.same_database(repo)?;
+        let id = id.into();
+        let shown = show_id(&id);
+        repo.check_write(&id, expected_version)?;
+        repo.check_update(&shown, update)?;
+        let (stored, sys) = read_for_change(repo, &id, &shown, expected_version).await?;
+        let op = if sys.schema_version < repo.spec().schema_version() {
+            let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
+            update
+                .apply_to(&mut post)
+                .map_err(|v| repo.invalid(&shown, v))?;
+            rewrite(repo, &shown, expected_version, post, stored)?
+        } else {
+            Op::Update {
+                set: pairs(update.sets()),
+                unset: update.unsets().to_vec(),
+                undo: undo_for(&stored, update.paths()),
+            }
+        };
+        self.push(Entry {
+            coll: repo.name().to_string(),
+            id,
+            expected: expected_version,
+            applied: expected_version + 1,
+            schema: repo.spec().schema_version(),
+            op,
+        })
+    }
+
+    /// Stages numeric increments of the document at `expected_version`.
+    pub async fn adjust<T>(
+        &self,
+        repo: &Repository<T>,
+        id: impl Into<Bson>,
+        expected_version: i64,
+        adjust: &Adjust,
+    ) -> Result<(), TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        self.same_database(repo)?;
+        let id = id.into();
+        let shown = show_id(&id);
+        repo.check_write(&id, expected_version)?;
+        repo.check_adjust(&shown, adjust)?;
+        let (stored, sys) = read_for_change(repo, &id, &shown, expected_version).await?;
+        let op = if sys.schema_version < repo.spec().schema_version() {
+            let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
+            adjust
+                .apply_to(&mut post)
+                .map_err(|v| repo.invalid(&shown, v))?;
+            rewrite(repo, &shown, expected_version, post, stored)?
+        } else {
+            Op::Adjust {
+                inc: pairs(adjust.increments()),
+                undo: undo_for(&stored, adjust.increments().iter().map(|(p, _)| p.as_str())),
+            }
+        };
+        self.push(Entry {
+            coll: repo.name().to_string(),
+            id,
+            expected: expected_version,
+            applied: expected_version + 1,
+            schema: repo.spec().schema_version(),
+            op,
+        })
+    }
+
+    /// Stages the deletion of the document at `expected_version` (a tombstone once committed).
+    pub fn delete<T>(
+        &self,
+        repo: &Repository<T>,
+        id: impl Into<Bson>,
+        expected_version: i64,
+    ) -> Result<(), TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        self.same_database(repo)?;
+        let id = id.into();
+        repo.check_write(&id, expected_version)?;
+        self.push(Entry {
+            coll: repo.name().to_string(),
+            id,
+            expected: expected_version,
+            applied: expected_version + 1,
+            schema: repo.spec().schema_version(),
+            op: Op::Delete,
+        })
+    }
+
+    /// Stages a check: the document must still be at `expected_version` at commit, and is held
+    /// unchanged until the transaction ends (read validation).
+    pub fn check<T>(
+        &self,
+        repo: &Repository<T>,
+        id: impl Into<Bson>,
+        expected_version: i64,
+    ) -> Result<(), TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        self.same_database(repo)?;
+        let id = id.into();
+        repo.check_write(&id, expected_version)?;
+        self.push(Entry {
+            coll: repo.name().to_string(),
+            id,
+            expected: expected_version,
+            applied: expected_version,
+            schema: repo.spec().schema_version(),
+            op: Op::Check,
+        })
+    }
+
+    /// Refuses a repository whose documents live in another database than the transaction's
+    /// record: the protocol resolves holds through records of the document's own database.
+    fn same_database<T>(&self, repo: &Repository<T>) -> Result<(), TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        let expected = self.txns.store.database().name();
+        let database = repo.store().database().name();
+        let same_records =
+            repo.store().transactions_collection() == self.txns.store.transactions_collection();
+        if database == expected && same_records {
+            return Ok(());
+        }
+        Err(TxnError::ForeignRepository {
+            collection: repo.name().to_string(),
+            database: if same_records {
+                database.to_string()
+            } else {
+                format!(
+                    "{database} (transaction records in {})",
+                    repo.store().transactions_collection()
+                )
+            },
+            expected: expected.to_string(),
+        })
+    }
+
+    fn push(&self, entry: Entry) -> Result<(), TxnError> {
+        let mut entries = self.staged();
+        if entries
+            .iter()
+            .any(|e| e.coll == entry.coll && ids::same(&e.id, &entry.id))
+        {
+            return Err(TxnError::DuplicateEntry {
+                collection: entry.coll,
+                id: show_id(&entry.id),
+            });
+        }
+        entries.push(entry);
+        Ok(())
+    }
+
+    /// Commits: all staged changes become visible together, or none does.
+    pub async fn commit(self) -> Result<Outcome, TxnError> {
+        let entries = std::mem::take(&mut *self.staged());
+        self.txns.commit_entries(entries).await
+    }
+}
+
+/// Reads the committed value of the document a field-level change is staged on, refusing what
+/// can never succeed. The undo is taken from the committed value: the apply lands only on the
+/// document at `expected`, whose committed content is unique, whatever holds it meanwhile.
+async fn read_for_change<T>(
+    repo: &Repository<T>,
+    id: &Bson,
+    shown: &str,
+    expected: i64,
+) -> Result<(Document, SystemFields), TxnError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    let not_found = || RepoError::NotFound {
+        collection: repo.name().to_string(),
+        id: shown.to_string(),
+    };
+    let stored = repo.read_raw(id, shown).await?.ok_or_else(not_found)?;
+    let committed = match repo.committed(shown, stored).await? {
+        Committed::Live(doc) => doc,
+        Committed::Deleted(version) => {
+            return Err(RepoError::Deleted {
+                collection: repo.name().to_string(),
+                id: shown.to_string(),
+                version,
+            }
+            .into())
+        }
+        Committed::Absent => return Err(not_found().into()),
+    };
+    let sys = repo.system_fields(shown, &committed)?;
+    if sys.schema_version > repo.spec().schema_version() {
+        return Err(repo.too_new(shown, sys.schema_version).into());
+    }
+    if sys.version != expected {
+        return Err(RepoError::VersionConflict {
+            collection: repo.name().to_string(),
+            id: shown.to_string(),
+            expected,
+            actual: sys.version,
+        }
+        .into());
+    }
+    Ok((committed, sys))
+}
+
+/// The rewrite of an older-shape document into its upgraded, changed form.
+fn rewrite<T>(
+    repo: &Repository<T>,
+    shown: &str,
+    expected: i64,
+    post: Document,
+    pre: Document,
+) -> Result<Op, TxnError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    let mut check = post.clone();
+    repo.stamp(&mut check, expected + 1);
+    repo.validate(shown, &check)?;
+    Ok(Op::Rewrite { post, pre })
+}
+
+fn pairs(list: &[(String, Bson)]) -> Vec<PathValue> {
+    list.iter()
+        .map(|(path, value)| PathValue {
+            path: path.clone(),
+            value: value.clone(),
+        })
+        .collect()
+}

@@ -1,0 +1,421 @@
+//! The ActiveTransaction record and the single-document writes of its worklist.
+//!
+//! Everything a crashed coordinator leaves behind must be recoverable from the record and from
+//! the documents it holds. Each entry records, before anything is applied, the exact write that
+//! applies it, the versions before and after, and the undo; the hold an apply puts on a document is
+//! derived from the entry, so the record and the document describe the same undo. The functions
+//! here turn an entry into each step's write (apply, finish, roll back) without doing any I/O.
+
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use serde::{Deserialize, Serialize};
+
+use crate::repo::fields;
+use crate::repo::hold::{self, Hold, HoldKind, TxnState};
+use crate::repo::ids;
+use crate::repo::write::Write;
+
+/// The ActiveTransaction record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ActiveTransaction {
+    /// The transaction id, stored in `_txn` of every document it holds.
+    #[serde(rename = "_id")]
+    pub(crate) id: ObjectId,
+    /// Pending, committed or aborted: the only field that changes after the record is written.
+    pub(crate) state: TxnState,
+    /// Tells this coordinator's write of the record from any other send of it (see `committer`).
+    pub(crate) nonce: i64,
+    /// When it was written (server time).
+    pub(crate) created: DateTime,
+    /// After this instant (server time) anyone may abort it (pending) or finish it (committed).
+    pub(crate) deadline: DateTime,
+    /// One entry per document, in lock order.
+    pub(crate) entries: Vec<Entry>,
+}
+
+/// A path and a value (dotted paths cannot be field names of a stored document).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PathValue {
+    /// Dotted path.
+    pub(crate) path: String,
+    /// Value.
+    pub(crate) value: Bson,
+}
+
+/// What puts a document's fields back: top-level originals, and fields that did not exist.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Undo {
+    /// Top-level fields and their values before the transaction.
+    pub(crate) restore: Document,
+    /// Top-level fields that did not exist before the transaction.
+    pub(crate) absent: Vec<String>,
+}
+
+/// What one entry does to its document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub(crate) enum Op {
+    /// Create the document (user fields, `_id` included).
+    Insert {
+        /// The user fields.
+        doc: Document,
+    },
+    /// Set and unset fields.
+    Update {
+        /// Fields set.
+        set: Vec<PathValue>,
+        /// Fields removed.
+        unset: Vec<String>,
+        /// How to undo it.
+        undo: Undo,
+    },
+    /// Increment numeric fields.
+    Adjust {
+        /// Increments.
+        inc: Vec<PathValue>,
+        /// How to undo it (originals, so a double comes back exactly).
+        undo: Undo,
+    },
+    /// Replace a document stored in an older schema version with its upgraded, changed form.
+    Rewrite {
+        /// User fields after the change, in the current shape.
+        post: Document,
+        /// The stored document before (system fields included).
+        pre: Document,
+    },
+    /// Delete the document (a tombstone once finished).
+    Delete,
+    /// Hold the document unchanged at the version read (read validation).
+    Check,
+}
+
+/// One document's part of a transaction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Entry {
+    /// Collection name.
+    pub(crate) coll: String,
+    /// Document id.
+    pub(crate) id: Bson,
+    /// Version the caller read (0 for an insert).
+    pub(crate) expected: i64,
+    /// Version once applied (the same as `expected` for a check).
+    pub(crate) applied: i64,
+    /// Schema version the collection is at (stamped by the change).
+    pub(crate) schema: i64,
+    /// The change.
+    pub(crate) op: Op,
+}
+
+impl Entry {
+    /// The hold an apply puts on the document, for a transaction with `deadline`.
+    pub(crate) fn hold(&self, deadline: DateTime) -> Hold {
+        let previous = doc! { fields::VERSION: self.expected };
+        let (op, restore, unset) = match &self.op {
+            Op::Insert { .. } => (HoldKind::Insert, Document::new(), Vec::new()),
+            Op::Update { undo, .. } | Op::Adjust { undo, .. } => {
+                let mut restore = undo.restore.clone();
+                restore.extend(previous);
+                (HoldKind::Update, restore, undo.absent.clone())
+            }
+            Op::Rewrite { post, pre } => {
+                let mut restore = pre.clone();
+                restore.remove("_id");
+                for name in hold::ALWAYS_UNSET {
+                    restore.remove(name);
+                }
+                restore.extend(previous);
+                let unset = post
+                    .keys()
+                    .filter(|k| k.as_str() != "_id" && !restore.contains_key(k.as_str()))
+                    .cloned()
+                    .collect();
+                (HoldKind::Update, restore, unset)
+            }
+            Op::Delete => (HoldKind::Delete, previous, Vec::new()),
+            Op::Check => (HoldKind::Check, Document::new(), Vec::new()),
+        };
+        Hold {
+            exp: deadline,
+            op,
+            restore,
+            unset,
+        }
+    }
+
+    /// The conditional write that applies this entry for transaction `txn` (deadline `deadline`).
+    pub(crate) fn apply(&self, txn: ObjectId, deadline: DateTime) -> Write {
+        let free = |schema: Bson| {
+            doc! {
+                "_id": self.id.clone(),
+                fields::VERSION: self.expected,
+                fields::ACTIVE_TXN: null,
+                fields::DELETED: null,
+                fields::SCHEMA_VERSION: schema,
+            }
+        };
+        let mut held =
+            doc! { fields::ACTIVE_TXN: txn, fields::HOLD: self.hold(deadline).to_document() };
+        match &self.op {
+            Op::Insert { doc } => {
+                let mut full = doc.clone();
+                full.insert("_id", self.id.clone());
+                full.insert(fields::SCHEMA_VERSION, self.schema);
+                full.insert(fields::VERSION, self.applied);
+                full.extend(held);
+                Write::Insert(full)
+            }
+            Op::Update { set, unset, .. } => {
+                held.insert(fields::VERSION, self.applied);
+                for pv in set {
+                    held.insert(pv.path.clone(), pv.value.clone());
+                }
+                let mut update = doc! { "$set": held };
+                if !unset.is_empty() {
+                    update.insert("$unset", blank_keys(unset.iter()));
+                }
+                Write::Update(free(Bson::Int64(self.schema)), update)
+            }
+            Op::Adjust { inc, .. } => {
+                held.insert(fields::VERSION, self.applied);
+                let inc: Document = inc
+                    .iter()
+                    .map(|pv| (pv.path.clone(), pv.value.clone()))
+                    .collect();
+                Write::Update(
+                    free(Bson::Int64(self.schema)),
+                    doc! { "$inc": inc, "$set": held },
+                )
+            }
+            Op::Rewrite { post, pre } => {
+                let stored_schema = pre
+                    .get(fields::SCHEMA_VERSION)
+                    .cloned()
+                    .unwrap_or(Bson::Null);
+                let mut full = post.clone();
+                full.insert("_id", self.id.clone());
+                full.insert(fields::SCHEMA_VERSION, self.schema);
+                full.insert(fields::VERSION, self.applied);
+                full.extend(held);
+                Write::Replace(free(stored_schema), full)
+            }
+            Op::Delete => {
+                held.insert(fields::VERSION, self.applied);
+                held.insert(fields::DELETING, true);
+                Write::Update(
+                    free(doc! { "$lte": self.schema }.into()),
+                    doc! { "$set": held },
+                )
+            }
+            Op::Check => Write::Update(
+                free(doc! { "$lte": self.schema }.into()),
+                doc! { "$set": held },
+            ),
+        }
+    }
+
+    /// Whether finishing this entry turns the document into a tombstone.
+    pub(crate) fn deletes(&self) -> bool {
+        matches!(self.op, Op::Delete)
+    }
+
+    /// The write that makes this entry final after the commit point (not for deletes, whose
+    /// tombstone the store writes).
+    pub(crate) fn finish(&self, txn: ObjectId) -> Write {
+        hold::finish(&self.id, txn)
+    }
+
+    /// The write that undoes this entry if it is applied, putting back exactly the document as it
+    /// was (version included). A document this transaction does not hold is left alone.
+    pub(crate) fn rollback(&self, txn: ObjectId, deadline: DateTime) -> Write {
+        self.hold(deadline).undo(&self.id, txn)
+    }
+
+    /// The key that orders entries for locking, equal for ids the server treats as one.
+    pub(crate) fn lock_key(&self) -> (String, String) {
+        (self.coll.clone(), ids::key(&self.id))
+    }
+}
+
+/// `{ key: "" }` for each key, the shape `$unset` takes.
+fn blank_keys<'a>(keys: impl Iterator<Item = &'a String>) -> Document {
+    keys.map(|k| (k.clone(), Bson::String(String::new())))
+        .collect()
+}
+
+/// The top-level field a dotted path starts in.
+pub(crate) fn top_level(path: &str) -> &str {
+    path.split('.').next().unwrap_or(path)
+}
+
+/// Records the originals of the top-level fields `paths` touch in `stored`.
+pub(crate) fn undo_for<'a>(stored: &Document, paths: impl Iterator<Item = &'a str>) -> Undo {
+    let mut undo = Undo::default();
+    for path in paths {
+        let top = top_level(path);
+        if undo.restore.contains_key(top) || undo.absent.iter().any(|a| a == top) {
+            continue;
+        }
+        match stored.get(top) {
+            Some(value) => {
+                undo.restore.insert(top.to_string(), value.clone());
+            }
+            None => undo.absent.push(top.to_string()),
+        }
+    }
+    undo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(op: Op) -> Entry {
+        Entry {
+            coll: "accounts".into(),
+            id: Bson::from("a"),
+            expected: 4,
+            applied: 5,
+            schema: 1,
+            op,
+        }
+    }
+
+    fn at() -> DateTime {
+        DateTime::from_millis(1_000)
+    }
+
+    #[test]
+    fn undo_records_each_top_level_field_once() {
+        let stored = doc! { "a": { "b": 1 }, "c": 2 };
+        let undo = undo_for(&stored, ["a.b", "a.x", "c", "d.e"].into_iter());
+        assert_eq!(undo.restore, doc! { "a": { "b": 1 }, "c": 2 });
+        assert_eq!(undo.absent, vec!["d".to_string()]);
+    }
+
+    /// Applying an entry and then its hold's undo, as the server would, gives back the document.
+    #[test]
+    fn apply_then_undo_is_the_identity() {
+        let t = ObjectId::new();
+        let before = doc! { "_id": "a", "_schema": 1_i64, "_version": 4_i64, "n": 3, "keep": "k" };
+        let update = entry(Op::Update {
+            set: vec![PathValue {
+                path: "n".into(),
+                value: Bson::Int32(9),
+            }],
+            unset: vec![],
+            undo: Undo {
+                restore: doc! { "n": 3 },
+                absent: vec!["fresh".into()],
+            },
+        });
+        // The post-image as the apply leaves it.
+        let mut held = before.clone();
+        held.insert("n", 9);
+        held.insert("fresh", true);
+        held.insert("_version", 5_i64);
+        held.insert("_txn", t);
+        held.insert("_hold", update.hold(at()).to_document());
+        assert_eq!(update.hold(at()).pre_image(&held), Some(before.clone()));
+
+        let delete = entry(Op::Delete);
+        let mut deleting = before.clone();
+        deleting.insert("_version", 5_i64);
+        deleting.insert("_deleting", true);
+        deleting.insert("_txn", t);
+        assert_eq!(delete.hold(at()).pre_image(&deleting), Some(before.clone()));
+
+        let check = entry(Op::Check);
+        let mut checked = before.clone();
+        checked.insert("_txn", t);
+        assert_eq!(check.hold(at()).pre_image(&checked), Some(before));
+    }
+
+    #[test]
+    fn a_rewrite_undoes_to_the_old_shape() {
+        let pre = doc! { "_id": "a", "_schema": 1_i64, "_version": 4_i64, "name": "Ada Lovelace" };
+        let post = doc! { "given": "Ada", "family": "Lovelace" };
+        let rewrite = entry(Op::Rewrite {
+            post: post.clone(),
+            pre: pre.clone(),
+        });
+        let mut held = post;
+        held.insert("_id", "a");
+        held.insert("_schema", 2_i64);
+        held.insert("_version", 5_i64);
+        held.insert("_txn", ObjectId::new());
+        let mut pre_image = rewrite.hold(at()).pre_image(&held).expect("pre-image");
+        // Field order differs; compare as sets of fields.
+        let mut want: Vec<_> = pre.into_iter().collect();
+        let mut got: Vec<_> = std::mem::take(&mut pre_image).into_iter().collect();
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn applies_are_conditional_on_a_free_document_at_the_expected_version() {
+        let t = ObjectId::new();
+        let Write::Update(filter, update) = entry(Op::Check).apply(t, at()) else {
+            panic!("a check is an update");
+        };
+        assert_eq!(filter.get_i64("_version").ok(), Some(4));
+        assert_eq!(filter.get("_txn"), Some(&Bson::Null));
+        let set = update.get_document("$set").expect("$set");
+        assert_eq!(set.get_object_id("_txn").ok(), Some(t));
+        assert_eq!(
+            set.get_document("_hold").and_then(|h| h.get_str("op")).ok(),
+            Some("check")
+        );
+        assert!(
+            !set.contains_key("_version"),
+            "a check does not change the version"
+        );
+    }
+
+    #[test]
+    fn ids_the_server_treats_as_one_share_a_lock_key() {
+        let mut a = entry(Op::Check);
+        a.id = Bson::Int32(7);
+        let mut b = entry(Op::Check);
+        b.id = Bson::Double(7.0);
+        assert_eq!(a.lock_key(), b.lock_key());
+    }
+
+    #[test]
+    fn the_worklist_round_trips_through_bson() {
+        let txn = ActiveTransaction {
+            id: ObjectId::new(),
+            state: TxnState::Pending,
+            nonce: 42,
+            created: DateTime::now(),
+            deadline: DateTime::now(),
+            entries: vec![
+                entry(Op::Insert {
+                    doc: doc! { "x": 1 },
+                }),
+                entry(Op::Update {
+                    set: vec![PathValue {
+                        path: "a.b".into(),
+                        value: Bson::Int32(1),
+                    }],
+                    unset: vec!["c".into()],
+                    undo: Undo::default(),
+                }),
+                entry(Op::Adjust {
+                    inc: vec![],
+                    undo: Undo::default(),
+                }),
+                entry(Op::Rewrite {
+                    post: doc! {},
+                    pre: doc! {},
+                }),
+                entry(Op::Delete),
+                entry(Op::Check),
+            ],
+        };
+        let stored = bson::to_document(&txn).expect("encode");
+        assert_eq!(stored.get_str("state").ok(), Some("pending"));
+        let back: ActiveTransaction = bson::from_document(stored).expect("decode");
+        assert_eq!(back.entries, txn.entries);
+        assert_eq!(back.nonce, 42);
+    }
+}
