@@ -158,6 +158,47 @@ async fn the_probe_refuses_a_server_whose_find_and_modify_returns_the_old_docume
     assert!(err.to_string().contains("find-and-modify"), "{err}");
 }
 
+/// Hands every concurrent caller of find-and-modify on the token counter the same post-image,
+/// as mongo-java-server's stock backend can under contention.
+struct SharedPostImages;
+
+impl Rules for SharedPostImages {
+    fn reply(&self, command: &Document, reply: &mut Document) {
+        let on_tokens = command_name(command).eq_ignore_ascii_case("findAndModify")
+            && command
+                .get_document("query")
+                .is_ok_and(|q| q.get_str("_id").ok() == Some("tokens"));
+        if on_tokens {
+            if let Ok(value) = reply.get_document_mut("value") {
+                value.insert("n", 1_i64);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_whose_find_and_modify_shares_post_images() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), SharedPostImages).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 64)
+        .await
+        .expect_err("probe must refuse");
+    match &err {
+        ProbeError::SharedPostImage {
+            tasks, distinct, ..
+        } => {
+            assert_eq!((*tasks, *distinct), (64, 1))
+        }
+        other => panic!("expected SharedPostImage, got {other:?}"),
+    }
+    assert!(err.to_string().contains("its own post-image"), "{err}");
+    // The local server itself passes the same check with 64 concurrent callers.
+    let caps = mongotx::probe_with(&t.db, 64)
+        .await
+        .expect("the local server passes");
+    assert_eq!(caps.contention_tasks, 64);
+}
+
 /// Answers every command named `name` with a server error instead of forwarding it.
 struct FailCommand(&'static str);
 

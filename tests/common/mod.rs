@@ -302,3 +302,28 @@ pub async fn put_record(db: &Database, txn: ObjectId, state: &str, deadline: bso
 pub fn millis_from_now(ms: i64) -> bson::DateTime {
     bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + ms)
 }
+
+/// Stages `stage` in a transaction whose coordinator stops for good at failpoint `at` (with a
+/// deadline an hour away), leaving its record and holds behind; returns the transaction id.
+pub async fn stalled_at<F, Fut>(store: &Store, at: &'static str, stage: F) -> ObjectId
+where
+    F: FnOnce(mongotx::Transaction) -> Fut,
+    Fut: std::future::Future<Output = Result<(), mongotx::TxnError>>,
+{
+    let txns = mongotx::Transactions::with_options(
+        store,
+        mongotx::TxnOptions::default()
+            .timeout(std::time::Duration::from_secs(3600))
+            .fault_injector(std::sync::Arc::new(CrashAt(
+                mongotx::failpoint::Failpoint { name: at, step: 0 },
+            ))),
+    );
+    let tx = txns.begin();
+    stage(tx.clone())
+        .await
+        .unwrap_or_else(|e| panic!("stage the stalled transaction: {e}"));
+    match tx.commit().await {
+        Err(mongotx::TxnError::Crashed { txn: Some(t), .. }) => t,
+        other => panic!("the coordinator should stop at {at}, got {other:?}"),
+    }
+}
