@@ -1,13 +1,19 @@
-//! A MongoDB wire-protocol proxy for fault injection: tests put it between a client and the real
-//! test server and let it rewrite commands, rewrite replies or answer in the server's place.
+//! A MongoDB wire-protocol proxy for fault injection: put between a client and a server, it lets
+//! rules rewrite commands, rewrite replies, answer in the server's place, lose replies, drop
+//! commands, or deliver a command late: the client's connection is cut at once (the client sees a
+//! network error and gives up or retries), and the command reaches the server afterwards on a
+//! connection of its own, as a command stuck in a network buffer would.
 //!
 //! Only `OP_MSG` is interpreted (the driver sends every command that way); anything else, such as
 //! a legacy handshake, passes through untouched. Each message is re-encoded with a single body
 //! section, merging document sequences into the body as arrays, which every server accepts.
+//!
+//! Used by the torture run and, through `#[path]`, by the integration tests.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bson::{Bson, Document};
 use mongodb::options::{ClientOptions, ServerAddress};
@@ -33,6 +39,9 @@ pub enum Action {
     /// Close the client's connection without sending it: the command never ran, and the client
     /// sees the same network error.
     Drop,
+    /// Close the client's connection at once, and send the command to the server this much later
+    /// on a connection of its own (its reply goes nowhere): it runs after its sender gave up.
+    DeliverLate(Duration),
 }
 
 /// How a test tampers with traffic. Both hooks see `OP_MSG` bodies only.
@@ -59,23 +68,35 @@ pub struct WireProxy {
 }
 
 impl WireProxy {
-    /// Starts a proxy in front of the server of `uri` (its first host) on a free loopback port.
+    /// Starts a proxy in front of the server of `uri` (its first host) on a free loopback port;
+    /// panics (failing the test) if it cannot.
     pub async fn start(uri: &str, rules: impl Rules) -> WireProxy {
+        WireProxy::try_start(uri, "127.0.0.1:0", rules)
+            .await
+            .unwrap_or_else(|e| panic!("wire proxy: {e}"))
+    }
+
+    /// Starts a proxy in front of the server of `uri` (its first host), listening on `listen`.
+    pub async fn try_start(
+        uri: &str,
+        listen: &str,
+        rules: impl Rules,
+    ) -> Result<WireProxy, String> {
         let options = ClientOptions::parse(uri)
             .await
-            .unwrap_or_else(|e| panic!("wire proxy: cannot parse {uri}: {e}"));
+            .map_err(|e| format!("cannot parse {uri}: {e}"))?;
         let upstream = match options.hosts.first() {
             Some(ServerAddress::Tcp { host, port }) => {
                 format!("{host}:{}", port.unwrap_or(27017))
             }
-            other => panic!("wire proxy: needs a TCP host in {uri}, found {other:?}"),
+            other => return Err(format!("needs a TCP host in {uri}, found {other:?}")),
         };
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind(listen)
             .await
-            .unwrap_or_else(|e| panic!("wire proxy: cannot bind: {e}"));
+            .map_err(|e| format!("cannot bind {listen}: {e}"))?;
         let addr = listener
             .local_addr()
-            .unwrap_or_else(|e| panic!("wire proxy: no local address: {e}"));
+            .map_err(|e| format!("no local address: {e}"))?;
         let rules: Arc<dyn Rules> = Arc::new(rules);
         let acceptor = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -83,16 +104,26 @@ impl WireProxy {
                 let rules = Arc::clone(&rules);
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&upstream).await {
-                        relay(client, server, rules).await;
+                        relay(client, server, upstream, rules).await;
                     }
                 });
             }
         });
-        WireProxy {
+        Ok(WireProxy {
             addr,
             options,
             acceptor,
-        }
+        })
+    }
+
+    /// The address the proxy listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A connection string for clients of the proxy.
+    pub fn uri(&self) -> String {
+        format!("mongodb://{}/?directConnection=true", self.addr)
     }
 
     /// A client that talks to the server through this proxy only.
@@ -118,7 +149,7 @@ impl Drop for WireProxy {
 type Pending = Arc<Mutex<HashMap<i32, (Document, bool)>>>;
 
 /// Pumps both directions of one connection until either side closes.
-async fn relay(client: TcpStream, server: TcpStream, rules: Arc<dyn Rules>) {
+async fn relay(client: TcpStream, server: TcpStream, upstream: String, rules: Arc<dyn Rules>) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let client_write = Arc::new(tokio::sync::Mutex::new(client_write));
@@ -128,6 +159,7 @@ async fn relay(client: TcpStream, server: TcpStream, rules: Arc<dyn Rules>) {
         server_write,
         Arc::clone(&client_write),
         Arc::clone(&pending),
+        upstream,
         Arc::clone(&rules),
     );
     let down = replies(server_read, client_write, pending, rules);
@@ -142,6 +174,7 @@ async fn commands(
     mut to_server: OwnedWriteHalf,
     to_client: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
     pending: Pending,
+    upstream: String,
     rules: Arc<dyn Rules>,
 ) -> std::io::Result<()> {
     loop {
@@ -159,6 +192,15 @@ async fn commands(
                 to_server.write_all(&msg.encode()).await?;
             }
             Action::Drop => return Err(std::io::Error::other("command dropped by a proxy rule")),
+            Action::DeliverLate(delay) => {
+                let late = msg.encode();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    deliver(&upstream, &late).await;
+                });
+                return Err(std::io::Error::other("command held back by a proxy rule"));
+            }
             Action::Respond(reply) => {
                 let answer = Msg {
                     request_id: msg.request_id.wrapping_add(1_000_000),
@@ -204,6 +246,17 @@ async fn replies(
             None => message,
         };
         to_client.lock().await.write_all(&out).await?;
+    }
+}
+
+/// Sends one command on a fresh connection and waits for (and discards) its reply.
+async fn deliver(upstream: &str, message: &[u8]) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut read, mut write) = server.into_split();
+    if write.write_all(message).await.is_ok() {
+        let _ = tokio::time::timeout(Duration::from_secs(30), read_message(&mut read)).await;
     }
 }
 
