@@ -127,13 +127,14 @@ pub(crate) async fn settle(
     }
 }
 
-/// Undoes the hold of `holder` on `id`, from the hold the document carries.
+/// Undoes the hold of `holder` on `id`, from the hold the document carries; says whether there
+/// was one to undo.
 pub(crate) async fn roll_back(
     store: &Store,
     coll: &str,
     id: &Bson,
     holder: ObjectId,
-) -> Result<(), HoldError> {
+) -> Result<bool, HoldError> {
     let collection = store
         .protocol_collection(coll)
         .await
@@ -143,16 +144,16 @@ pub(crate) async fn roll_back(
         .await
         .map_err(|e| HoldError::database("reading the held document", e))?
     else {
-        return Ok(());
+        return Ok(false);
     };
     let undo = fields::read_hold(&held)
         .map_err(HoldError::new)?
         .undo(id, holder);
-    write::run(&collection, &undo)
+    let undone = write::run(&collection, &undo)
         .await
         .map_err(|e| HoldError::database("undoing the hold", e))?;
     tracing::debug!(collection = coll, txn = %holder, "undid a hold");
-    Ok(())
+    Ok(undone == 1)
 }
 
 /// Makes the committed change of `holder` on `id` final.

@@ -292,7 +292,8 @@ impl Gc {
         Ok(())
     }
 
-    /// Undoes the hold of `holder` on `id` if `holder` has no record; says whether it did.
+    /// Undoes the hold of `holder` on `id` if `holder` has no record; says whether it did (the hold
+    /// may have been finished in between: a record goes only after its holds).
     async fn undo_orphan(
         &self,
         collection: &str,
@@ -321,11 +322,11 @@ impl Gc {
         }
         self.env
             .point(Some(holder), failpoint::GC_SWEEP_BEFORE, 0)?;
-        resolve::roll_back(store, collection, id, holder)
+        let undone = resolve::roll_back(store, collection, id, holder)
             .await
             .map_err(hold_error)?;
         self.env.point(Some(holder), failpoint::GC_SWEEP_AFTER, 0)?;
-        Ok(true)
+        Ok(undone)
     }
 
     /// Resolves one transaction now if it has expired (used by tools and tests).

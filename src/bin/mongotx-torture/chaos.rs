@@ -1,0 +1,658 @@
+//! The orchestrator of a torture run: server, wire proxy, toxiproxy, processes, faults, and the
+//! verification at the end.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Document};
+use clap::Args;
+use futures::TryStreamExt;
+use mongodb::Client;
+use mongotx::test_server::TestServer;
+use mongotx::{fields, Gc, GcOptions, Query, TRANSACTIONS_COLLECTION};
+use rand::Rng;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::children::{add, Kind, Recipe, Report, Slot};
+use crate::roles::{account_id, Account, Bank};
+use crate::wire_proxy::{command_name, Action, Rules, WireProxy};
+
+/// Arguments of a torture run.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RunArgs {
+    /// How long the faults last.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Worker processes (transfers).
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    /// Checker processes (read-only check transactions over every account).
+    #[arg(long, default_value_t = 1)]
+    checkers: usize,
+    /// `mongotx-gc` runner processes.
+    #[arg(long, default_value_t = 2)]
+    gc_runners: usize,
+    /// Accounts in the bank.
+    #[arg(long, default_value_t = 10)]
+    accounts: usize,
+    /// Every account's opening balance.
+    #[arg(long, default_value_t = 1_000)]
+    balance: i64,
+    /// A transaction's timeout.
+    #[arg(long, default_value = "3s", value_parser = crate::duration)]
+    txn_timeout: Duration,
+    /// Run without kills, resets or late deliveries (the clock-skew test).
+    #[arg(long)]
+    no_faults: bool,
+    /// Clock skews in milliseconds, given to the processes in turn (e.g. `60000,-60000`).
+    #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+    skews: Vec<i64>,
+    /// Mean pause between two SIGKILLs.
+    #[arg(long, default_value = "2s", value_parser = crate::duration)]
+    kill_every: Duration,
+    /// Mean pause between two toxiproxy faults (connection resets or stalls).
+    #[arg(long, default_value = "1500ms", value_parser = crate::duration)]
+    fault_every: Duration,
+    /// Share of write commands the wire proxy delivers late.
+    #[arg(long, default_value_t = 0.01)]
+    late_rate: f64,
+}
+
+/// The longest a command is held back.
+const MAX_LATE: Duration = Duration::from_millis(3_000);
+
+/// Delivers a share of the bank's write commands late, counting them.
+struct LateRules {
+    db: String,
+    rate: f64,
+    on: AtomicBool,
+    count: AtomicU64,
+}
+
+impl Rules for LateRules {
+    fn command(&self, command: &mut Document) -> Action {
+        if !self.on.load(Ordering::Relaxed) || command.get_str("$db").ok() != Some(self.db.as_str())
+        {
+            return Action::Forward;
+        }
+        let write = matches!(
+            command_name(command),
+            "insert" | "update" | "delete" | "findAndModify"
+        );
+        let mut rng = rand::rng();
+        if write && rng.random_bool(self.rate) {
+            self.count.fetch_add(1, Ordering::Relaxed);
+            let ms = rng.random_range(600..=MAX_LATE.as_millis() as u64);
+            return Action::DeliverLate(Duration::from_millis(ms));
+        }
+        Action::Forward
+    }
+}
+
+/// A toxiproxy server and the one proxy the run routes every process through.
+struct Toxiproxy {
+    child: tokio::process::Child,
+    api: SocketAddr,
+    listen: SocketAddr,
+}
+
+impl Toxiproxy {
+    async fn start(upstream: SocketAddr) -> Result<Toxiproxy, String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let installed = tokio::process::Command::new("bash")
+            .arg(root.join("tools/toxiproxy.sh"))
+            .output()
+            .await
+            .map_err(|e| format!("run tools/toxiproxy.sh: {e}"))?;
+        if !installed.status.success() {
+            return Err(format!(
+                "tools/toxiproxy.sh failed: {}",
+                String::from_utf8_lossy(&installed.stderr)
+            ));
+        }
+        let server = String::from_utf8_lossy(&installed.stdout)
+            .trim()
+            .to_string();
+        let api = free_address()?;
+        let child = tokio::process::Command::new(&server)
+            .args(["-host", "127.0.0.1", "-port", &api.port().to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("start {server}: {e}"))?;
+        let listen = free_address()?;
+        let mut toxiproxy = Toxiproxy { child, api, listen };
+        let body = format!(
+            r#"{{"name":"mongo","listen":"{listen}","upstream":"{upstream}","enabled":true}}"#
+        );
+        let started = Instant::now();
+        loop {
+            match toxiproxy.http("POST", "/proxies", &body).await {
+                Ok(201) => return Ok(toxiproxy),
+                Ok(status) => return Err(format!("toxiproxy refused the proxy: HTTP {status}")),
+                Err(_) if started.elapsed() < Duration::from_secs(15) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    let _ = toxiproxy.child.kill().await;
+                    return Err(format!("toxiproxy did not come up: {e}"));
+                }
+            }
+        }
+    }
+
+    async fn http(&self, method: &str, path: &str, body: &str) -> Result<u16, String> {
+        let mut stream = TcpStream::connect(self.api)
+            .await
+            .map_err(|e| format!("toxiproxy API: {e}"))?;
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.api,
+            body.len()
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("toxiproxy API: {e}"))?;
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .map_err(|e| format!("toxiproxy API: {e}"))?;
+        response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| format!("toxiproxy API: unreadable reply {response:?}"))
+    }
+
+    async fn add_toxic(
+        &self,
+        name: &str,
+        kind: &str,
+        stream: &str,
+        toxicity: f64,
+        timeout_ms: u64,
+    ) -> bool {
+        let body = format!(
+            r#"{{"name":"{name}","type":"{kind}","stream":"{stream}","toxicity":{toxicity},"attributes":{{"timeout":{timeout_ms}}}}}"#
+        );
+        matches!(
+            self.http("POST", "/proxies/mongo/toxics", &body).await,
+            Ok(200)
+        )
+    }
+
+    async fn remove_toxic(&self, name: &str) {
+        let _ = self
+            .http("DELETE", &format!("/proxies/mongo/toxics/{name}"), "")
+            .await;
+    }
+}
+
+fn free_address() -> Result<SocketAddr, String> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
+    listener
+        .local_addr()
+        .map_err(|e| format!("find a free port: {e}"))
+}
+
+/// The binary next to this one (cargo puts every binary of the crate in one directory).
+fn sibling(name: &str) -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("locate this binary: {e}"))?;
+    let path = me.with_file_name(name);
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!("{} not found next to {}", name, me.display()))
+    }
+}
+
+/// Builds the clock-skew shim and returns its path.
+async fn skew_library() -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let built = tokio::process::Command::new("bash")
+        .arg(root.join("tools/skew.sh"))
+        .output()
+        .await
+        .map_err(|e| format!("run tools/skew.sh: {e}"))?;
+    if !built.status.success() {
+        return Err(format!(
+            "tools/skew.sh failed: {}",
+            String::from_utf8_lossy(&built.stderr)
+        ));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&built.stdout).trim()))
+}
+
+/// What the faults did.
+#[derive(Debug, Default)]
+struct Faults {
+    kills: u64,
+    resets: u64,
+    stalls: u64,
+    restarts: u64,
+}
+
+pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
+    let server = tokio::task::spawn_blocking(TestServer::start)
+        .await
+        .map_err(|e| format!("start the server: {e}"))?
+        .map_err(|e| e.to_string())?;
+    let db_name = format!("mongotx_torture_{}", ObjectId::new().to_hex());
+    let direct = Client::with_uri_str(server.uri())
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let db = direct.database(&db_name);
+    let total = args.balance * args.accounts as i64;
+    println!(
+        "torture: {}s, {} workers, {} checkers, {} GC runners, {} accounts, total {total}, faults {}{}",
+        args.seconds,
+        args.workers,
+        args.checkers,
+        args.gc_runners,
+        args.accounts,
+        if args.no_faults { "off" } else { "on" },
+        if args.skews.is_empty() {
+            String::new()
+        } else {
+            format!(", clock skews {:?} ms", args.skews)
+        }
+    );
+
+    // The bank.
+    let bank_direct = Bank {
+        uri: server.uri().to_string(),
+        db: db_name.clone(),
+        accounts: args.accounts,
+        txn_timeout: args.txn_timeout,
+    };
+    let (store, accounts) = bank_direct.open().await?;
+    for i in 0..args.accounts {
+        accounts
+            .insert(&Account {
+                id: account_id(i),
+                owner: format!("owner {i}"),
+                balance: args.balance,
+                note: None,
+            })
+            .await
+            .map_err(|e| format!("seed: {e}"))?;
+    }
+
+    // The network between the processes and the server.
+    let late = Arc::new(LateRules {
+        db: db_name.clone(),
+        rate: if args.no_faults {
+            0.0
+        } else {
+            args.late_rate.clamp(0.0, 1.0)
+        },
+        on: AtomicBool::new(!args.no_faults),
+        count: AtomicU64::new(0),
+    });
+    let proxy =
+        WireProxy::try_start(server.uri(), "127.0.0.1:0", SharedRules(Arc::clone(&late))).await?;
+    let toxiproxy = if args.no_faults {
+        None
+    } else {
+        Some(Toxiproxy::start(proxy.addr()).await?)
+    };
+    let entry = toxiproxy.as_ref().map_or(proxy.addr(), |t| t.listen);
+    let uri = format!("mongodb://{entry}/?directConnection=true");
+
+    // The processes.
+    let skew_lib = if args.skews.is_empty() {
+        None
+    } else {
+        Some(skew_library().await?)
+    };
+    let me = std::env::current_exe().map_err(|e| format!("locate this binary: {e}"))?;
+    let gc_program = sibling("mongotx-gc")?;
+    let bank_args = |role: &str| {
+        vec![
+            role.to_string(),
+            "--uri".into(),
+            uri.clone(),
+            "--db".into(),
+            db_name.clone(),
+            "--accounts".into(),
+            args.accounts.to_string(),
+            "--txn-timeout".into(),
+            format!("{}ms", args.txn_timeout.as_millis()),
+        ]
+    };
+    let mut recipes = Vec::new();
+    for _ in 0..args.workers {
+        recipes.push((Kind::Worker, me.clone(), bank_args("worker")));
+    }
+    for _ in 0..args.checkers {
+        let mut a = bank_args("checker");
+        a.extend(["--total".to_string(), total.to_string()]);
+        recipes.push((Kind::Checker, me.clone(), a));
+    }
+    for _ in 0..args.gc_runners {
+        recipes.push((
+            Kind::Gc,
+            gc_program.clone(),
+            vec![
+                "--uri".into(),
+                uri.clone(),
+                "--db".into(),
+                db_name.clone(),
+                "--interval".into(),
+                "300ms".into(),
+                "--connect-timeout".into(),
+                "3s".into(),
+            ],
+        ));
+    }
+    let mut slots: Vec<Slot> = recipes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (kind, program, args_))| {
+            let skew = match (&skew_lib, args.skews.is_empty()) {
+                (Some(lib), false) => Some((lib.clone(), args.skews[i % args.skews.len()])),
+                _ => None,
+            };
+            Slot::new(Recipe {
+                kind,
+                program,
+                args: args_,
+                skew,
+            })
+        })
+        .collect();
+    for slot in &mut slots {
+        slot.start()?;
+    }
+
+    // The faults.
+    let mut faults = Faults::default();
+    let started = Instant::now();
+    let end = started + Duration::from_secs(args.seconds);
+    let mut next_kill = started + jitter(args.kill_every);
+    let mut next_fault = started + jitter(args.fault_every);
+    let mut toxic: Option<(String, Instant)> = None;
+    let mut toxic_serial = 0_u64;
+    let mut last_progress = started;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = Instant::now();
+        for slot in &mut slots {
+            if let Some(why) = slot.exited() {
+                // A process that cannot reach the server through the faults at start-up gives
+                // up; it is started again, as a supervisor would.
+                tracing::info!("{why}; starting it again");
+                faults.restarts += 1;
+                slot.kill().await;
+                slot.start()?;
+            }
+        }
+        if args.no_faults {
+            continue;
+        }
+        if now >= next_kill {
+            let i = rand::rng().random_range(0..slots.len());
+            slots[i].kill().await;
+            slots[i].start()?;
+            faults.kills += 1;
+            next_kill = now + jitter(args.kill_every);
+        }
+        if let (Some(tp), Some((name, until))) = (&toxiproxy, &toxic) {
+            if now >= *until {
+                tp.remove_toxic(name).await;
+                toxic = None;
+            }
+        }
+        if let (Some(tp), None) = (&toxiproxy, &toxic) {
+            if now >= next_fault {
+                toxic_serial += 1;
+                let name = format!("fault{toxic_serial}");
+                let (reset, toxicity, timeout_ms, lasts) = {
+                    let mut rng = rand::rng();
+                    (
+                        rng.random_bool(0.5),
+                        rng.random_range(0.3..1.0),
+                        rng.random_range(0..800),
+                        Duration::from_millis(rng.random_range(150..700)),
+                    )
+                };
+                let added = if reset {
+                    tp.add_toxic(
+                        &name,
+                        "reset_peer",
+                        "downstream",
+                        toxicity,
+                        timeout_ms % 100,
+                    )
+                    .await
+                } else {
+                    tp.add_toxic(&name, "timeout", "upstream", toxicity, 200 + timeout_ms)
+                        .await
+                };
+                if added {
+                    if reset {
+                        faults.resets += 1;
+                    } else {
+                        faults.stalls += 1;
+                    }
+                    toxic = Some((name, now + lasts));
+                }
+                next_fault = now + jitter(args.fault_every);
+            }
+        }
+        if now.duration_since(last_progress) >= Duration::from_secs(60) {
+            last_progress = now;
+            let (workers, _) = summed(&slots, Kind::Worker);
+            println!(
+                "  {:>4}s: {} transfers committed, {} kills, {} resets, {} stalls, {} late deliveries",
+                now.duration_since(started).as_secs(),
+                workers.get("committed").copied().unwrap_or(0),
+                faults.kills,
+                faults.resets,
+                faults.stalls,
+                late.count.load(Ordering::Relaxed)
+            );
+        }
+    }
+
+    // Wind down: faults off, workers and checkers killed mid-flight, GC runners stopped.
+    late.on.store(false, Ordering::SeqCst);
+    if let (Some(tp), Some((name, _))) = (&toxiproxy, &toxic) {
+        tp.remove_toxic(name).await;
+    }
+    for slot in &mut slots {
+        match slot.recipe.kind {
+            Kind::Gc => slot.stop().await,
+            _ => slot.kill().await,
+        }
+    }
+    // Let every held-back command land before recovering.
+    tokio::time::sleep(MAX_LATE + Duration::from_millis(500)).await;
+    let recovery = recover(&store, &db).await?;
+
+    // Verify.
+    let (workers, _) = summed(&slots, Kind::Worker);
+    let (checkers, alarms) = summed(&slots, Kind::Checker);
+    let gc_rounds = {
+        let mut rounds = Report::new();
+        for slot in slots.iter().filter(|s| s.recipe.kind == Kind::Gc) {
+            if let Ok(reports) = slot.reports.lock() {
+                add(&mut rounds, &reports.rounds);
+            }
+        }
+        rounds
+    };
+    let found = accounts
+        .find(Query::new())
+        .await
+        .map_err(|e| format!("final read: {e}"))?;
+    let committed_total: i64 = found.iter().map(|a| a.balance).sum();
+    let raw: Vec<Document> = db
+        .collection::<Document>("accounts")
+        .find(doc! {})
+        .await
+        .map_err(|e| format!("final raw read: {e}"))?
+        .try_collect()
+        .await
+        .map_err(|e| format!("final raw read: {e}"))?;
+    let stored_total: i64 = raw.iter().filter_map(|d| d.get_i64("balance").ok()).sum();
+    let held = raw
+        .iter()
+        .filter(|d| d.contains_key(fields::ACTIVE_TXN) || d.contains_key(fields::DELETING))
+        .count();
+    let records = db
+        .collection::<Document>(TRANSACTIONS_COLLECTION)
+        .count_documents(doc! {})
+        .await
+        .map_err(|e| format!("count records: {e}"))?;
+    let get = |r: &Report, k: &str| r.get(k).copied().unwrap_or(0);
+
+    println!("results after {:.0?}:", started.elapsed());
+    println!(
+        "  transfers: committed {}, outcome unknown {}, expired under another party {}, failed (conflicts, faults) {}, plain writes {}",
+        get(&workers, "committed"),
+        get(&workers, "unknown"),
+        get(&workers, "expired"),
+        get(&workers, "failed"),
+        get(&workers, "plain")
+    );
+    println!(
+        "  snapshots: {} consistent check transactions, {} inconsistent, {} failed",
+        get(&checkers, "snapshots"),
+        get(&checkers, "bad"),
+        get(&checkers, "failed")
+    );
+    println!(
+        "  faults: {} SIGKILLs, {} connection resets, {} stalls, {} late deliveries, {} restarts after start-up failures",
+        faults.kills,
+        faults.resets,
+        faults.stalls,
+        late.count.load(Ordering::Relaxed),
+        faults.restarts
+    );
+    println!(
+        "  GC runners: {} rounds, finished {}, rolled back {}, swept {}, skipped {}; recovery: {} rounds",
+        get(&gc_rounds, "rounds"),
+        get(&gc_rounds, "finished"),
+        get(&gc_rounds, "rolled_back"),
+        get(&gc_rounds, "swept"),
+        get(&gc_rounds, "skipped"),
+        recovery
+    );
+    let offsets: Vec<String> = slots
+        .iter()
+        .filter(|s| s.recipe.skew.is_some() && s.recipe.kind != Kind::Gc)
+        .filter_map(|s| s.reports.lock().ok().map(|r| r.total()))
+        .map(|r| format!("{}", get(&r, "clock_offset_ms") / 1_000 * 1_000))
+        .collect();
+    if !offsets.is_empty() {
+        println!(
+            "  measured clock offsets of skewed processes (ms, rounded): {}",
+            offsets.join(", ")
+        );
+    }
+    println!(
+        "  end state: total {committed_total} (stored {stored_total}, expected {total}), {held} held documents, {records} records left"
+    );
+
+    let mut problems = Vec::new();
+    if committed_total != total || stored_total != total {
+        problems.push(format!(
+            "the total is {committed_total} (stored {stored_total}), not {total}"
+        ));
+    }
+    if held != 0 {
+        problems.push(format!("{held} documents are still held"));
+    }
+    if records != 0 {
+        problems.push(format!("{records} transaction records are left"));
+    }
+    if get(&checkers, "bad") != 0 || !alarms.is_empty() {
+        problems.push(format!("inconsistent snapshots: {alarms:?}"));
+    }
+    if get(&workers, "committed") == 0 {
+        problems.push("no transfer committed".into());
+    }
+    if args.checkers > 0 && get(&checkers, "snapshots") == 0 {
+        problems.push("no check transaction committed".into());
+    }
+    if args.no_faults && get(&workers, "expired") != 0 {
+        problems.push(format!(
+            "{} transactions were aborted as expired while their coordinators were alive",
+            get(&workers, "expired")
+        ));
+    }
+    drop(proxy);
+    let _ = db.drop().await;
+    if problems.is_empty() {
+        println!("RESULT ok");
+        Ok(())
+    } else {
+        println!("RESULT failed: {}", problems.join("; "));
+        Err(problems.join("; "))
+    }
+}
+
+/// Forwards to shared rules (the run keeps a handle to switch them off and read the count).
+struct SharedRules(Arc<LateRules>);
+
+impl Rules for SharedRules {
+    fn command(&self, command: &mut Document) -> Action {
+        self.0.command(command)
+    }
+}
+
+/// A pause around `mean` (between half and one and a half of it).
+fn jitter(mean: Duration) -> Duration {
+    let ms = mean.as_millis().max(2) as u64;
+    Duration::from_millis(rand::rng().random_range(ms / 2..=ms + ms / 2))
+}
+
+/// The reports of every slot of `kind`, summed, and their alarms.
+fn summed(slots: &[Slot], kind: Kind) -> (Report, Vec<String>) {
+    let mut total = Report::new();
+    let mut alarms = Vec::new();
+    for slot in slots.iter().filter(|s| s.recipe.kind == kind) {
+        if let Ok(reports) = slot.reports.lock() {
+            add(&mut total, &reports.total());
+            alarms.extend(reports.alarms.iter().cloned());
+        }
+    }
+    (total, alarms)
+}
+
+/// GC rounds as if every deadline had passed, until nothing is left to do; returns the rounds.
+async fn recover(store: &mongotx::Store, db: &mongodb::Database) -> Result<u32, String> {
+    let gc = Gc::with_store(store, GcOptions::default());
+    for round in 1..=30 {
+        let now = store.server_time().await.map_err(|e| e.to_string())?;
+        let later = bson::DateTime::from_millis(now.timestamp_millis() + 3_600_000);
+        let summary = gc
+            .run_round_at(later, &AtomicBool::new(false))
+            .await
+            .map_err(|e| format!("recovery round: {e}"))?;
+        let records = db
+            .collection::<Document>(TRANSACTIONS_COLLECTION)
+            .count_documents(doc! {})
+            .await
+            .map_err(|e| e.to_string())?;
+        let held = db
+            .collection::<Document>("accounts")
+            .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
+            .await
+            .map_err(|e| e.to_string())?;
+        if records == 0 && held == 0 && summary.skipped == 0 {
+            return Ok(round);
+        }
+    }
+    Err("recovery did not settle within 30 GC rounds".into())
+}

@@ -1,0 +1,307 @@
+//! The processes the torture run starts: workers that move money between accounts and checkers
+//! that read every account in one transaction. Each prints one `stats` line per half second on
+//! stdout (the run keeps the last line of every process it starts), and exits when killed or when
+//! its stdin closes.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+use mongotx::{
+    Adjust, CollectionSpec, LockWait, Repository, Store, Transactions, TxnError, TxnOptions, Update,
+};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+/// An account of the torture bank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Account {
+    #[serde(rename = "_id")]
+    pub(crate) id: String,
+    pub(crate) owner: String,
+    pub(crate) balance: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) note: Option<String>,
+}
+
+/// The id of account `i`.
+pub(crate) fn account_id(i: usize) -> String {
+    format!("acc{i:03}")
+}
+
+/// What every process needs to reach the bank.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Bank {
+    /// Connection string.
+    #[arg(long)]
+    pub(crate) uri: String,
+    /// Database of the bank.
+    #[arg(long)]
+    pub(crate) db: String,
+    /// Number of accounts.
+    #[arg(long)]
+    pub(crate) accounts: usize,
+    /// A transaction's timeout (after it, anyone may abort it).
+    #[arg(long, default_value = "3s", value_parser = crate::duration)]
+    pub(crate) txn_timeout: Duration,
+}
+
+impl Bank {
+    /// Opens the accounts repository on a store of its own client.
+    pub(crate) async fn open(&self) -> Result<(Store, Repository<Account>), String> {
+        let mut options = ClientOptions::parse(&self.uri)
+            .await
+            .map_err(|e| format!("bad --uri: {e}"))?;
+        options.server_selection_timeout = Some(Duration::from_secs(5));
+        options.connect_timeout = Some(Duration::from_secs(2));
+        let client = Client::with_options(options).map_err(|e| format!("bad --uri: {e}"))?;
+        let store = Store::builder(client.database(&self.db))
+            .lock_wait(LockWait {
+                max_wait: Duration::from_secs(2),
+                ..LockWait::default()
+            })
+            .build();
+        let accounts = store
+            .repository::<Account>(accounts_spec()?)
+            .await
+            .map_err(|e| format!("open accounts: {e}"))?;
+        Ok((store, accounts))
+    }
+
+    /// Transactions with this bank's timeout.
+    pub(crate) fn transactions(&self, store: &Store) -> Transactions {
+        Transactions::with_options(
+            store,
+            TxnOptions::default()
+                .timeout(self.txn_timeout)
+                .retry(LockWait {
+                    max_wait: Duration::from_secs(5),
+                    initial_backoff: Duration::from_millis(2),
+                    max_backoff: Duration::from_millis(100),
+                }),
+        )
+    }
+}
+
+/// The accounts collection (the project's `schemas/accounts.json`).
+pub(crate) fn accounts_spec() -> Result<CollectionSpec, String> {
+    CollectionSpec::new(
+        "accounts",
+        1,
+        include_str!("../../../schemas/accounts.json"),
+    )
+    .map_err(|e| format!("schemas/accounts.json: {e}"))
+}
+
+/// Arguments of a worker process.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    bank: Bank,
+}
+
+/// Arguments of a checker process.
+#[derive(Debug, Args)]
+pub(crate) struct CheckerArgs {
+    #[command(flatten)]
+    bank: Bank,
+    /// The total every consistent snapshot must see.
+    #[arg(long)]
+    total: i64,
+}
+
+/// Counters a process reports.
+#[derive(Default)]
+struct Counters {
+    committed: AtomicU64,
+    unknown: AtomicU64,
+    expired: AtomicU64,
+    failed: AtomicU64,
+    plain: AtomicU64,
+    snapshots: AtomicU64,
+    bad: AtomicU64,
+}
+
+/// Stops the process when its stdin closes (the run ends it that way when it does not kill it).
+fn watch_stdin(stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 64];
+        while let Ok(n) = stdin.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+}
+
+/// Prints the counters every half second, with this process's clock offset from the server's.
+fn report(counters: Arc<Counters>, offset_ms: i64, stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        loop {
+            let c = &counters;
+            println!(
+                "stats committed={} unknown={} expired={} failed={} plain={} snapshots={} bad={} clock_offset_ms={offset_ms}",
+                c.committed.load(Ordering::Relaxed),
+                c.unknown.load(Ordering::Relaxed),
+                c.expired.load(Ordering::Relaxed),
+                c.failed.load(Ordering::Relaxed),
+                c.plain.load(Ordering::Relaxed),
+                c.snapshots.load(Ordering::Relaxed),
+                c.bad.load(Ordering::Relaxed),
+            );
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+}
+
+/// This process's wall clock minus the server's time, in milliseconds.
+async fn clock_offset(store: &Store) -> i64 {
+    let local = bson::DateTime::now().timestamp_millis();
+    match store.server_time().await {
+        Ok(server) => local - server.timestamp_millis(),
+        Err(_) => 0,
+    }
+}
+
+/// Moves random amounts between random accounts until stopped; now and then writes an account's
+/// note outside any transaction.
+pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
+    let (store, accounts) = args.bank.open().await?;
+    let txns = args.bank.transactions(&store);
+    let n = args.bank.accounts;
+    let counters = Arc::new(Counters::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    watch_stdin(Arc::clone(&stop));
+    report(
+        Arc::clone(&counters),
+        clock_offset(&store).await,
+        Arc::clone(&stop),
+    );
+    while !stop.load(Ordering::SeqCst) {
+        let (from, to, amount, plain) = {
+            let mut rng = rand::rng();
+            let from = rng.random_range(0..n);
+            (
+                account_id(from),
+                account_id((from + rng.random_range(1..n)) % n),
+                rng.random_range(1..=50_i64),
+                rng.random_bool(0.1),
+            )
+        };
+        if plain {
+            if let Ok(read) = accounts.get(from.as_str()).await {
+                let note = Update::new().set("note", format!("touched by {}", std::process::id()));
+                if accounts
+                    .update(from.as_str(), read.version, &note)
+                    .await
+                    .is_ok()
+                {
+                    counters.plain.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            continue;
+        }
+        let result = txns
+            .run(|tx| {
+                let accounts = accounts.clone();
+                let (from, to) = (from.clone(), to.clone());
+                async move {
+                    let a = accounts.get(from.as_str()).await?;
+                    let b = accounts.get(to.as_str()).await?;
+                    tx.adjust(
+                        &accounts,
+                        from.as_str(),
+                        a.version,
+                        &Adjust::new().by("balance", -amount),
+                    )
+                    .await?;
+                    tx.adjust(
+                        &accounts,
+                        to.as_str(),
+                        b.version,
+                        &Adjust::new().by("balance", amount),
+                    )
+                    .await
+                }
+            })
+            .await;
+        let counter = match &result {
+            Ok(_) => &counters.committed,
+            Err(TxnError::CommitUnknown { .. }) => &counters.unknown,
+            Err(e) if expired(e) => &counters.expired,
+            Err(_) => &counters.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Whether a transaction (or its last attempt) was aborted by someone else past its deadline.
+fn expired(error: &TxnError) -> bool {
+    match error {
+        TxnError::Expired { .. } => true,
+        TxnError::GaveUp { last, .. } => expired(last),
+        _ => false,
+    }
+}
+
+/// Reads every account in one transaction (a check per account) until stopped; each committed
+/// snapshot must add up to the total.
+pub(crate) async fn checker(args: CheckerArgs) -> Result<(), String> {
+    let (store, accounts) = args.bank.open().await?;
+    let txns = args.bank.transactions(&store);
+    let n = args.bank.accounts;
+    let counters = Arc::new(Counters::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    watch_stdin(Arc::clone(&stop));
+    report(
+        Arc::clone(&counters),
+        clock_offset(&store).await,
+        Arc::clone(&stop),
+    );
+    while !stop.load(Ordering::SeqCst) {
+        let snapshot = txns
+            .run(|tx| {
+                let accounts = accounts.clone();
+                async move {
+                    let mut total = 0;
+                    for i in 0..n {
+                        let id = account_id(i);
+                        let read = accounts.get(id.as_str()).await?;
+                        tx.check(&accounts, id.as_str(), read.version)?;
+                        total += read.balance;
+                    }
+                    Ok(total)
+                }
+            })
+            .await;
+        match snapshot {
+            Ok((total, _)) if total == args.total => {
+                counters.snapshots.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok((total, outcome)) => {
+                counters.bad.fetch_add(1, Ordering::Relaxed);
+                println!(
+                    "bad-snapshot total={total} expected={} txn={:?}",
+                    args.total, outcome.txn
+                );
+            }
+            Err(TxnError::CommitUnknown { .. }) => {
+                counters.unknown.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                counters.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    Ok(())
+}

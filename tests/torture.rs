@@ -1,0 +1,104 @@
+//! The torture run's short form, and the clock-skew run, as part of the test suite: worker,
+//! checker and GC runner *processes* against one bank, under SIGKILLs, connection resets and
+//! stalls (toxiproxy) and late-delivered commands (the wire proxy); then the total must be exact,
+//! nothing held, no record left, and every committed check transaction must have seen the total.
+//! `tools/torture.sh` runs the long form.
+
+mod common;
+
+use std::process::Command;
+
+fn torture(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"))
+        .arg("run")
+        .args(args)
+        // The harness's server: the run starts none of its own.
+        .env("MONGODB_URI", common::server_uri())
+        .output()
+        .expect("start mongotx-torture");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "torture run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("RESULT ok"), "{stdout}");
+    stdout
+}
+
+/// The number after `label` in the run's report.
+fn number_after(report: &str, label: &str) -> i64 {
+    report
+        .split(label)
+        .nth(1)
+        .and_then(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .find(|s| !s.is_empty())
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {label:?} in:\n{report}"))
+}
+
+#[test]
+fn short_torture_keeps_every_invariant_under_kills_resets_and_late_deliveries() {
+    let report = torture(&[
+        "--seconds",
+        "45",
+        "--kill-every",
+        "1500ms",
+        "--fault-every",
+        "1s",
+    ]);
+    assert!(
+        report.contains("0 held documents, 0 records left"),
+        "{report}"
+    );
+    assert!(number_after(&report, "committed ") > 0);
+    assert!(
+        number_after(&report, "faults: ") > 0,
+        "no process was killed"
+    );
+    assert!(
+        number_after(&report, "SIGKILLs, ") > 0,
+        "no connection was reset"
+    );
+    assert!(
+        number_after(&report, "stalls, ") > 0,
+        "no command was delivered late"
+    );
+    assert_eq!(number_after(&report, "consistent check transactions, "), 0);
+}
+
+#[test]
+fn processes_a_minute_ahead_or_behind_never_take_a_live_transaction_for_expired() {
+    // Clocks a minute ahead and a minute behind, a transaction timeout of ten seconds: deciding
+    // expiry by any process's own clock would abort nearly every transaction of the other.
+    let report = torture(&[
+        "--seconds",
+        "12",
+        "--no-faults",
+        "--workers",
+        "2",
+        "--gc-runners",
+        "2",
+        "--txn-timeout",
+        "10s",
+        "--skews",
+        "60000,-60000",
+    ]);
+    assert_eq!(
+        number_after(&report, "expired under another party "),
+        0,
+        "{report}"
+    );
+    assert!(number_after(&report, "committed ") > 0);
+    let offsets = report
+        .lines()
+        .find(|l| l.contains("measured clock offsets"))
+        .unwrap_or_else(|| panic!("no clock offsets in:\n{report}"));
+    assert!(
+        offsets.contains("60000") && offsets.contains("-60000"),
+        "{offsets}"
+    );
+}
