@@ -81,12 +81,14 @@ async fn run(args: Args) -> DemoResult {
     let caps = mongotx::probe(&db).await?;
     step("Server probe");
     println!(
-        "  duplicate _id rejected, {} concurrent compare-and-set increments lost nothing ({} retries), find-and-modify returns the new document",
-        caps.contention_tasks, caps.contention_retries
+        "  duplicate _id rejected, {} concurrent compare-and-set increments lost nothing ({} retries), \
+         {} concurrent find-and-modify calls each got their own post-image",
+        caps.contention_tasks, caps.contention_retries, caps.contention_tasks
     );
     println!(
-        "  server version {}, server-side $jsonSchema validation: {}",
+        "  server version {}, topology {}, server-side $jsonSchema validation: {}",
         caps.version.as_deref().unwrap_or("unknown"),
+        caps.topology,
         if caps.json_schema_validation {
             "enforced"
         } else {
@@ -106,6 +108,7 @@ async fn run(args: Args) -> DemoResult {
         CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
     let accounts: Repository<Account> = store.repository(accounts_spec).await?;
 
+    tour_clock(&store).await?;
     tour_basics(&accounts).await?;
     tour_conflict(&accounts).await?;
     tour_delete(&accounts).await?;
@@ -114,6 +117,9 @@ async fn run(args: Args) -> DemoResult {
     tour_locked(&store, &accounts).await?;
     tour_transfer(&store, &accounts).await?;
     tour_crash_recovery(&store, &accounts, &db).await?;
+    tour_orphan(&store, &accounts, &db).await?;
+    tour_unique(&store, &db).await?;
+    tour_ids(&store).await?;
 
     if !args.keep {
         db.drop().await?;
@@ -255,7 +261,14 @@ async fn tour_delete(accounts: &Repository<Account>) -> DemoResult {
     expect(
         matches!(after, Err(RepoError::NotFound { .. })),
         "NotFound after purge",
-    )
+    )?;
+    accounts.insert(&account("bob", 50)).await?;
+    let again = accounts.get("bob").await?;
+    println!(
+        "  insert(bob) again -> version {}: above the purged tombstone's {version}, so no stale version can match",
+        again.version
+    );
+    expect(again.version > version, "a version above the purged one")
 }
 
 async fn tour_upgrade(store: &Store, db: &mongodb::Database) -> DemoResult {
@@ -595,4 +608,194 @@ async fn tour_crash_recovery(
         round.finished, round.rolled_back
     );
     expect(round.finished == 1 && held == 0, "rolled forward and freed")
+}
+
+async fn tour_clock(store: &Store) -> DemoResult {
+    step("One clock for every deadline: the server's");
+    let server = store.server_time().await?;
+    let local = bson::DateTime::now();
+    println!(
+        "  server time {server}, this host's clock differs by {} ms; deadlines are set and compared in server time",
+        local.timestamp_millis() - server.timestamp_millis()
+    );
+    println!(
+        "  durability {:?} on a {}: protocol writes {}",
+        store.durability(),
+        store.topology().await?,
+        if store.topology().await?.is_replicated() {
+            "are majority-acknowledged"
+        } else {
+            "use the client's write concern (a standalone server has no failover)"
+        }
+    );
+    Ok(())
+}
+
+async fn tour_orphan(
+    store: &Store,
+    accounts: &Repository<Account>,
+    db: &mongodb::Database,
+) -> DemoResult {
+    step("A hold whose transaction is gone (what a late-delivered write leaves) harms nobody");
+    let before = accounts.get("erin").await?;
+    let stalled = Transactions::with_options(
+        store,
+        TxnOptions::default()
+            .timeout(Duration::from_secs(3600))
+            .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
+                name: failpoint::COMMIT_BEFORE,
+                step: 0,
+            }))),
+    );
+    let tx = stalled.begin();
+    tx.adjust(
+        accounts,
+        "erin",
+        before.version,
+        &Adjust::new().by("balance", 1_000_i64),
+    )
+    .await?;
+    expect(
+        matches!(tx.commit().await, Err(TxnError::Crashed { .. })),
+        "a crash",
+    )?;
+    // As if the transaction had ended long ago and this apply had arrived afterwards.
+    db.collection::<Document>(store.transactions_collection())
+        .delete_many(doc! {})
+        .await?;
+    let stored = db
+        .collection::<Document>("accounts")
+        .find_one(doc! { "_id": "erin" })
+        .await?
+        .ok_or("erin is stored")?;
+    println!(
+        "  erin is stored with balance {} and held by a transaction that has no record; its hold carries its own undo",
+        stored.get_i64("balance").unwrap_or_default()
+    );
+    let read = accounts.get("erin").await?;
+    println!(
+        "  get(erin) -> balance {} at version {} (not committed: the hold is ignored)",
+        read.balance, read.version
+    );
+    expect(
+        read.balance == before.balance && read.version == before.version,
+        "the committed value",
+    )?;
+    let started = Instant::now();
+    let version = accounts
+        .update("erin", before.version, &Update::new().set("note", "fine"))
+        .await?;
+    println!(
+        "  a writer undoes the hold on the spot and writes in {:?} -> version {version}",
+        started.elapsed()
+    );
+    expect(held_accounts(db).await? == 0, "no hold left")?;
+    Ok(())
+}
+
+async fn tour_unique(store: &Store, db: &mongodb::Database) -> DemoResult {
+    step("Tombstones next to a plain unique index");
+    db.collection::<Document>("members")
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! { "owner": 1 })
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await?;
+    let spec = CollectionSpec::new("members", 1, include_str!("../../schemas/accounts.json"))?;
+    let members: Repository<Account> = store.repository(spec).await?;
+    for id in ["m1", "m2", "m3"] {
+        members.insert(&account(id, 1)).await?;
+    }
+    members.delete("m1", 1).await?;
+    members.delete("m2", 1).await?;
+    println!("  unique index on owner; deleted two members: both tombstones fit the index");
+    members.insert(&account("m4", 1).renamed("M1")).await?;
+    println!("  a new member takes the deleted member's owner \"M1\": the key is free again");
+    match members.insert(&account("m5", 1).renamed("M3")).await {
+        Err(error @ RepoError::DuplicateKey { .. }) => {
+            println!("  a clash with a live member: {error}")
+        }
+        other => return Err(format!("expected DuplicateKey, got {other:?}").into()),
+    }
+    Ok(())
+}
+
+async fn tour_ids(store: &Store) -> DemoResult {
+    step("Ids as the server compares them: Int32 7, Int64 7 and Double 7.0 are one document");
+    let spec = CollectionSpec::new("counters", 1, COUNTERS)?;
+    let counters: Repository<Counter> = store.repository(spec).await?;
+    counters
+        .insert(&Counter {
+            id: bson::Bson::Int32(7),
+            n: 0,
+        })
+        .await?;
+    let read = counters.get(bson::Bson::Double(7.0)).await?;
+    println!(
+        "  inserted id Int32 7; get(Double 7.0) -> n {} at version {}",
+        read.n, read.version
+    );
+    let tx = Transactions::new(store).begin();
+    tx.adjust(
+        &counters,
+        bson::Bson::Int32(7),
+        1,
+        &Adjust::new().by("n", 1_i64),
+    )
+    .await?;
+    match tx
+        .adjust(
+            &counters,
+            bson::Bson::Int64(7),
+            1,
+            &Adjust::new().by("n", 1_i64),
+        )
+        .await
+    {
+        Err(error @ TxnError::DuplicateEntry { .. }) => {
+            println!("  staging Int64 7 as well: {error}")
+        }
+        other => return Err(format!("expected DuplicateEntry, got {other:?}").into()),
+    }
+    tx.commit().await?;
+    expect(
+        counters.get(bson::Bson::Int64(7)).await?.n == 1,
+        "one increment",
+    )
+}
+
+const COUNTERS: &str = r#"{
+  "bsonType": "object",
+  "required": ["_id", "_schema", "_version", "n"],
+  "properties": {
+    "_id": { "bsonType": ["int", "long", "double"] },
+    "_schema": { "bsonType": "long" },
+    "_version": { "bsonType": "long" },
+    "_txn": { "bsonType": "objectId" },
+    "_deleted": { "bsonType": "date" },
+    "_deleting": { "bsonType": "bool" },
+    "n": { "bsonType": "long" }
+  }
+}"#;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Counter {
+    #[serde(rename = "_id")]
+    id: bson::Bson,
+    n: i64,
+}
+
+impl Account {
+    fn renamed(self, owner: &str) -> Account {
+        Account {
+            owner: owner.into(),
+            ..self
+        }
+    }
 }

@@ -24,6 +24,7 @@ use mongodb::options::UpdateOptions;
 use mongodb::{Collection, Database};
 
 use crate::repo::fields;
+use crate::server::probe;
 
 /// Name of the collection of per-collection metadata.
 pub const META_COLLECTION: &str = "mongotx_meta";
@@ -107,34 +108,40 @@ pub(crate) fn purgeable(cutoff: DateTime) -> Document {
 }
 
 /// Raises the floor of `collection` to cover `version`; returns when the floor covering it was
-/// raised (server time), or `None` if it never needed raising (no raise time recorded).
+/// raised (server time), or `None` if that is not recorded (raised long ago).
 pub(crate) async fn raise_floor(
     meta: &Collection<Document>,
     collection: &str,
     version: i64,
     now: DateTime,
 ) -> mongodb::error::Result<Option<DateTime>> {
-    let raised = meta
-        .update_one(
-            doc! { "_id": meta_id(collection), FLOOR: { "$lt": version } },
-            doc! { "$set": { FLOOR: version, RAISED: now, NAME: collection } },
-        )
-        .await?;
-    if raised.matched_count == 1 {
-        return Ok(Some(now));
-    }
-    let current = meta.find_one(doc! { "_id": meta_id(collection) }).await?;
-    match current {
-        Some(d) => Ok(d.get_datetime(RAISED).ok().copied()),
-        // Never registered (a collection purged by hand): register it with the floor raised.
-        None => {
-            meta.update_one(
-                doc! { "_id": meta_id(collection) },
-                doc! { "$max": { FLOOR: version }, "$setOnInsert": { NAME: collection, RAISED: now } },
+    for _ in 0..3 {
+        let raised = meta
+            .update_one(
+                doc! { "_id": meta_id(collection), FLOOR: { "$lt": version } },
+                doc! { "$set": { FLOOR: version, RAISED: now, NAME: collection } },
             )
-            .with_options(UpdateOptions::builder().upsert(true).build())
             .await?;
-            Ok(Some(now))
+        if raised.matched_count == 1 {
+            return Ok(Some(now));
+        }
+        if let Some(current) = meta.find_one(doc! { "_id": meta_id(collection) }).await? {
+            // Already at or above `version`: covered since it was last raised.
+            return Ok(current.get_datetime(RAISED).ok().copied());
+        }
+        // Never registered (a collection purged by hand): create it raised, then look again.
+        let created = meta
+            .insert_one(
+                doc! { "_id": meta_id(collection), NAME: collection, FLOOR: version, RAISED: now },
+            )
+            .await;
+        match created {
+            Ok(_) => return Ok(Some(now)),
+            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => continue,
+            Err(e) => return Err(e),
         }
     }
+    Err(mongodb::error::Error::custom(
+        "the version floor kept changing while it was being raised",
+    ))
 }

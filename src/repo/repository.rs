@@ -102,6 +102,24 @@ impl Query {
 }
 
 /// A typed collection of stamped documents.
+///
+/// ```no_run
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
+/// # async fn demo(accounts: mongotx::Repository<Account>) -> Result<(), mongotx::RepoError> {
+/// use mongotx::{Adjust, Query, RepoError};
+///
+/// let alice = accounts.get("alice").await?;
+/// match accounts.adjust("alice", alice.version, &Adjust::new().by("balance", -5_i64)).await {
+///     Ok(version) => println!("now at version {version}"),
+///     Err(RepoError::VersionConflict { actual, .. }) => println!("changed meanwhile: {actual}"),
+///     Err(other) => return Err(other),
+/// }
+/// let _rich = accounts
+///     .find(Query::new().filter(bson::doc! { "balance": { "$gt": 100_i64 } }).limit(10))
+///     .await?;
+/// # Ok(()) }
+/// ```
 pub struct Repository<T> {
     store: Store,
     spec: Arc<CollectionSpec>,

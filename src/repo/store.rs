@@ -79,6 +79,23 @@ impl LockWait {
 }
 
 /// A database plus shared settings; opens typed repositories. Cheap to clone.
+///
+/// ```no_run
+/// # async fn demo(client: mongodb::Client) -> Result<(), mongotx::RepoError> {
+/// use std::time::Duration;
+/// use mongotx::{CollectionSpec, Durability, LockWait, Store};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
+///
+/// let store = Store::builder(client.database("bank"))
+///     .lock_wait(LockWait { max_wait: Duration::from_secs(1), ..LockWait::default() })
+///     .durability(Durability::Majority)
+///     .build();
+/// let spec = CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
+/// let accounts = store.repository::<Account>(spec).await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Store {
     pub(crate) inner: Arc<StoreInner>,
