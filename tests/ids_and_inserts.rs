@@ -18,20 +18,7 @@ use mongotx::{
 };
 use serde::{Deserialize, Serialize};
 
-const COUNTERS: &str = r#"{
-  "bsonType": "object",
-  "required": ["_id", "_schema", "_version", "n"],
-  "additionalProperties": false,
-  "properties": {
-    "_id": { "bsonType": ["int", "long", "double"] },
-    "_schema": { "bsonType": "long" },
-    "_version": { "bsonType": "long" },
-    "_txn": { "bsonType": "objectId" },
-    "_deleted": { "bsonType": "date" },
-    "_deleting": { "bsonType": "bool" },
-    "n": { "bsonType": "long" }
-  }
-}"#;
+const COUNTERS: &str = include_str!("../schemas/counters.json");
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Counter {

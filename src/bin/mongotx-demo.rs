@@ -770,19 +770,7 @@ async fn tour_ids(store: &Store) -> DemoResult {
     )
 }
 
-const COUNTERS: &str = r#"{
-  "bsonType": "object",
-  "required": ["_id", "_schema", "_version", "n"],
-  "properties": {
-    "_id": { "bsonType": ["int", "long", "double"] },
-    "_schema": { "bsonType": "long" },
-    "_version": { "bsonType": "long" },
-    "_txn": { "bsonType": "objectId" },
-    "_deleted": { "bsonType": "date" },
-    "_deleting": { "bsonType": "bool" },
-    "n": { "bsonType": "long" }
-  }
-}"#;
+const COUNTERS: &str = include_str!("../../schemas/counters.json");
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Counter {

@@ -621,18 +621,4 @@ mod tests {
             &doc! { TOMBSTONE_MARKER: "a" }
         );
     }
-
-    #[test]
-    fn backoff_is_capped_and_jittered() {
-        let wait = LockWait {
-            max_wait: Duration::from_secs(1),
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(40),
-        };
-        for attempt in 0..20 {
-            let pause = wait.backoff(attempt);
-            assert!(pause <= Duration::from_millis(40), "{pause:?}");
-        }
-        assert!(wait.backoff(0) >= Duration::from_millis(5));
-    }
 }

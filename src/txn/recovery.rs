@@ -151,14 +151,11 @@ pub(crate) async fn finish_all(
     txn: &ActiveTransaction,
     role: Role,
 ) -> Result<(), TxnError> {
-    let t = txn.id;
-    try_join_all(txn.entries.iter().enumerate().map(|(i, entry)| async move {
-        env.point(Some(t), role.finish.0, i)?;
-        finish_entry(env, t, entry).await?;
-        env.point(Some(t), role.finish.1, i)
-    }))
+    each_entry(env, txn, role.finish, |entry| {
+        finish_entry(env, txn.id, entry)
+    })
     .await?;
-    end(env, t, role.end).await
+    end(env, txn.id, role.end).await
 }
 
 /// Undoes every applied entry of a transaction that did not commit, then deletes its record.
@@ -167,14 +164,35 @@ pub(crate) async fn rollback_all(
     txn: &ActiveTransaction,
     role: Role,
 ) -> Result<(), TxnError> {
-    let t = txn.id;
-    try_join_all(txn.entries.iter().enumerate().map(|(i, entry)| async move {
-        env.point(Some(t), role.rollback.0, i)?;
-        undo_entry(env, t, txn.deadline, entry).await?;
-        env.point(Some(t), role.rollback.1, i)
-    }))
+    each_entry(env, txn, role.rollback, |entry| {
+        undo_entry(env, txn.id, txn.deadline, entry)
+    })
     .await?;
-    end(env, t, role.rollback_end).await
+    end(env, txn.id, role.rollback_end).await
+}
+
+/// Runs `step` on every entry concurrently, between the failpoints `(before, after)`.
+async fn each_entry<'a, F, Fut>(
+    env: &Env,
+    txn: &'a ActiveTransaction,
+    (before, after): (&'static str, &'static str),
+    step: F,
+) -> Result<(), TxnError>
+where
+    F: Fn(&'a Entry) -> Fut,
+    Fut: std::future::Future<Output = Result<(), TxnError>>,
+{
+    let t = txn.id;
+    try_join_all(txn.entries.iter().enumerate().map(|(i, entry)| {
+        let work = step(entry);
+        async move {
+            env.point(Some(t), before, i)?;
+            work.await?;
+            env.point(Some(t), after, i)
+        }
+    }))
+    .await
+    .map(|_| ())
 }
 
 /// Undoes one entry if the transaction holds its document.

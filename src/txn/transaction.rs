@@ -16,6 +16,7 @@ use crate::repo::fields::SystemFields;
 use crate::repo::ids;
 use crate::repo::repository::Repository;
 use crate::repo::resolve::Committed;
+use crate::repo::schema::Violation;
 use crate::repo::store::{LockWait, Store};
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{FaultInjector, Faults};
@@ -289,33 +290,20 @@ impl Transaction {
     where
         T: Serialize + DeserializeOwned + Send + Sync,
     {
-        self.same_database(repo)?;
         let id = id.into();
-        let shown = show_id(&id);
-        repo.check_write(&id, expected_version)?;
-        repo.check_update(&shown, update)?;
-        let (stored, sys) = read_for_change(repo, &id, &shown, expected_version).await?;
-        let op = if sys.schema_version < repo.spec().schema_version() {
-            let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
-            update
-                .apply_to(&mut post)
-                .map_err(|v| repo.invalid(&shown, v))?;
-            rewrite(repo, &shown, expected_version, post, stored)?
-        } else {
-            Op::Update {
+        repo.check_update(&show_id(&id), update)?;
+        self.stage_change(
+            repo,
+            id,
+            expected_version,
+            |doc| update.apply_to(doc),
+            |stored| Op::Update {
                 set: pairs(update.sets()),
                 unset: update.unsets().to_vec(),
-                undo: undo_for(&stored, update.paths()),
-            }
-        };
-        self.push(Entry {
-            coll: repo.name().to_string(),
-            id,
-            expected: expected_version,
-            applied: expected_version + 1,
-            schema: repo.spec().schema_version(),
-            op,
-        })
+                undo: undo_for(stored, update.paths()),
+            },
+        )
+        .await
     }
 
     /// Stages numeric increments of the document at `expected_version`.
@@ -329,29 +317,50 @@ impl Transaction {
     where
         T: Serialize + DeserializeOwned + Send + Sync,
     {
-        self.same_database(repo)?;
         let id = id.into();
+        repo.check_adjust(&show_id(&id), adjust)?;
+        self.stage_change(
+            repo,
+            id,
+            expected_version,
+            |doc| adjust.apply_to(doc),
+            |stored| Op::Adjust {
+                inc: pairs(adjust.increments()),
+                undo: undo_for(stored, adjust.increments().iter().map(|(p, _)| p.as_str())),
+            },
+        )
+        .await
+    }
+
+    /// Stages a field-level change, already checked, of the document at `expected`: as `op` on a
+    /// document in the current shape, or as a rewrite (`apply` to its upgraded form) on an older one.
+    async fn stage_change<T>(
+        &self,
+        repo: &Repository<T>,
+        id: Bson,
+        expected: i64,
+        apply: impl FnOnce(&mut Document) -> Result<(), Violation>,
+        op: impl FnOnce(&Document) -> Op,
+    ) -> Result<(), TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        self.same_database(repo)?;
         let shown = show_id(&id);
-        repo.check_write(&id, expected_version)?;
-        repo.check_adjust(&shown, adjust)?;
-        let (stored, sys) = read_for_change(repo, &id, &shown, expected_version).await?;
+        repo.check_write(&id, expected)?;
+        let (stored, sys) = read_for_change(repo, &id, &shown, expected).await?;
         let op = if sys.schema_version < repo.spec().schema_version() {
             let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
-            adjust
-                .apply_to(&mut post)
-                .map_err(|v| repo.invalid(&shown, v))?;
-            rewrite(repo, &shown, expected_version, post, stored)?
+            apply(&mut post).map_err(|v| repo.invalid(&shown, v))?;
+            rewrite(repo, &shown, expected, post, stored)?
         } else {
-            Op::Adjust {
-                inc: pairs(adjust.increments()),
-                undo: undo_for(&stored, adjust.increments().iter().map(|(p, _)| p.as_str())),
-            }
+            op(&stored)
         };
         self.push(Entry {
             coll: repo.name().to_string(),
             id,
-            expected: expected_version,
-            applied: expected_version + 1,
+            expected,
+            applied: expected + 1,
             schema: repo.spec().schema_version(),
             op,
         })

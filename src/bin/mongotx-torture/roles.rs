@@ -172,21 +172,45 @@ async fn clock_offset(store: &Store) -> i64 {
     }
 }
 
+/// What a worker or checker process runs with.
+struct Process {
+    accounts: Repository<Account>,
+    txns: Transactions,
+    counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Process {
+    /// Opens the bank and starts the stdin watch and the reports.
+    async fn start(bank: &Bank) -> Result<Process, String> {
+        let (store, accounts) = bank.open().await?;
+        let process = Process {
+            txns: bank.transactions(&store),
+            accounts,
+            counters: Arc::new(Counters::default()),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        watch_stdin(Arc::clone(&process.stop));
+        report(
+            Arc::clone(&process.counters),
+            clock_offset(&store).await,
+            Arc::clone(&process.stop),
+        );
+        Ok(process)
+    }
+
+    fn running(&self) -> bool {
+        !self.stop.load(Ordering::SeqCst)
+    }
+}
+
 /// Moves random amounts between random accounts until stopped; now and then writes an account's
 /// note outside any transaction.
 pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
-    let (store, accounts) = args.bank.open().await?;
-    let txns = args.bank.transactions(&store);
+    let process = Process::start(&args.bank).await?;
+    let (accounts, txns, counters) = (&process.accounts, &process.txns, &process.counters);
     let n = args.bank.accounts;
-    let counters = Arc::new(Counters::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    watch_stdin(Arc::clone(&stop));
-    report(
-        Arc::clone(&counters),
-        clock_offset(&store).await,
-        Arc::clone(&stop),
-    );
-    while !stop.load(Ordering::SeqCst) {
+    while process.running() {
         let (from, to, amount, plain) = {
             let mut rng = rand::rng();
             let from = rng.random_range(0..n);
@@ -257,18 +281,10 @@ fn expired(error: &TxnError) -> bool {
 /// Reads every account in one transaction (a check per account) until stopped; each committed
 /// snapshot must add up to the total.
 pub(crate) async fn checker(args: CheckerArgs) -> Result<(), String> {
-    let (store, accounts) = args.bank.open().await?;
-    let txns = args.bank.transactions(&store);
+    let process = Process::start(&args.bank).await?;
+    let (accounts, txns, counters) = (&process.accounts, &process.txns, &process.counters);
     let n = args.bank.accounts;
-    let counters = Arc::new(Counters::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    watch_stdin(Arc::clone(&stop));
-    report(
-        Arc::clone(&counters),
-        clock_offset(&store).await,
-        Arc::clone(&stop),
-    );
-    while !stop.load(Ordering::SeqCst) {
+    while process.running() {
         let snapshot = txns
             .run(|tx| {
                 let accounts = accounts.clone();
