@@ -15,6 +15,7 @@ pub type UpgradeStep = Arc<dyn Fn(Document) -> Result<Document, String> + Send +
 
 /// Why a collection definition cannot be used.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum SpecError {
     /// The JSON Schema text is not a usable schema.
     #[error(transparent)]
@@ -45,6 +46,13 @@ pub enum SpecError {
         /// Why it is rejected.
         reason: &'static str,
     },
+}
+
+impl SpecError {
+    /// Whether trying again may succeed: never, the definition must change.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
 }
 
 /// Everything mongotx needs to know about one collection.

@@ -167,6 +167,7 @@ impl fmt::Display for BsonType {
 
 /// Why a JSON Schema text cannot be used.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum SchemaError {
     /// The text is not JSON, or not a JSON object.
     #[error("collection {collection}: schema is not a JSON object: {reason}")]
@@ -188,6 +189,13 @@ pub enum SchemaError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+impl SchemaError {
+    /// Whether trying again may succeed: never, the schema text must change.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
 }
 
 /// A document, field or value that breaks the schema.

@@ -25,6 +25,7 @@ const STDERR_KEEP: usize = 8 * 1024;
 
 /// Why the local test server could not be built or started.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum LocalServerError {
     /// A required program (java or mvn) is not installed or not on PATH.
     #[error("`{program}` is needed to {purpose} but could not be run: {source}")]
@@ -69,6 +70,13 @@ pub enum LocalServerError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl LocalServerError {
+    /// Whether trying again may succeed: never without changing the machine (install the tool, fix the build).
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
 }
 
 /// A running local test server; dropping it stops the process.
