@@ -592,12 +592,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         ));
     }
     drop(proxy);
-    let _ = db.drop().await;
     if problems.is_empty() {
+        let _ = db.drop().await;
         println!("RESULT ok");
         Ok(())
     } else {
-        println!("RESULT failed: {}", problems.join("; "));
+        // The database stays for inspection.
+        println!("RESULT failed (database {db_name} kept): {}", problems.join("; "));
         Err(problems.join("; "))
     }
 }
