@@ -598,7 +598,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         Ok(())
     } else {
         // The database stays for inspection.
-        println!("RESULT failed (database {db_name} kept): {}", problems.join("; "));
+        println!(
+            "RESULT failed (database {db_name} kept): {}",
+            problems.join("; ")
+        );
         Err(problems.join("; "))
     }
 }
