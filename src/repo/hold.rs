@@ -42,6 +42,7 @@
 
 use async_trait::async_trait;
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use mongodb::Collection;
 use serde::{Deserialize, Serialize};
 
 use crate::repo::fields;
@@ -283,19 +284,34 @@ impl HoldResolver for RecordResolver {
             .protocol_collection(store.transactions_collection())
             .await
             .map_err(|e| HoldError::database("aborting the transaction", e))?;
-        records
-            .update_one(
-                doc! {
-                    "_id": txn,
-                    record::STATE: TxnState::Pending.as_str(),
-                    record::DEADLINE: { "$lte": now },
-                },
-                doc! { "$set": { record::STATE: TxnState::Aborted.as_str() } },
-            )
-            .await
-            .map_err(|e| HoldError::database("aborting the transaction", e))?;
+        leave_pending(
+            &records,
+            txn,
+            TxnState::Aborted,
+            doc! { record::DEADLINE: { "$lte": now } },
+        )
+        .await
+        .map_err(|e| HoldError::database("aborting the transaction", e))?;
         self.status(store, txn).await
     }
+}
+
+/// Moves transaction `txn` out of the pending state to `to`, conditionally on its record still
+/// being pending (and on `extra`): the one kind of write that decides a transaction's outcome, so
+/// the commit point and every abort race on the same condition and exactly one wins. Returns
+/// whether this write was the one.
+pub(crate) async fn leave_pending(
+    records: &Collection<Document>,
+    txn: ObjectId,
+    to: TxnState,
+    extra: Document,
+) -> mongodb::error::Result<bool> {
+    let mut filter = doc! { "_id": txn, record::STATE: TxnState::Pending.as_str() };
+    filter.extend(extra);
+    let result = records
+        .update_one(filter, doc! { "$set": { record::STATE: to.as_str() } })
+        .await?;
+    Ok(result.matched_count == 1)
 }
 
 /// Reads the status of a stored record.

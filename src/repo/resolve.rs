@@ -3,6 +3,7 @@
 //! status (see `hold` for why that suffices); whole transactions are the transaction layer's.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
+use mongodb::Collection;
 
 use crate::repo::fields::{self, SystemFields};
 use crate::repo::hold::{self, Hold, HoldError, HoldKind, TxnStatus};
@@ -127,6 +128,24 @@ pub(crate) async fn settle(
     }
 }
 
+/// The protocol's handle on `coll` and the document `id` as `holder` still holds it, if it does.
+async fn held(
+    store: &Store,
+    coll: &str,
+    id: &Bson,
+    holder: ObjectId,
+) -> Result<Option<(Collection<Document>, Document)>, HoldError> {
+    let collection = store
+        .protocol_collection(coll)
+        .await
+        .map_err(|e| HoldError::database("reading the held document", e))?;
+    let found = collection
+        .find_one(hold::held_by(id, holder))
+        .await
+        .map_err(|e| HoldError::database("reading the held document", e))?;
+    Ok(found.map(|doc| (collection, doc)))
+}
+
 /// Undoes the hold of `holder` on `id`, from the hold the document carries; says whether there
 /// was one to undo.
 pub(crate) async fn roll_back(
@@ -135,15 +154,7 @@ pub(crate) async fn roll_back(
     id: &Bson,
     holder: ObjectId,
 ) -> Result<bool, HoldError> {
-    let collection = store
-        .protocol_collection(coll)
-        .await
-        .map_err(|e| HoldError::database("undoing the hold", e))?;
-    let Some(held) = collection
-        .find_one(hold::held_by(id, holder))
-        .await
-        .map_err(|e| HoldError::database("reading the held document", e))?
-    else {
+    let Some((collection, held)) = held(store, coll, id, holder).await? else {
         return Ok(false);
     };
     let undo = fields::read_hold(&held)
@@ -163,15 +174,7 @@ pub(crate) async fn roll_forward(
     id: &Bson,
     holder: ObjectId,
 ) -> Result<(), HoldError> {
-    let collection = store
-        .protocol_collection(coll)
-        .await
-        .map_err(|e| HoldError::database("finishing the hold", e))?;
-    let Some(held) = collection
-        .find_one(hold::held_by(id, holder))
-        .await
-        .map_err(|e| HoldError::database("reading the held document", e))?
-    else {
+    let Some((collection, held)) = held(store, coll, id, holder).await? else {
         return Ok(());
     };
     let sys = SystemFields::read(&held).map_err(HoldError::new)?;

@@ -415,15 +415,7 @@ impl Transactions {
                     let settled = resolve::settle(&self.store, &entry.coll, &entry.id, holder)
                         .await
                         .map_err(|source| {
-                            TxnError::document(
-                                Some(t),
-                                RepoError::Hold {
-                                    collection: entry.coll.clone(),
-                                    id: show_id(&entry.id),
-                                    holder,
-                                    source,
-                                },
-                            )
+                            TxnError::hold(Some(t), &entry.coll, &entry.id, holder, source)
                         })?;
                     let again = last_holder == Some(holder);
                     last_holder = Some(holder);

@@ -152,6 +152,25 @@ impl TxnError {
         }
     }
 
+    /// Resolving `holder`'s hold on `collection`/`id` failed, for transaction `txn` (if any).
+    pub(crate) fn hold(
+        txn: Option<ObjectId>,
+        collection: &str,
+        id: &bson::Bson,
+        holder: ObjectId,
+        source: crate::repo::hold::HoldError,
+    ) -> TxnError {
+        TxnError::document(
+            txn,
+            RepoError::Hold {
+                collection: collection.to_string(),
+                id: crate::repo::error::show_id(id),
+                holder,
+                source,
+            },
+        )
+    }
+
     pub(crate) fn database(
         txn: Option<ObjectId>,
         step: &'static str,

@@ -15,7 +15,6 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::Database;
 
-use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
 use crate::repo::hold::TxnStatus;
 use crate::repo::meta;
@@ -301,17 +300,7 @@ impl Gc {
         holder: ObjectId,
     ) -> Result<bool, TxnError> {
         let store = &self.env.store;
-        let hold_error = |source| {
-            TxnError::document(
-                Some(holder),
-                RepoError::Hold {
-                    collection: collection.to_string(),
-                    id: show_id(id),
-                    holder,
-                    source,
-                },
-            )
-        };
+        let hold_error = |source| TxnError::hold(Some(holder), collection, id, holder, source);
         let status = store
             .resolver()
             .status(store, holder)

@@ -225,29 +225,18 @@ async fn end(
     env.point(Some(t), after, 0)
 }
 
-/// Moves transaction `t` out of the pending state to `to`, conditionally on it still being pending
-/// (and on `extra`): the one kind of write that decides a transaction's outcome, so the commit
-/// point and every abort race on the same condition and exactly one wins. Returns whether this
-/// write was the one.
+/// Moves transaction `t` out of the pending state to `to` (see [`hold::leave_pending`]).
 pub(crate) async fn leave_pending(
     env: &Env,
     t: ObjectId,
     to: TxnState,
     extra: Document,
 ) -> mongodb::error::Result<bool> {
-    let mut filter = doc! { "_id": t, hold::record::STATE: TxnState::Pending.as_str() };
-    filter.extend(extra);
     let records = env
         .store
         .protocol_collection(env.store.transactions_collection())
         .await?;
-    let result = records
-        .update_one(
-            filter,
-            doc! { "$set": { hold::record::STATE: to.as_str() } },
-        )
-        .await?;
-    Ok(result.matched_count == 1)
+    hold::leave_pending(&records, t, to, extra).await
 }
 
 /// Reads a record.
