@@ -14,6 +14,7 @@
 //!   resolve a hold.
 //! - `txn`: [`Transactions`] stages and commits multi-document [`Transaction`]s; the [`Gc`]
 //!   resolves what dead coordinators left behind; [`failpoint`]s let tests crash any party.
+//! - [`quota`]: limits shared by every instance of a service, built on the two layers above.
 //!
 //! # Example
 //!
@@ -40,6 +41,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod quota;
 mod repo;
 mod server;
 mod txn;

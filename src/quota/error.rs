@@ -1,0 +1,181 @@
+//! The quota module's error type.
+
+use std::fmt;
+use std::time::Duration;
+
+use bson::DateTime;
+use thiserror::Error;
+
+use crate::quota::model::ProviderId;
+use crate::repo::error::RepoError;
+use crate::server::clock::ClockError;
+use crate::txn::error::TxnError;
+
+/// One provider's refusal inside [`QuotaError::QuotaExceeded`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refusal {
+    /// The provider that refused.
+    pub provider: ProviderId,
+    /// What the request needed from it (several claims under one ancestor add up).
+    pub requested: i64,
+    /// What it had left (negative when its limit was lowered below its usage).
+    pub available: i64,
+    /// Its limit.
+    pub limit: i64,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (requested {}, available {}, limit {})",
+            self.provider, self.requested, self.available, self.limit
+        )
+    }
+}
+
+fn list(refusals: &[Refusal]) -> String {
+    refusals
+        .iter()
+        .map(Refusal::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Everything a quota operation can fail with. Input errors are found before anything is written.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// Not enough quota on at least one provider; nothing was taken from any of them.
+    #[error("quota exceeded for consumer {consumer}, request {request}: {}", list(.refusals))]
+    QuotaExceeded {
+        /// The consumer.
+        consumer: String,
+        /// The request id.
+        request: String,
+        /// Every provider that refused.
+        refusals: Vec<Refusal>,
+    },
+    /// No such provider (or one of a claim's ancestors is missing).
+    #[error("{collection}/{provider}: no such quota provider", collection = crate::quota::PROVIDERS_COLLECTION)]
+    UnknownProvider {
+        /// The provider named.
+        provider: ProviderId,
+    },
+    /// The provider already exists.
+    #[error("{collection}/{provider}: the quota provider already exists", collection = crate::quota::PROVIDERS_COLLECTION)]
+    ProviderExists {
+        /// The provider named.
+        provider: ProviderId,
+    },
+    /// An amount was zero or negative (amounts are whole units, so sums stay exact).
+    #[error("{provider}: amount {amount} is not a positive whole number")]
+    InvalidAmount {
+        /// The provider it was asked of.
+        provider: ProviderId,
+        /// The amount given.
+        amount: i64,
+    },
+    /// One call named the same provider twice; combine the amounts.
+    #[error("{provider} appears twice in one request; combine the amounts")]
+    DuplicateProvider {
+        /// The provider.
+        provider: ProviderId,
+    },
+    /// A limit below zero.
+    #[error("{provider}: limit {limit} is negative")]
+    NegativeLimit {
+        /// The provider.
+        provider: ProviderId,
+        /// The limit given.
+        limit: i64,
+    },
+    /// A request, consumer or provider name is unusable (empty, or a request without claims).
+    #[error("invalid quota request: {reason}")]
+    InvalidRequest {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The request id was already used by this consumer for different amounts or providers, or
+    /// for a reservation where a consume is asked (or the reverse).
+    #[error("consumer {consumer}: request {request} was already used for something else")]
+    RequestReused {
+        /// The consumer.
+        consumer: String,
+        /// The request id.
+        request: String,
+    },
+    /// The consumer holds nothing (never consumed, or already released).
+    #[error("consumer {consumer} holds no quota")]
+    UnknownConsumer {
+        /// The consumer.
+        consumer: String,
+    },
+    /// No such reservation: never made, cancelled, or already returned by the GC before its
+    /// recorded expiry (which cannot happen) .
+    #[error("consumer {consumer}: no reservation under request {request}")]
+    UnknownReservation {
+        /// The consumer.
+        consumer: String,
+        /// The request id.
+        request: String,
+    },
+    /// The reservation expired (it is returned, or will be, by the GC); nothing was changed.
+    #[error("consumer {consumer}: reservation {request} expired at {expired_at}")]
+    ReservationExpired {
+        /// The consumer.
+        consumer: String,
+        /// The request id.
+        request: String,
+        /// Its expiry (server time).
+        expired_at: DateTime,
+    },
+    /// A reservation's time to live must be positive and at most a day.
+    #[error("reservation ttl {ttl:?} must be positive and at most one day")]
+    InvalidTtl {
+        /// The ttl given.
+        ttl: Duration,
+    },
+    /// The generation-checked path kept finding its providers changed by others until the
+    /// retry budget ran out. Retrying later is safe.
+    #[error("{what}: providers kept changing for {elapsed:?} ({attempts} attempts); last: {last}")]
+    Contended {
+        /// The operation.
+        what: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Time spent.
+        elapsed: Duration,
+        /// The last reason to retry.
+        last: String,
+    },
+    /// A provider document could not be read or written.
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+    /// The transaction spanning several providers failed.
+    #[error(transparent)]
+    Txn(#[from] TxnError),
+    /// The server's time could not be read.
+    #[error(transparent)]
+    Clock(#[from] ClockError),
+    /// A fault injector stopped the operation here, as a crash would.
+    #[error("injected crash at {at}")]
+    Crashed {
+        /// The failpoint.
+        at: crate::txn::failpoint::Failpoint,
+    },
+}
+
+impl QuotaError {
+    /// Whether trying the same call again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            QuotaError::Contended { .. } => true,
+            QuotaError::Repo(e) => e.is_retryable(),
+            QuotaError::Txn(e) => e.is_retryable(),
+            QuotaError::Clock(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}

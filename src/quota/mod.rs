@@ -1,0 +1,214 @@
+//! Quotas shared by every instance of a service: providers with limits, consumption recorded per
+//! consumer, all-or-nothing across providers, hierarchies, and reservations that expire.
+//!
+//! # Design
+//!
+//! A provider (scope, resource) is one document in [`PROVIDERS_COLLECTION`] holding its limit,
+//! its usage, `available = limit - usage`, and one entry per (consumer, request) that holds part
+//! of it. Its document version is its *generation*: every change bumps it, so a reader that sees
+//! the same generation twice knows nothing changed, exactly as in the seed.
+//!
+//! **The seed's algorithm** (read availability and generation, write only if the generation is
+//! unchanged, otherwise re-read and retry) is how every change that spans several providers is
+//! made: the decision is computed from what was read (`decide`), and the writes go through the
+//! transaction layer, each conditional on the generation read, so they land all together or not
+//! at all. A child provider lists its ancestors; consuming from it consumes the same amount from
+//! each of them, and the entry is mirrored in each, so an ancestor's usage is always its own
+//! allocations plus its descendants'.
+//!
+//! **Beyond it**: a consume from a single provider without a parent is one conditional update
+//! whose condition is the decision itself (`available >= amount`, this request not already
+//! recorded, the document not held by a transaction). Two consumers writing the same provider
+//! both succeed while the limit allows both; no one retries because someone else wrote. The
+//! update still bumps the generation.
+//!
+//! **Idempotency**: the entry's key is (consumer, request id), so a request sent twice counts
+//! once. Each send carries a deadline the server checks (`$$NOW`), so a copy delivered late
+//! cannot land after it; a request that may have a copy in flight stores that deadline in its
+//! entry, and releasing it keeps the entry at 0 until the deadline passes, so a late copy finds
+//! it and does nothing.
+//!
+//! **Reservations** are entries with an expiry in server time. They count as usage until they
+//! are confirmed (the expiry is removed), cancelled, or expire; only the GC's sweep
+//! ([`Quota::sweep`], run by `mongotx-gc`) returns an expired one, so a caller's clock never
+//! decides. Confirming one that has expired is [`QuotaError::ReservationExpired`] and changes
+//! nothing.
+
+mod decide;
+mod error;
+mod model;
+mod ops;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::repo::collection::CollectionSpec;
+use crate::repo::repository::Repository;
+use crate::repo::store::{LockWait, Store};
+use crate::txn::failpoint::{FaultInjector, Faults};
+use crate::txn::transaction::{Transactions, TxnOptions};
+
+pub use error::{QuotaError, Refusal};
+pub use model::{
+    Allocation, Consumed, NewProvider, Provider, ProviderId, Released, Request, Reservation,
+    SweepSummary, PROVIDERS_COLLECTION, PROVIDERS_SCHEMA,
+};
+
+use model::ProviderDoc;
+
+/// Failpoints of the quota module (consulted through [`QuotaOptions::fault_injector`], which
+/// also reaches the transaction layer's own failpoints on multi-provider changes).
+pub mod failpoint {
+    /// After a reservation was written, before it is returned: the reserving process "dies"
+    /// holding quota that only expiry and the GC give back.
+    pub const RESERVE_AFTER: &str = "quota.reserve.after";
+    /// After a consume was written, before it is returned.
+    pub const CONSUME_AFTER: &str = "quota.consume.after";
+    /// Every quota failpoint name.
+    pub const ALL: &[&str] = &[RESERVE_AFTER, CONSUME_AFTER];
+}
+
+/// How a [`Quota`] handle behaves.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct QuotaOptions {
+    /// The longest a single send of a consume may take to reach the server; a copy arriving
+    /// later is refused by the server. It is also how long a released request that may have had
+    /// a copy in flight is remembered.
+    pub send_window: Duration,
+    /// How long the generation-checked path keeps re-reading and retrying under contention
+    /// before [`QuotaError::Contended`], and how it backs off meanwhile.
+    pub retry: LockWait,
+    /// Deadline of the transactions that change several providers at once.
+    pub txn_timeout: Duration,
+    pub(crate) faults: Option<Arc<dyn FaultInjector>>,
+}
+
+impl Default for QuotaOptions {
+    fn default() -> QuotaOptions {
+        QuotaOptions {
+            send_window: Duration::from_secs(30),
+            retry: LockWait {
+                max_wait: Duration::from_secs(20),
+                initial_backoff: Duration::from_millis(1),
+                max_backoff: Duration::from_millis(50),
+            },
+            txn_timeout: Duration::from_secs(10),
+            faults: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for QuotaOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaOptions")
+            .field("send_window", &self.send_window)
+            .field("retry", &self.retry)
+            .field("txn_timeout", &self.txn_timeout)
+            .field("faults", &self.faults.is_some())
+            .finish()
+    }
+}
+
+impl QuotaOptions {
+    /// Sets [`send_window`](QuotaOptions::send_window).
+    pub fn send_window(mut self, window: Duration) -> QuotaOptions {
+        self.send_window = window;
+        self
+    }
+
+    /// Sets [`retry`](QuotaOptions::retry).
+    pub fn retry(mut self, retry: LockWait) -> QuotaOptions {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets [`txn_timeout`](QuotaOptions::txn_timeout).
+    pub fn txn_timeout(mut self, timeout: Duration) -> QuotaOptions {
+        self.txn_timeout = timeout;
+        self
+    }
+
+    /// Installs a fault injector (tests): consulted at the quota [`failpoint`]s and at the
+    /// transaction layer's.
+    pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> QuotaOptions {
+        self.faults = Some(injector);
+        self
+    }
+}
+
+/// The quota handle: cheap to clone, shared by all tasks of a process.
+///
+/// ```no_run
+/// # async fn demo(store: mongotx::Store) -> Result<(), mongotx::quota::QuotaError> {
+/// use mongotx::quota::{NewProvider, Quota, Request};
+///
+/// let quota = Quota::open(&store).await?;
+/// quota.create(NewProvider::new(("domain/7", "cores"), 64)).await?;
+/// quota.create(NewProvider::new(("project/42", "cores"), 16).parent(("domain/7", "cores"))).await?;
+///
+/// let request = Request::new("vm-1").take(("project/42", "cores"), 4);
+/// quota.consume(&request).await?; // a retry of the same request counts once
+/// let released = quota.release("vm-1").await?;
+/// assert_eq!(released.returned.len(), 2); // the project and its domain
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Quota {
+    store: Store,
+    repo: Repository<ProviderDoc>,
+    txns: Transactions,
+    options: QuotaOptions,
+    faults: Faults,
+    /// Providers known to have a parent (parents never change), so their consumes skip the
+    /// single-provider write that could not match.
+    with_parent: Arc<Mutex<HashSet<ProviderId>>>,
+}
+
+impl std::fmt::Debug for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Quota")
+            .field("collection", &PROVIDERS_COLLECTION)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Quota {
+    /// Opens the quota collection in `store`'s database (creating it and its indexes if needed).
+    pub async fn open(store: &Store) -> Result<Quota, QuotaError> {
+        Quota::with_options(store, QuotaOptions::default()).await
+    }
+
+    /// Opens it with `options`.
+    pub async fn with_options(store: &Store, options: QuotaOptions) -> Result<Quota, QuotaError> {
+        let spec = CollectionSpec::new(PROVIDERS_COLLECTION, 1, PROVIDERS_SCHEMA).map_err(|e| {
+            QuotaError::InvalidRequest {
+                reason: format!("the built-in provider schema is unusable: {e}"),
+            }
+        })?;
+        let repo = store.repository::<ProviderDoc>(spec).await?;
+        let mut txn_options = TxnOptions::default()
+            .timeout(options.txn_timeout)
+            .retry(options.retry);
+        if let Some(faults) = &options.faults {
+            txn_options = txn_options.fault_injector(Arc::clone(faults));
+        }
+        let quota = Quota {
+            store: store.clone(),
+            txns: Transactions::with_options(store, txn_options),
+            faults: Faults::new(options.faults.clone()),
+            repo,
+            options,
+            with_parent: Arc::new(Mutex::new(HashSet::new())),
+        };
+        quota.create_indexes().await?;
+        Ok(quota)
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &QuotaOptions {
+        &self.options
+    }
+}

@@ -1,0 +1,327 @@
+//! What the quota module stores and what it hands to callers.
+//!
+//! A provider is one document in [`PROVIDERS_COLLECTION`]. Its allocations live inside it, one
+//! entry per (consumer, request), so that taking quota from a single provider and recording who
+//! took it is one atomic write. A child provider's entries are mirrored in every ancestor, which
+//! is how an ancestor's usage always equals its own allocations plus its descendants'.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bson::oid::ObjectId;
+use bson::DateTime;
+use serde::{Deserialize, Serialize};
+
+/// The collection holding one document per provider.
+pub const PROVIDERS_COLLECTION: &str = "quota_providers";
+
+/// The JSON Schema of [`PROVIDERS_COLLECTION`] (the project's `schemas/quota_providers.json`).
+pub const PROVIDERS_SCHEMA: &str = include_str!("../../schemas/quota_providers.json");
+
+/// Names a provider: a resource within a scope, such as (`"project/42"`, `"cores"`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ProviderId {
+    /// Who owns the budget: a project, a tenant, a team.
+    pub scope: String,
+    /// What is counted: cores, bytes of RAM, seats, API credits.
+    pub resource: String,
+}
+
+impl ProviderId {
+    /// The provider of `resource` in `scope`.
+    pub fn new(scope: impl Into<String>, resource: impl Into<String>) -> ProviderId {
+        ProviderId {
+            scope: scope.into(),
+            resource: resource.into(),
+        }
+    }
+
+    /// The stored `_id`: fields in a fixed order, because the server compares embedded documents
+    /// field by field.
+    pub(crate) fn to_bson(&self) -> bson::Bson {
+        bson::Bson::Document(bson::doc! { "scope": &self.scope, "resource": &self.resource })
+    }
+}
+
+impl fmt::Display for ProviderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.scope, self.resource)
+    }
+}
+
+impl<S: Into<String>, R: Into<String>> From<(S, R)> for ProviderId {
+    fn from((scope, resource): (S, R)) -> ProviderId {
+        ProviderId::new(scope, resource)
+    }
+}
+
+/// A provider as stored (system fields aside).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ProviderDoc {
+    #[serde(rename = "_id")]
+    pub(crate) id: ProviderId,
+    pub(crate) limit: i64,
+    /// Sum of `n` over `held`; kept so that reads and conditions need no aggregation.
+    pub(crate) usage: i64,
+    /// `limit - usage`, negative after a limit was lowered below usage. The single-provider
+    /// consume's whole condition is `available >= amount`.
+    pub(crate) available: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parent: Option<ProviderId>,
+    /// Parent, grandparent, ... up to the root: fixed at creation, since parents never change.
+    #[serde(default)]
+    pub(crate) ancestors: Vec<ProviderId>,
+    #[serde(default)]
+    pub(crate) held: Vec<Entry>,
+}
+
+/// One (consumer, request)'s share of one provider.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Entry {
+    /// Consumer.
+    pub(crate) c: String,
+    /// Request id: the idempotency key within the consumer.
+    pub(crate) r: String,
+    /// Amount held; 0 for a released request remembered until `dl`.
+    pub(crate) n: i64,
+    /// Set on a reservation: when (server time) the GC may return it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) exp: Option<DateTime>,
+    /// Set when a copy of the consuming command may still be in flight: the server refuses every
+    /// copy after this time, and a release keeps the entry (at 0) until then so a late copy finds
+    /// it and does nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) dl: Option<DateTime>,
+}
+
+impl Entry {
+    pub(crate) fn is(&self, consumer: &str, request: &str) -> bool {
+        self.c == consumer && self.r == request
+    }
+
+    /// A released request kept only to stop late copies.
+    pub(crate) fn is_tombstone(&self) -> bool {
+        self.n == 0
+    }
+}
+
+/// A provider's state as callers see it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Provider {
+    /// Which provider.
+    pub id: ProviderId,
+    /// The most that may be in use.
+    pub limit: i64,
+    /// In use: allocations and live reservations, this provider's own and its descendants'.
+    pub usage: i64,
+    /// `limit - usage`; negative when the limit was lowered below usage.
+    pub available: i64,
+    /// The part of `usage` held by reservations not yet confirmed.
+    pub reserved: i64,
+    /// Bumped by every change, as in the seed: equal generations mean nothing changed.
+    pub generation: i64,
+    /// The provider this one also consumes from.
+    pub parent: Option<ProviderId>,
+    /// Who holds what, by request.
+    pub allocations: Vec<Allocation>,
+}
+
+/// One request's share of a provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Allocation {
+    /// The consumer holding it.
+    pub consumer: String,
+    /// The request that took it.
+    pub request: String,
+    /// How much.
+    pub amount: i64,
+    /// For a reservation, when it expires (server time); `None` for a confirmed allocation.
+    pub expires: Option<DateTime>,
+}
+
+impl Provider {
+    pub(crate) fn from_stored(doc: ProviderDoc, generation: i64) -> Provider {
+        let allocations: Vec<Allocation> = doc
+            .held
+            .into_iter()
+            .filter(|e| !e.is_tombstone())
+            .map(|e| Allocation {
+                consumer: e.c,
+                request: e.r,
+                amount: e.n,
+                expires: e.exp,
+            })
+            .collect();
+        Provider {
+            reserved: allocations
+                .iter()
+                .filter(|a| a.expires.is_some())
+                .map(|a| a.amount)
+                .sum(),
+            id: doc.id,
+            limit: doc.limit,
+            usage: doc.usage,
+            available: doc.available,
+            generation,
+            parent: doc.parent,
+            allocations,
+        }
+    }
+}
+
+/// What to create: a provider, its limit and optionally its parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewProvider {
+    pub(crate) id: ProviderId,
+    pub(crate) limit: i64,
+    pub(crate) parent: Option<ProviderId>,
+}
+
+impl NewProvider {
+    /// A root provider with `limit`.
+    pub fn new(id: impl Into<ProviderId>, limit: i64) -> NewProvider {
+        NewProvider {
+            id: id.into(),
+            limit,
+            parent: None,
+        }
+    }
+
+    /// Makes every consumption of this provider consume from `parent` (and its ancestors) too.
+    pub fn parent(mut self, parent: impl Into<ProviderId>) -> NewProvider {
+        self.parent = Some(parent.into());
+        self
+    }
+}
+
+/// A consumer's request for amounts from one or more providers. Its id makes it idempotent:
+/// consume (or reserve) the same `Request` again, for instance after a network error, and it
+/// counts once. Clones share that identity.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub(crate) consumer: String,
+    pub(crate) id: String,
+    pub(crate) claims: Vec<(ProviderId, i64)>,
+    /// Whether a copy of this request may be in flight unseen: the caller chose the id (so an
+    /// earlier process may have sent it), or one of our sends ended without a reply.
+    pub(crate) maybe_in_flight: Arc<AtomicBool>,
+}
+
+impl Request {
+    /// A request by `consumer` with a fresh, unique id.
+    pub fn new(consumer: impl Into<String>) -> Request {
+        Request {
+            consumer: consumer.into(),
+            id: ObjectId::new().to_hex(),
+            claims: Vec::new(),
+            maybe_in_flight: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A request by `consumer` under an id the caller keeps (for instance in its own database),
+    /// so that a retry from another process still counts once.
+    pub fn with_id(consumer: impl Into<String>, id: impl Into<String>) -> Request {
+        Request {
+            consumer: consumer.into(),
+            id: id.into(),
+            claims: Vec::new(),
+            maybe_in_flight: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    /// Adds `amount` of `provider` to the request.
+    pub fn take(mut self, provider: impl Into<ProviderId>, amount: i64) -> Request {
+        self.claims.push((provider.into(), amount));
+        self
+    }
+
+    /// The consumer.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The request id (the idempotency key).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The (provider, amount) pairs, in the order given.
+    pub fn claims(&self) -> &[(ProviderId, i64)] {
+        &self.claims
+    }
+
+    pub(crate) fn in_flight(&self) -> bool {
+        self.maybe_in_flight.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn mark_in_flight(&self) {
+        self.maybe_in_flight.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The result of a consume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Consumed {
+    /// The consumer.
+    pub consumer: String,
+    /// The request id.
+    pub request: String,
+    /// The request had already been applied (a retry); nothing was taken twice.
+    pub replayed: bool,
+    /// Conditional writes sent; 1 on the single-provider happy path.
+    pub writes: u32,
+    /// Times the request was re-read and retried because a provider changed in a way that
+    /// mattered (only the multi-provider path, which checks generations, has those).
+    pub retries: u32,
+}
+
+/// What a release or cancel returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Released {
+    /// The consumer.
+    pub consumer: String,
+    /// Amount returned to each provider (ancestors included), in provider order.
+    pub returned: Vec<(ProviderId, i64)>,
+}
+
+/// A reservation: quota held until it is confirmed, cancelled, or expires and the GC returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reservation {
+    /// The consumer.
+    pub consumer: String,
+    /// The request id it was made under.
+    pub request: String,
+    /// When it expires, in server time.
+    pub expires: DateTime,
+}
+
+impl Reservation {
+    /// A handle on a reservation known by its ids (for a process that persisted them).
+    pub fn new(
+        consumer: impl Into<String>,
+        request: impl Into<String>,
+        expires: DateTime,
+    ) -> Reservation {
+        Reservation {
+            consumer: consumer.into(),
+            request: request.into(),
+            expires,
+        }
+    }
+}
+
+/// What one quota sweep of the GC did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepSummary {
+    /// Expired reservations returned.
+    pub expired: u64,
+    /// Providers whose remembered released requests were forgotten.
+    pub pruned: u64,
+}
