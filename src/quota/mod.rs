@@ -69,6 +69,9 @@ pub mod failpoint {
     pub const ALL: &[&str] = &[RESERVE_AFTER, CONSUME_AFTER];
 }
 
+/// Lock stripes of a handle (see `Quota::stripes`).
+const STRIPES: usize = 64;
+
 /// How a [`Quota`] handle behaves.
 #[derive(Clone)]
 #[non_exhaustive]
@@ -164,6 +167,11 @@ pub struct Quota {
     /// Providers known to have a parent (parents never change), so their consumes skip the
     /// single-provider write that could not match.
     with_parent: Arc<Mutex<HashSet<ProviderId>>>,
+    /// Generation-checked changes of one process that touch the same providers would only make
+    /// each other retry (they all read a generation that the first writer then moves); they queue
+    /// here instead, by stripes of provider ids taken in order. Only an optimisation: processes
+    /// still race, and the generation check keeps that correct.
+    stripes: Arc<Vec<Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for Quota {
@@ -202,6 +210,11 @@ impl Quota {
             repo,
             options,
             with_parent: Arc::new(Mutex::new(HashSet::new())),
+            stripes: Arc::new(
+                (0..STRIPES)
+                    .map(|_| Arc::new(tokio::sync::Mutex::new(())))
+                    .collect(),
+            ),
         };
         quota.create_indexes().await?;
         Ok(quota)

@@ -1,6 +1,7 @@
 //! The quota operations against the database: read, decide (`decide`), write conditionally.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
@@ -404,12 +405,17 @@ impl Quota {
             request.id, request.consumer
         ));
         let mut writes = 0_u32;
+        let mut guards = Vec::new();
         loop {
             let now = self.store.now().await?;
             let deadline = request
                 .in_flight()
                 .then(|| plus(now, self.options.send_window));
             let docs = self.read_for(request).await?;
+            if docs.len() > 1 && guards.is_empty() {
+                guards = self.queue(docs.keys()).await;
+                continue;
+            }
             let take = decide::take(request, &docs, expires, deadline, now)?;
             let writes_now = match take {
                 Take::Replay { expires } => {
@@ -612,9 +618,14 @@ impl Quota {
         // What a write whose reply was lost would have returned: if the re-read finds nothing
         // left, that write landed.
         let mut unsure = None;
+        let mut guards = Vec::new();
         loop {
             let now = self.store.now().await?;
             let docs = self.holding(filter.clone()).await?;
+            if docs.len() > 1 && guards.is_empty() {
+                guards = self.queue(docs.keys()).await;
+                continue;
+            }
             let (writes, returned) = decide::remove(&docs, |e| pick(e, now), now);
             if writes.is_empty() {
                 return Ok(unsure.unwrap_or_default());
@@ -718,6 +729,26 @@ impl Quota {
             Ok(_) => Ok(Step::Done),
             Err(e) => classify_txn(e),
         }
+    }
+
+    /// Waits for this process's other changes of the same providers (read again after this).
+    async fn queue<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a ProviderId>,
+    ) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        use std::hash::{Hash, Hasher};
+        let stripes: BTreeSet<usize> = ids
+            .map(|id| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                id.hash(&mut h);
+                usize::try_from(h.finish() % self.stripes.len() as u64).unwrap_or(0)
+            })
+            .collect();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for stripe in stripes {
+            guards.push(Arc::clone(&self.stripes[stripe]).lock_owned().await);
+        }
+        guards
     }
 
     fn has_parent(&self, id: &ProviderId) -> bool {

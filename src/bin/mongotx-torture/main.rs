@@ -16,6 +16,7 @@
 
 mod chaos;
 mod children;
+mod quota_worker;
 mod roles;
 #[allow(dead_code)] // The integration tests use the rest of the proxy.
 mod wire_proxy;
@@ -42,6 +43,8 @@ enum Role {
     Worker(roles::WorkerArgs),
     /// A checker process: read-only check transactions over every account until killed.
     Checker(roles::CheckerArgs),
+    /// A quota worker: consumes and releases across a quota hierarchy until killed.
+    QuotaWorker(quota_worker::QuotaWorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
             Role::Run(args) => chaos::run(args).await,
             Role::Worker(args) => roles::worker(args).await,
             Role::Checker(args) => roles::checker(args).await,
+            Role::QuotaWorker(args) => quota_worker::quota_worker(args).await,
         }
     });
     match result {

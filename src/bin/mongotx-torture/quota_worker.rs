@@ -1,0 +1,83 @@
+//! A quota worker process: consumes three resources from random projects of a two-level
+//! hierarchy and releases them, until it is killed. Tests kill it at random moments and then
+//! check that usage still equals the allocations everywhere.
+
+use std::time::Duration;
+
+use clap::Args;
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+use mongotx::quota::{Quota, QuotaError, QuotaOptions, Request};
+use mongotx::Store;
+use rand::Rng;
+
+/// Arguments of a quota worker.
+#[derive(Debug, Args)]
+pub(crate) struct QuotaWorkerArgs {
+    /// Connection string of the server.
+    #[arg(long)]
+    uri: String,
+    /// Database holding the providers.
+    #[arg(long)]
+    db: String,
+    /// Scopes of the projects to consume from (each a child of one domain).
+    #[arg(long, value_delimiter = ',', required = true)]
+    projects: Vec<String>,
+    /// Resources every request takes.
+    #[arg(long, value_delimiter = ',', required = true)]
+    resources: Vec<String>,
+    /// Deadline of the transactions spanning several providers.
+    #[arg(long, default_value = "1s", value_parser = crate::duration)]
+    txn_timeout: Duration,
+}
+
+/// Consumes and releases until killed; prints one line per hundred requests.
+pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
+    let mut options = ClientOptions::parse(&args.uri)
+        .await
+        .map_err(|e| format!("bad --uri: {e}"))?;
+    options.server_selection_timeout = Some(Duration::from_secs(5));
+    let client = Client::with_options(options).map_err(|e| format!("bad --uri: {e}"))?;
+    let store = Store::new(client.database(&args.db));
+    let quota = Quota::with_options(
+        &store,
+        QuotaOptions::default().txn_timeout(args.txn_timeout),
+    )
+    .await
+    .map_err(|e| format!("open quota: {e}"))?;
+    let me = std::process::id();
+    let mut held: Vec<String> = Vec::new();
+    for n in 0_u64.. {
+        let (project, amounts, release) = {
+            let mut rng = rand::rng();
+            let project = args.projects[rng.random_range(0..args.projects.len())].clone();
+            let amounts: Vec<i64> = args
+                .resources
+                .iter()
+                .map(|_| rng.random_range(1..=30))
+                .collect();
+            (project, amounts, rng.random_bool(0.45))
+        };
+        if release && !held.is_empty() {
+            let consumer = held.remove(0);
+            match quota.release(&consumer).await {
+                Ok(_) | Err(QuotaError::UnknownConsumer { .. }) => {}
+                Err(e) => tracing::warn!(%consumer, error = %e, "release failed"),
+            }
+            continue;
+        }
+        let consumer = format!("w{me}-{n}");
+        let mut request = Request::new(&consumer);
+        for (resource, amount) in args.resources.iter().zip(amounts) {
+            request = request.take((project.as_str(), resource.as_str()), amount);
+        }
+        match quota.consume(&request).await {
+            Ok(_) => held.push(consumer),
+            Err(e) => tracing::debug!(%consumer, error = %e, "consume refused"),
+        }
+        if n % 100 == 99 {
+            println!("quota-worker {me}: {n} requests, holding {}", held.len());
+        }
+    }
+    Ok(())
+}
