@@ -160,3 +160,42 @@ async fn the_gc_runner_refuses_bad_configuration_and_an_unreachable_server() {
         String::from_utf8_lossy(&unreachable.stderr)
     );
 }
+
+#[tokio::test]
+async fn the_gc_runner_returns_expired_quota_reservations() {
+    use mongotx::quota::{NewProvider, Quota, Request};
+    let t = common::TestDb::new().await;
+    let quota = Quota::open(&t.store).await.unwrap();
+    quota
+        .create(NewProvider::new(("project", "cores"), 10))
+        .await
+        .unwrap();
+    quota
+        .reserve(
+            &Request::new("vm").take(("project", "cores"), 7),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let out = Command::new(GC)
+        .args([
+            "--uri",
+            &common::server_uri(),
+            "--db",
+            t.db.name(),
+            "--once",
+        ])
+        .output()
+        .await
+        .expect("run the GC");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("quota: expired=1"), "{stdout}");
+    let p = quota.provider(("project", "cores")).await.unwrap();
+    assert_eq!((p.usage, p.reserved), (0, 0));
+}

@@ -1,5 +1,5 @@
-//! The GC runner: finishes or rolls back expired transactions and purges old tombstones, one
-//! round per interval, until SIGINT or SIGTERM (the current item is finished first).
+//! The GC runner: finishes or rolls back expired transactions, purges old tombstones and returns
+//! expired quota reservations, one round per interval, until SIGINT or SIGTERM (the current item is finished first).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +44,10 @@ struct Args {
     /// Collection of ActiveTransaction documents.
     #[arg(long, default_value = mongotx::TRANSACTIONS_COLLECTION)]
     transactions_collection: String,
+    /// Skip the quota sweep (returning expired reservations), which otherwise runs every round
+    /// in a database that has quota providers.
+    #[arg(long)]
+    no_quota: bool,
 }
 
 #[tokio::main]
@@ -116,6 +120,19 @@ async fn run(args: Args) -> Result<(), String> {
                 println!("round: failed ({e})");
             }
         }
+        if !args.no_quota && !stop.load(Ordering::SeqCst) {
+            match sweep_quota(&store).await {
+                Ok(Some(swept)) => {
+                    println!("quota: expired={} pruned={}", swept.expired, swept.pruned)
+                }
+                Ok(None) => {}
+                Err(e) if args.once => return Err(format!("quota sweep failed: {e}")),
+                Err(e) => {
+                    tracing::warn!(error = %e, "quota sweep failed; retrying next round");
+                    println!("quota: failed ({e})");
+                }
+            }
+        }
         if args.once || stop.load(Ordering::SeqCst) {
             break;
         }
@@ -132,6 +149,26 @@ async fn run(args: Args) -> Result<(), String> {
 }
 
 /// Sets `stop` on SIGINT or SIGTERM; the round in progress finishes its current item.
+/// Returns expired reservations, if this database has quota providers at all (so that the GC
+/// never creates the quota collection where nobody uses it).
+async fn sweep_quota(store: &Store) -> Result<Option<mongotx::quota::SweepSummary>, String> {
+    let names = store
+        .database()
+        .list_collection_names()
+        .await
+        .map_err(|e| format!("list collections: {e}"))?;
+    if !names
+        .iter()
+        .any(|n| n == mongotx::quota::PROVIDERS_COLLECTION)
+    {
+        return Ok(None);
+    }
+    let quota = mongotx::quota::Quota::open(store)
+        .await
+        .map_err(|e| e.to_string())?;
+    quota.sweep().await.map(Some).map_err(|e| e.to_string())
+}
+
 fn spawn_signal_watch(stop: Arc<AtomicBool>, wake: Arc<tokio::sync::Notify>) -> Result<(), String> {
     #[cfg(unix)]
     {
