@@ -112,8 +112,7 @@ pub enum QuotaError {
         /// The consumer.
         consumer: String,
     },
-    /// No such reservation: never made, cancelled, or already returned by the GC before its
-    /// recorded expiry (which cannot happen) .
+    /// No such reservation: never made, already cancelled, or confirmed (for `cancel`).
     #[error("consumer {consumer}: no reservation under request {request}")]
     UnknownReservation {
         /// The consumer.
