@@ -173,6 +173,18 @@ async fn a_single_provider_consume_is_one_command_on_the_wire() {
             "one conditional update and nothing else"
         );
     }
+    // Returning them: one read to learn the amounts, one update conditioned on those entries.
+    for i in 0..5 {
+        commands.lock().unwrap().clear();
+        let released = quota.release(&format!("c{i}")).await.unwrap();
+        assert_eq!(released.returned, vec![(cores("p"), 2)]);
+        assert_eq!(
+            *commands.lock().unwrap(),
+            vec!["find".to_string(), "update".to_string()],
+            "one read and one conditional update"
+        );
+    }
+    assert_eq!(quota.provider(cores("p")).await.unwrap().usage, 1);
 }
 
 #[tokio::test]
@@ -591,7 +603,8 @@ impl LoseNth {
         };
         match self.target {
             "consume" => u.contains_key("$push"),
-            _ => u.contains_key("$set"),
+            // A release from one provider pulls its entries; from several, it rewrites them.
+            _ => u.contains_key("$pull") || u.contains_key("$set"),
         }
     }
 }
@@ -712,5 +725,58 @@ async fn a_consume_delivered_late_after_its_release_changes_nothing() {
         "the late copy found the released request and did nothing"
     );
     assert!(p.allocations.is_empty());
+    assert_books_balance(&t).await;
+}
+
+/// Confirm and cancel of one reservation racing from two clients: exactly one wins, and the
+/// provider shows that one's outcome (a cancel must never return an allocation that a confirm
+/// made of the entry it read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_and_cancel_racing_on_one_reservation_exactly_one_wins() {
+    let t = TestDb::new().await;
+    let one = Quota::open(&t.store).await.unwrap();
+    let other_client = Client::with_uri_str(common::server_uri()).await.unwrap();
+    let two = Quota::open(&Store::new(other_client.database(t.db.name())))
+        .await
+        .unwrap();
+    one.create(NewProvider::new(cores("p"), 1_000))
+        .await
+        .unwrap();
+    let (mut confirmed, mut cancelled) = (0, 0);
+    for round in 0..40 {
+        let consumer = format!("job{round}");
+        let reservation = one
+            .reserve(
+                &Request::new(&consumer).take(cores("p"), 3),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let (confirm, cancel) = tokio::join!(one.confirm(&reservation), two.cancel(&reservation));
+        let held: i64 = one
+            .provider(cores("p"))
+            .await
+            .unwrap()
+            .allocations
+            .iter()
+            .filter(|a| a.consumer == consumer)
+            .map(|a| a.amount)
+            .sum();
+        match (confirm, cancel) {
+            (Ok(()), Err(QuotaError::UnknownReservation { .. })) => {
+                confirmed += 1;
+                assert_eq!(held, 3, "{consumer}: confirmed, so still held");
+                one.release(&consumer).await.unwrap();
+            }
+            (Err(QuotaError::UnknownReservation { .. }), Ok(released)) => {
+                cancelled += 1;
+                assert_eq!(released.returned, vec![(cores("p"), 3)]);
+                assert_eq!(held, 0, "{consumer}: cancelled, so returned");
+            }
+            other => panic!("{consumer}: confirm and cancel ended {other:?}"),
+        }
+        assert_eq!(one.provider(cores("p")).await.unwrap().usage, 0);
+    }
+    println!("{confirmed} confirms won, {cancelled} cancels won");
     assert_books_balance(&t).await;
 }

@@ -201,6 +201,86 @@ async fn a_coordinator_dying_at_any_step_of_a_multi_provider_consume_leaves_all_
     assert!(committed > 0 && committed < crashed);
 }
 
+/// A release spanning two providers whose coordinator dies at any step, released again at once
+/// (the dead transaction's holds still in place): between them they return everything, once.
+/// While one provider is held with the consumer's entry only in its undo, the other alone must
+/// not be mistaken for all the consumer holds.
+#[tokio::test]
+async fn a_release_retried_over_a_dead_coordinators_holds_returns_everything_once() {
+    let t = TestDb::new().await;
+    let quota = Quota::with_options(
+        &t.store,
+        QuotaOptions::default().txn_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    for resource in ["x", "y"] {
+        quota
+            .create(NewProvider::new(("flat", resource), 1_000))
+            .await
+            .unwrap();
+    }
+    let coordinator_points: Vec<&str> = txn_failpoint::ALL
+        .iter()
+        .copied()
+        .filter(|name| !name.starts_with("gc."))
+        .collect();
+    let (mut crashed, mut committed) = (0, 0);
+    for name in coordinator_points {
+        for step in 0..6 {
+            let consumer = format!("{name}#{step}");
+            quota
+                .consume(
+                    &Request::new(&consumer)
+                        .take(("flat", "x"), 2)
+                        .take(("flat", "y"), 5),
+                )
+                .await
+                .unwrap();
+            let dying = Quota::with_options(
+                &t.store,
+                QuotaOptions::default()
+                    .txn_timeout(Duration::from_millis(300))
+                    .fault_injector(Arc::new(CrashAt(Failpoint { name, step }))),
+            )
+            .await
+            .unwrap();
+            match dying.release(&consumer).await {
+                Err(QuotaError::Txn(e)) if e.to_string().contains("injected crash") => crashed += 1,
+                Ok(released) => {
+                    // This step does not exist for this transaction.
+                    assert_eq!(released.returned.len(), 2, "{consumer}");
+                    continue;
+                }
+                Err(other) => panic!("{consumer}: {other}"),
+            }
+            let mut returned: Vec<_> = match quota.release(&consumer).await {
+                Ok(released) => released.returned,
+                Err(QuotaError::UnknownConsumer { .. }) => {
+                    committed += 1;
+                    Vec::new()
+                }
+                Err(other) => panic!("{consumer}: the second release: {other}"),
+            };
+            returned.sort();
+            assert!(
+                returned.is_empty()
+                    || returned == vec![(("flat", "x").into(), 2), (("flat", "y").into(), 5)],
+                "{consumer}: the second release returned {returned:?}"
+            );
+            collect(&t, &quota).await;
+            for resource in ["x", "y"] {
+                let provider = quota.provider(("flat", resource)).await.unwrap();
+                assert_eq!(provider.usage, 0, "{consumer}: {resource} still used");
+                assert!(provider.allocations.is_empty(), "{consumer}: {resource}");
+            }
+        }
+    }
+    println!("crashed at {crashed} points; {committed} had passed the commit point");
+    assert!(crashed >= 10, "only {crashed} crashes");
+    assert!(committed > 0 && committed < crashed);
+}
+
 fn spawn_worker(t: &TestDb) -> Child {
     Command::new(env!("CARGO_BIN_EXE_mongotx-torture"))
         .args([

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
 use mongodb::IndexModel;
 
 use crate::quota::decide::{self, Confirm, Docs, Take, Write};
@@ -621,7 +622,10 @@ impl Quota {
         let mut guards = Vec::new();
         loop {
             let now = self.store.now().await?;
-            let docs = self.holding(filter.clone()).await?;
+            let docs = match self.holding_plainly(&filter).await? {
+                Some(docs) => docs,
+                None => self.holding(filter.clone()).await?,
+            };
             if docs.len() > 1 && guards.is_empty() {
                 guards = self.queue(docs.keys()).await;
                 continue;
@@ -630,13 +634,77 @@ impl Quota {
             if writes.is_empty() {
                 return Ok(unsure.unwrap_or_default());
             }
-            match self.write(writes).await? {
+            let step = match self.pull_fast(&docs, |e| pick(e, now), now).await? {
+                Some(step) => step,
+                None => self.write(writes).await?,
+            };
+            match step {
                 Step::Done => return Ok(returned),
                 Step::Retry(reason) => attempts.again(self, reason).await?,
                 Step::Ambiguous(reason) => {
                     unsure = Some(returned);
                     attempts.again(self, reason).await?
                 }
+            }
+        }
+    }
+
+    /// Removing entries from one provider that none of them must outlive as a tombstone: one
+    /// update conditioned on those exact entries being there (not on the generation), so that
+    /// releases on a busy provider do not conflict with its consumes. `None` when the
+    /// generation-checked write must do it (several providers, a tombstone to keep, or the
+    /// provider changed in a way the condition notices).
+    async fn pull_fast(
+        &self,
+        docs: &Docs,
+        pick: impl Fn(&Entry) -> bool,
+        now: DateTime,
+    ) -> Result<Option<Step>, QuotaError> {
+        let [(id, (_, doc))] = docs.iter().collect::<Vec<_>>()[..] else {
+            return Ok(None);
+        };
+        let picked: Vec<&Entry> = doc
+            .held
+            .iter()
+            .filter(|e| !e.is_tombstone() && pick(e))
+            .collect();
+        if picked.is_empty() || picked.iter().any(|e| e.dl.is_some_and(|dl| dl > now)) {
+            return Ok(None);
+        }
+        let or_null = |t: Option<DateTime>| t.map_or(Bson::Null, Bson::DateTime);
+        let present: Vec<Document> = picked
+            .iter()
+            .map(|e| {
+                doc! { "held": { "$elemMatch": {
+                    "c": &e.c, "r": &e.r, "n": e.n, "exp": or_null(e.exp), "dl": or_null(e.dl),
+                } } }
+            })
+            .collect();
+        let amount: i64 = picked.iter().map(|e| e.n).sum();
+        let consumers: BTreeSet<&str> = picked.iter().map(|e| e.c.as_str()).collect();
+        let requests: Vec<&str> = picked.iter().map(|e| e.r.as_str()).collect();
+        let [consumer] = consumers.into_iter().collect::<Vec<_>>()[..] else {
+            return Ok(None);
+        };
+        let filter = doc! {
+            "_id": id.to_bson(),
+            fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
+            fields::ACTIVE_TXN: null,
+            fields::DELETED: null,
+            "$and": present,
+        };
+        let update = doc! {
+            "$inc": { "usage": -amount, "available": amount, fields::VERSION: 1_i64 },
+            "$pull": { "held": { "c": consumer, "r": { "$in": requests } } },
+        };
+        match self.repo.raw_collection().update_one(filter, update).await {
+            Ok(result) if result.matched_count == 1 => Ok(Some(Step::Done)),
+            Ok(_) => Ok(None),
+            Err(e) if is_transient(&e) => Ok(Some(Step::Ambiguous(format!(
+                "returning {amount} to {id}: {e}"
+            )))),
+            Err(e) => {
+                Err(RepoError::database(PROVIDERS_COLLECTION, &id.to_string(), "release", e).into())
             }
         }
     }
@@ -693,6 +761,48 @@ impl Quota {
     async fn holding(&self, filter: Document) -> Result<Docs, QuotaError> {
         Ok(stamped_docs(
             self.repo.find(Query::new().filter(filter)).await?,
+        ))
+    }
+
+    /// What [`holding`](Quota::holding) returns, read with a plain query, when that is enough:
+    /// no provider found (nothing held), or exactly one, neither held by a transaction nor of an
+    /// older schema, so its stored fields are its committed values. `None` when it takes the
+    /// committed-value query to tell. The query also looks at the values a pending transaction
+    /// would restore, so a provider whose committed entries only its undo still shows is found.
+    async fn holding_plainly(&self, filter: &Document) -> Result<Option<Docs>, QuotaError> {
+        let restored: Document = filter
+            .iter()
+            .map(|(k, v)| (format!("{}.restore.{k}", fields::HOLD), v.clone()))
+            .collect();
+        let found: Vec<Document> = self
+            .repo
+            .raw_collection()
+            .find(doc! { "$or": [filter.clone(), restored] })
+            .limit(2)
+            .await
+            .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find holders", e))?
+            .try_collect()
+            .await
+            .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find holders", e))?;
+        let [stored] = &found[..] else {
+            return Ok(found.is_empty().then(Docs::new));
+        };
+        let unset = |field: &str| stored.get(field).is_none_or(|v| v == &Bson::Null);
+        if !unset(fields::ACTIVE_TXN)
+            || !unset(fields::DELETED)
+            || stored.get_i64(fields::SCHEMA_VERSION).ok()
+                != Some(self.repo.spec().schema_version())
+        {
+            return Ok(None);
+        }
+        let Ok(generation) = stored.get_i64(fields::VERSION) else {
+            return Ok(None);
+        };
+        let Ok(doc) = bson::from_document::<ProviderDoc>(stored.clone()) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            [(doc.id.clone(), (generation, doc))].into_iter().collect(),
         ))
     }
 

@@ -1,5 +1,7 @@
 //! Latency benchmarks: mongotx operations against the raw driver baseline, measured in one run.
 
+mod quota;
+
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
@@ -19,6 +21,18 @@ struct Args {
     /// Warm-up operations before each measurement (not counted).
     #[arg(long, default_value_t = 200)]
     warmup: usize,
+    /// Run only these rows (all by default).
+    #[arg(long, value_enum)]
+    only: Option<Section>,
+}
+
+/// Groups of rows that can be run alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    /// Repository operations and transaction commits.
+    Core,
+    /// The quota module.
+    Quota,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -30,13 +44,13 @@ struct Account {
 }
 
 /// Latency percentiles of one measurement.
-struct Stats {
-    median: Duration,
-    p90: Duration,
-    p99: Duration,
+pub(crate) struct Stats {
+    pub(crate) median: Duration,
+    pub(crate) p90: Duration,
+    pub(crate) p99: Duration,
 }
 
-fn stats(mut samples: Vec<Duration>) -> Stats {
+pub(crate) fn stats(mut samples: Vec<Duration>) -> Stats {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     Stats {
@@ -46,7 +60,7 @@ fn stats(mut samples: Vec<Duration>) -> Stats {
     }
 }
 
-fn micros(d: Duration) -> f64 {
+pub(crate) fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
@@ -70,8 +84,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.warmup
     );
 
+    if args.only != Some(Section::Quota) {
+        core_rows(&db, &args).await?;
+    }
+    if args.only != Some(Section::Core) {
+        quota::rows(&server, &db, args.n)
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    db.drop().await?;
+    Ok(())
+}
+
+/// Repository operations next to the raw driver, then transaction commit latency.
+async fn core_rows(db: &mongodb::Database, args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let store = Store::new(db.clone());
-    let spec = CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
+    let spec = CollectionSpec::new(
+        "accounts",
+        1,
+        include_str!("../../../schemas/accounts.json"),
+    )?;
     let repo = store.repository::<Account>(spec).await?;
     let raw = db.collection::<Document>("raw_accounts");
 
@@ -190,7 +222,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let spec = CollectionSpec::new(
             format!("spread{c}"),
             1,
-            include_str!("../../schemas/accounts.json"),
+            include_str!("../../../schemas/accounts.json"),
         )?;
         spread.push(store.repository::<Account>(spec).await?);
     }
@@ -238,184 +270,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.median.as_secs_f64() / single
         );
     }
-    quota_rows(&server, &db, args.n).await?;
-    db.drop().await?;
-    Ok(())
-}
-
-/// Quota rows: single-provider consume latency and round trips against one conditional update,
-/// 32 consumers on one hot provider against raw `$inc` updates, and a 3-resource consume.
-async fn quota_rows(
-    server: &TestServer,
-    db: &mongodb::Database,
-    n: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
-    use mongotx::quota::{NewProvider, Quota, Request};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
-
-    let commands = Arc::new(AtomicU64::new(0));
-    let mut options = mongodb::options::ClientOptions::parse(server.uri()).await?;
-    let seen = Arc::clone(&commands);
-    options.command_event_handler = Some(mongodb::event::EventHandler::callback(move |event| {
-        if let mongodb::event::command::CommandEvent::Started(started) = event {
-            if !matches!(
-                started.command_name.as_str(),
-                "hello" | "isMaster" | "ismaster"
-            ) {
-                seen.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }));
-    let client = Client::with_options(options)?;
-    let db = client.database(db.name());
-    let store = Store::new(db.clone());
-    let quota = Quota::open(&store).await?;
-    let raw = db.collection::<Document>("raw_providers");
-    let one = NewProvider::new(("bench", "single"), i64::MAX / 4);
-    quota.create(one).await?;
-    raw.insert_one(bson::doc! { "_id": "single", "available": i64::MAX / 4, "usage": 0_i64 })
-        .await?;
-
-    let warmup = (n / 5).max(20);
-    let (mut ours, mut base) = (Vec::new(), Vec::new());
-    let mut round_trips = 0;
-    for i in 0..n + warmup {
-        let request = Request::new(format!("c{i}")).take(("bench", "single"), 1);
-        let before = commands.load(Ordering::Relaxed);
-        let t = Instant::now();
-        quota.consume(&request).await?;
-        let took = t.elapsed();
-        let sent = commands.load(Ordering::Relaxed) - before;
-        let t = Instant::now();
-        raw.update_one(
-            bson::doc! { "_id": "single", "available": { "$gte": 1_i64 } },
-            bson::doc! { "$inc": { "available": -1_i64, "usage": 1_i64 } },
-        )
-        .await?;
-        let base_took = t.elapsed();
-        if i >= warmup {
-            ours.push(took);
-            base.push(base_took);
-            round_trips += sent;
-        }
-        // Keep the provider small, as a real one is: release every 50 consumes.
-        if i % 50 == 49 {
-            for j in i - 49..=i {
-                quota.release(&format!("c{j}")).await?;
-            }
-        }
-    }
-    let (ours, base) = (stats(ours), stats(base));
-    println!("\nquota ({n} samples each, interleaved):");
-    println!(
-        "{:<40} {:>12} {:>12} {:>14}",
-        "operation", "median µs", "p90 µs", "/ one update"
-    );
-    println!(
-        "{:<40} {:>12.1} {:>12.1} {:>13.2}x",
-        "conditional update (driver)",
-        micros(base.median),
-        micros(base.p90),
-        1.0
-    );
-    println!(
-        "{:<40} {:>12.1} {:>12.1} {:>13.2}x   round trips per consume: {:.2}",
-        "consume, one provider",
-        micros(ours.median),
-        micros(ours.p90),
-        ours.median.as_secs_f64() / base.median.as_secs_f64(),
-        round_trips as f64 / n as f64
-    );
-
-    // A 3-resource consume (one transaction), released after each sample.
-    for resource in ["cores", "ram", "disk"] {
-        quota
-            .create(NewProvider::new(("bench3", resource), i64::MAX / 4))
-            .await?;
-    }
-    let mut three = Vec::new();
-    for i in 0..(n / 5).max(20) {
-        let request = Request::new(format!("m{i}"))
-            .take(("bench3", "cores"), 1)
-            .take(("bench3", "ram"), 1)
-            .take(("bench3", "disk"), 1);
-        let t = Instant::now();
-        quota.consume(&request).await?;
-        three.push(t.elapsed());
-        quota.release(&format!("m{i}")).await?;
-    }
-    let three = stats(three);
-    println!(
-        "{:<40} {:>12.1} {:>12.1} {:>13.2}x",
-        "consume, three providers",
-        micros(three.median),
-        micros(three.p90),
-        three.median.as_secs_f64() / base.median.as_secs_f64()
-    );
-
-    // 32 consumers on one hot provider against 32 raw `$inc` writers, 2 s each, same run.
-    let window = Duration::from_secs(2);
-    quota
-        .create(NewProvider::new(("bench", "hot"), i64::MAX / 4))
-        .await?;
-    raw.insert_one(bson::doc! { "_id": "hot", "available": i64::MAX / 4, "usage": 0_i64 })
-        .await?;
-    let (consumes, writes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let until = Instant::now() + window;
-    let mut tasks = Vec::new();
-    for task in 0..32 {
-        let (quota, consumes, writes) = (quota.clone(), consumes.clone(), writes.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut i = 0;
-            while Instant::now() < until {
-                i += 1;
-                let request = Request::new(format!("h{task}-{i}")).take(("bench", "hot"), 1);
-                if let Ok(done) = quota.consume(&request).await {
-                    consumes.fetch_add(1, Ordering::Relaxed);
-                    writes.fetch_add(u64::from(done.writes), Ordering::Relaxed);
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let incs = Arc::new(AtomicU64::new(0));
-    let until = Instant::now() + window;
-    let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let (raw, incs) = (raw.clone(), incs.clone());
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < until {
-                if raw
-                    .update_one(
-                        bson::doc! { "_id": "hot", "available": { "$gte": 1_i64 } },
-                        bson::doc! { "$inc": { "available": -1_i64, "usage": 1_i64 } },
-                    )
-                    .await
-                    .is_ok()
-                {
-                    incs.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let secs = window.as_secs_f64();
-    let (consumes, writes, incs) = (
-        consumes.load(Ordering::Relaxed),
-        writes.load(Ordering::Relaxed),
-        incs.load(Ordering::Relaxed),
-    );
-    println!(
-        "32 consumers, one hot provider: {:.0} consumes/s vs {:.0} raw $inc/s = {:.2}x; retries per consume {:.3}",
-        consumes as f64 / secs,
-        incs as f64 / secs,
-        consumes as f64 / incs.max(1) as f64,
-        writes.saturating_sub(consumes) as f64 / consumes.max(1) as f64
-    );
     Ok(())
 }
