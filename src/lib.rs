@@ -41,6 +41,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod obt;
 pub mod quota;
 mod repo;
 mod server;

@@ -48,6 +48,18 @@ pub enum RepoError {
         /// The version stored now.
         actual: i64,
     },
+    /// A transaction's guard found the document no longer matching its condition.
+    #[error("{collection}/{id}: no longer matches the guard {condition} (found version {actual})")]
+    ConditionFailed {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// The condition the guard named.
+        condition: String,
+        /// The version stored now.
+        actual: i64,
+    },
     /// A transaction held the document for longer than the writer was willing to wait.
     #[error("{collection}/{id}: locked by transaction {} (waited {waited:?})", holder.map(|h| h.to_hex()).unwrap_or_else(|| "(several in turn)".into()))]
     Locked {

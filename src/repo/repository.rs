@@ -731,6 +731,21 @@ where
             .map_err(|e| self.db_error(shown, "find by id", e))
     }
 
+    /// Gets the hold of `holder` on `id` out of the way if its outcome is decided or its deadline
+    /// has passed: `true` when the document is free to write again, `false` when the holder is
+    /// alive and the writer should wait.
+    pub(crate) async fn settle_hold(
+        &self,
+        id: &Bson,
+        shown: &str,
+        holder: ObjectId,
+    ) -> Result<bool, RepoError> {
+        resolve::settle(&self.store, self.name(), id, holder)
+            .await
+            .map(|settled| settled == resolve::Settled::Freed)
+            .map_err(|source| self.hold_error(shown, holder, source))
+    }
+
     /// The committed value of a stored document.
     pub(crate) async fn committed(
         &self,

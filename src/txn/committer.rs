@@ -189,6 +189,7 @@ impl Transactions {
             written: txn
                 .entries
                 .iter()
+                .filter(|e| !e.is_guard())
                 .map(|e| Written {
                     collection: e.coll.clone(),
                     id: e.id.clone(),
@@ -502,6 +503,18 @@ impl Transactions {
                 found: sys.schema_version,
                 supported: entry.schema,
             }));
+        }
+        if entry.is_guard() {
+            return Ok(if entry.guard_holds(&stored) {
+                Diagnosis::Retry
+            } else {
+                Diagnosis::Fail(RepoError::ConditionFailed {
+                    collection: entry.coll.clone(),
+                    id: shown,
+                    condition: entry.guard_condition(),
+                    actual: sys.version,
+                })
+            });
         }
         if sys.version != entry.expected {
             return Ok(Diagnosis::Fail(RepoError::VersionConflict {

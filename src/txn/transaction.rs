@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::repo::changes::{Adjust, Update};
 use crate::repo::error::{show_id, RepoError};
-use crate::repo::fields::SystemFields;
+use crate::repo::fields::{self, SystemFields};
 use crate::repo::ids;
 use crate::repo::repository::Repository;
 use crate::repo::resolve::Committed;
@@ -410,6 +410,59 @@ impl Transaction {
             applied: expected_version,
             schema: repo.spec().schema_version(),
             op: Op::Check,
+        })
+    }
+
+    /// Stages a guard: at the commit point document `id` must match `condition` (equality on
+    /// user fields, e.g. `{"owner": "api-2", "token": 17_i64}`), whatever its version, and it is
+    /// held unchanged until the transaction ends, so nothing changes it in between. Unlike
+    /// [`check`](Transaction::check), changes of other fields before the commit do not fail it.
+    /// A document that no longer matches fails the commit with
+    /// [`RepoError::ConditionFailed`]; a missing one with [`RepoError::NotFound`].
+    pub fn guard<T>(
+        &self,
+        repo: &Repository<T>,
+        id: impl Into<Bson>,
+        condition: Document,
+    ) -> Result<(), TxnError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        self.same_database(repo)?;
+        let id = id.into();
+        repo.check_id(&id)?;
+        let invalid = |reason: String| RepoError::InvalidQuery {
+            collection: repo.name().to_string(),
+            reason,
+        };
+        if condition.is_empty() {
+            return Err(invalid("a guard needs at least one field".into()).into());
+        }
+        for (path, value) in &condition {
+            if path.is_empty() || path.starts_with('$') || fields::is_system_path(path) {
+                return Err(
+                    invalid(format!("a guard names user fields by path, not {path:?}")).into(),
+                );
+            }
+            let operator = match value {
+                Bson::Document(d) => d.keys().any(|k| k.starts_with('$')),
+                Bson::Array(_) => true,
+                _ => false,
+            };
+            if operator {
+                return Err(invalid(format!(
+                    "a guard compares {path} for equality with a plain value, not {value}"
+                ))
+                .into());
+            }
+        }
+        self.push(Entry {
+            coll: repo.name().to_string(),
+            id,
+            expected: 0,
+            applied: 0,
+            schema: repo.spec().schema_version(),
+            op: Op::Guard { condition },
         })
     }
 

@@ -86,6 +86,12 @@ pub(crate) enum Op {
     Delete,
     /// Hold the document unchanged at the version read (read validation).
     Check,
+    /// Hold the document unchanged while it matches `condition` (equality on fields), at
+    /// whatever version: a guard that the document's other changes do not break.
+    Guard {
+        /// Field paths and the values they must have.
+        condition: Document,
+    },
 }
 
 /// One document's part of a transaction.
@@ -131,7 +137,7 @@ impl Entry {
                 (HoldKind::Update, restore, unset)
             }
             Op::Delete => (HoldKind::Delete, previous, Vec::new()),
-            Op::Check => (HoldKind::Check, Document::new(), Vec::new()),
+            Op::Check | Op::Guard { .. } => (HoldKind::Check, Document::new(), Vec::new()),
         };
         Hold {
             exp: deadline,
@@ -209,7 +215,36 @@ impl Entry {
                 free(doc! { "$lte": self.schema }.into()),
                 doc! { "$set": held },
             ),
+            Op::Guard { condition } => {
+                let mut filter = free(doc! { "$lte": self.schema }.into());
+                filter.remove(fields::VERSION);
+                filter.extend(condition.clone());
+                Write::Update(filter, doc! { "$set": held })
+            }
         }
+    }
+
+    /// Whether `stored` matches this entry's guard condition (`true` for other entries).
+    pub(crate) fn guard_holds(&self, stored: &Document) -> bool {
+        let Op::Guard { condition } = &self.op else {
+            return true;
+        };
+        condition.iter().all(|(path, want)| {
+            crate::repo::changes::get_path(stored, path).is_some_and(|have| same_value(have, want))
+        })
+    }
+
+    /// The guard's condition as shown in errors.
+    pub(crate) fn guard_condition(&self) -> String {
+        match &self.op {
+            Op::Guard { condition } => condition.to_string(),
+            _ => String::new(),
+        }
+    }
+
+    /// Whether this entry is a guard (it has no version of its own to report).
+    pub(crate) fn is_guard(&self) -> bool {
+        matches!(self.op, Op::Guard { .. })
     }
 
     /// Whether finishing this entry turns the document into a tombstone.
@@ -232,6 +267,24 @@ impl Entry {
     /// The key that orders entries for locking, equal for ids the server treats as one.
     pub(crate) fn lock_key(&self) -> (String, String) {
         (self.coll.clone(), ids::key(&self.id))
+    }
+}
+
+/// Equality as the server's query sees it for the values a guard names: numbers of any width
+/// compare by value.
+fn same_value(have: &Bson, want: &Bson) -> bool {
+    let number = |b: &Bson| match b {
+        Bson::Int32(n) => Some(f64::from(*n)),
+        Bson::Int64(n) => Some(*n as f64),
+        Bson::Double(n) => Some(*n),
+        _ => None,
+    };
+    match (have, want) {
+        (Bson::Int64(a), Bson::Int64(b)) => a == b,
+        _ => match (number(have), number(want)) {
+            (Some(a), Some(b)) => a == b,
+            _ => have == want,
+        },
     }
 }
 

@@ -16,6 +16,7 @@
 
 mod chaos;
 mod children;
+mod obt_roles;
 mod quota_worker;
 mod roles;
 #[allow(dead_code)] // The integration tests use the rest of the proxy.
@@ -45,6 +46,10 @@ enum Role {
     Checker(roles::CheckerArgs),
     /// A quota worker: consumes and releases across a quota hierarchy until killed.
     QuotaWorker(quota_worker::QuotaWorkerArgs),
+    /// An OBT owner: holds an OBT with a lease and heartbeats until killed.
+    ObtOwner(obt_roles::ObtOwnerArgs),
+    /// An OBT contender: tries to take an OBT over for a while.
+    ObtContender(obt_roles::ObtContenderArgs),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +78,8 @@ fn main() -> ExitCode {
             Role::Worker(args) => roles::worker(args).await,
             Role::Checker(args) => roles::checker(args).await,
             Role::QuotaWorker(args) => quota_worker::quota_worker(args).await,
+            Role::ObtOwner(args) => obt_roles::obt_owner(args).await,
+            Role::ObtContender(args) => obt_roles::obt_contender(args).await,
         }
     });
     match result {

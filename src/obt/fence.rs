@@ -1,0 +1,183 @@
+//! Downstream fences: the seed's first fence. A resource (a storage node's volume, a host) keeps
+//! the highest token it has admitted and refuses any lower one, so once a newer owner has reached
+//! it, nothing an older owner sends can land, however late it arrives. Equal tokens pass: they
+//! are the same owner's retries.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use bson::{doc, Document};
+use mongodb::error::ErrorKind;
+use mongodb::Collection;
+
+use crate::obt::error::FenceError;
+use crate::obt::model::{Token, FENCES_COLLECTION};
+use crate::repo::error::RepoError;
+use crate::repo::store::Store;
+use crate::server::is_transient;
+
+/// Admits calls on a resource only in token order.
+#[async_trait]
+pub trait Fence: Send + Sync {
+    /// Admits a call on `resource` carrying `token` if no higher token has been admitted there
+    /// (and records it as the highest); otherwise [`FenceError::StaleToken`].
+    async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError>;
+
+    /// The highest token `resource` has admitted, if any.
+    async fn seen(&self, resource: &str) -> Result<Option<Token>, FenceError>;
+}
+
+fn check(resource: &str, token: Token) -> Result<(), FenceError> {
+    if resource.is_empty() {
+        return Err(FenceError::Invalid {
+            reason: "the resource name is empty".into(),
+        });
+    }
+    if token.0 < 1 {
+        return Err(FenceError::Invalid {
+            reason: format!("token {token} was never issued (tokens start at 1)"),
+        });
+    }
+    Ok(())
+}
+
+/// A fence kept in this process's memory, for services without a database of their own (a
+/// storage node answering RPCs). Its record is lost when the process ends, so a restarted node
+/// must not admit calls until it has learned a floor (e.g. the OBT's current token).
+#[derive(Debug, Default)]
+pub struct MemoryFence {
+    seen: Mutex<HashMap<String, Token>>,
+}
+
+impl MemoryFence {
+    /// An empty fence.
+    pub fn new() -> MemoryFence {
+        MemoryFence::default()
+    }
+}
+
+#[async_trait]
+impl Fence for MemoryFence {
+    async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError> {
+        check(resource, token)?;
+        // A poisoned lock only means another caller panicked mid-admit; the map is still whole.
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let highest = seen.entry(resource.to_string()).or_insert(token);
+        if *highest > token {
+            return Err(FenceError::StaleToken {
+                resource: resource.to_string(),
+                seen: *highest,
+                presented: token,
+            });
+        }
+        *highest = token;
+        Ok(())
+    }
+
+    async fn seen(&self, resource: &str) -> Result<Option<Token>, FenceError> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(seen.get(resource).copied())
+    }
+}
+
+/// A fence kept in MongoDB: one document per resource with the highest token admitted. Each
+/// admit is one conditional upsert ("token at most mine"); a higher stored token makes the
+/// upsert collide with the existing id, which is the refusal.
+#[derive(Debug, Clone)]
+pub struct MongoFence {
+    coll: Collection<Document>,
+}
+
+/// How many times an admit retries after losing a race to create the resource's document.
+const CREATE_RACES: usize = 8;
+
+impl MongoFence {
+    /// The fence in [`FENCES_COLLECTION`] of `store`'s database.
+    pub fn open(store: &Store) -> MongoFence {
+        MongoFence::named(store, FENCES_COLLECTION)
+    }
+
+    /// The fence in collection `name` (one per group of resources that share nothing).
+    pub fn named(store: &Store, name: &str) -> MongoFence {
+        MongoFence {
+            coll: store.database().collection(name),
+        }
+    }
+
+    fn db_error(
+        &self,
+        resource: &str,
+        operation: &'static str,
+        e: mongodb::error::Error,
+    ) -> FenceError {
+        RepoError::database(self.coll.name(), resource, operation, e).into()
+    }
+}
+
+pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+    match e.kind.as_ref() {
+        ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => w.code == 11000,
+        ErrorKind::Command(c) => c.code == 11000,
+        _ => false,
+    }
+}
+
+#[async_trait]
+impl Fence for MongoFence {
+    async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError> {
+        check(resource, token)?;
+        let mut last = None;
+        for attempt in 0..CREATE_RACES {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(6))).await;
+            }
+            let written = self
+                .coll
+                .update_one(
+                    doc! { "_id": resource, "token": { "$lte": token.0 } },
+                    doc! { "$set": { "token": token.0 } },
+                )
+                .upsert(true)
+                .await;
+            match written {
+                Ok(_) => return Ok(()),
+                Err(e) if is_duplicate_key(&e) => {
+                    // Either a higher token is stored, or another admit created the document
+                    // between our filter and our insert: look.
+                    match self.seen(resource).await? {
+                        Some(seen) if seen > token => {
+                            return Err(FenceError::StaleToken {
+                                resource: resource.to_string(),
+                                seen,
+                                presented: token,
+                            })
+                        }
+                        _ => continue,
+                    }
+                }
+                Err(e) if is_transient(&e) => {
+                    // Admitting is idempotent for the same token: send it again.
+                    tracing::debug!(resource, error = %e, "fence: admit send failed, resending");
+                    last = Some(e);
+                }
+                Err(e) => return Err(self.db_error(resource, "admit", e)),
+            }
+        }
+        Err(match last {
+            Some(e) => self.db_error(resource, "admit", e),
+            None => FenceError::Invalid {
+                reason: format!("resource {resource}: kept losing the race to create its fence"),
+            },
+        })
+    }
+
+    async fn seen(&self, resource: &str) -> Result<Option<Token>, FenceError> {
+        let found = self
+            .coll
+            .find_one(doc! { "_id": resource })
+            .await
+            .map_err(|e| self.db_error(resource, "read", e))?;
+        Ok(found.and_then(|d| d.get_i64("token").ok()).map(Token))
+    }
+}

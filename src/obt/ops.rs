@@ -1,0 +1,669 @@
+//! The OBT operations: one conditional write each, and, when it matches nothing, a read of the
+//! committed OBT that says why (or that the write had already landed, or that a guard is in the
+//! way and the write should be sent again).
+
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+use mongodb::options::ReturnDocument;
+
+use crate::obt::error::ObtError;
+use crate::obt::model::{NewObt, Observation, ObtDoc, ObtState, Ownership, Token};
+use crate::obt::{Obt, MAX_LEASE, MAX_NAME};
+use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields;
+use crate::repo::resolve::Committed;
+use crate::server::is_transient;
+use crate::txn::transaction::{Outcome, Transaction};
+
+/// What the read after a write that matched nothing says.
+enum Verdict {
+    /// Nothing more to do (the write had landed, or the call is a no-op): the OBT now.
+    Done(ObtState),
+    /// The call cannot succeed.
+    Fail(ObtError),
+    /// The condition holds on the committed OBT: a guard was in the way, or it changed back and
+    /// forth. Write again.
+    Again,
+}
+
+/// How many times a preemption takes a fresh token after finding a higher one already applied.
+const REISSUES: usize = 8;
+
+fn check_name(what: &str, value: &str) -> Result<(), ObtError> {
+    if value.is_empty() {
+        return Err(ObtError::Invalid {
+            reason: format!("the {what} is empty"),
+        });
+    }
+    if value.len() > MAX_NAME || value.contains('\0') {
+        return Err(ObtError::Invalid {
+            reason: format!(
+                "the {what} must be at most {MAX_NAME} bytes without NUL (got {} bytes)",
+                value.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn check_stage(stage: i64) -> Result<(), ObtError> {
+    if stage < 0 {
+        return Err(ObtError::Invalid {
+            reason: format!("stage {stage} is negative"),
+        });
+    }
+    Ok(())
+}
+
+impl Obt {
+    fn coll(&self) -> String {
+        self.repo.name().to_string()
+    }
+
+    fn not_found(&self, id: &str) -> ObtError {
+        ObtError::NotFound {
+            collection: self.coll(),
+            id: id.to_string(),
+        }
+    }
+
+    fn not_owner(&self, id: &str, presented: &str, now: &ObtState) -> ObtError {
+        ObtError::NotOwner {
+            collection: self.coll(),
+            id: id.to_string(),
+            presented: presented.to_string(),
+            current: now.owner.clone(),
+            token: now.token,
+        }
+    }
+
+    fn preempted(&self, owned: &Ownership, now: Option<&ObtState>) -> ObtError {
+        ObtError::Preempted {
+            collection: self.coll(),
+            id: owned.id.clone(),
+            owner: owned.owner.clone(),
+            token: owned.token,
+            now: now.map(|s| (s.owner.clone(), s.token)),
+        }
+    }
+
+    fn changed(&self, observed: &ObtState, now: &ObtState) -> ObtError {
+        ObtError::Changed {
+            collection: self.coll(),
+            id: observed.id.clone(),
+            observed: observed.version,
+            observed_token: observed.token,
+            owner: now.owner.clone(),
+            version: now.version,
+            token: now.token,
+        }
+    }
+
+    // ----- tokens -----
+
+    /// Issues the namespace's next fencing token: one `findAndModify` `$inc` on its counter.
+    /// Strictly greater than every token issued before it in this namespace, by any process. A
+    /// token whose reply was lost is simply never used (tokens may have gaps).
+    pub async fn issue_token(&self) -> Result<Token, ObtError> {
+        let namespace = self.repo.name();
+        let mut attempt = 0;
+        loop {
+            let issued = self
+                .tokens
+                .find_one_and_update(
+                    doc! { "_id": namespace },
+                    doc! { "$inc": { "last": 1_i64 } },
+                )
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .await;
+            let retry = match issued {
+                Ok(Some(counter)) => {
+                    return counter.get_i64("last").map(Token).map_err(|e| {
+                        RepoError::Malformed {
+                            collection: crate::obt::TOKENS_COLLECTION.to_string(),
+                            id: namespace.to_string(),
+                            reason: format!("the token counter has no whole `last`: {e}"),
+                        }
+                        .into()
+                    })
+                }
+                // Two first upserts of the counter raced, or the reply was lost.
+                Ok(None) => None,
+                Err(e) if is_transient(&e) || crate::obt::fence::is_duplicate_key(&e) => Some(e),
+                Err(e) => {
+                    return Err(RepoError::database(
+                        crate::obt::TOKENS_COLLECTION,
+                        namespace,
+                        "issue token",
+                        e,
+                    )
+                    .into())
+                }
+            };
+            attempt += 1;
+            if attempt > 8 {
+                let reason =
+                    retry.map_or_else(|| "no counter returned".to_string(), |e| e.to_string());
+                return Err(RepoError::Malformed {
+                    collection: crate::obt::TOKENS_COLLECTION.to_string(),
+                    id: namespace.to_string(),
+                    reason: format!("could not issue a token after {attempt} tries: {reason}"),
+                }
+                .into());
+            }
+            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+        }
+    }
+
+    // ----- reading -----
+
+    fn state_of(&self, id: &str, stored: Document) -> Result<ObtState, ObtError> {
+        let version = stored.get_i64(fields::VERSION).map_err(|e| {
+            self.repo.malformed(
+                &show_id(&Bson::from(id)),
+                format!("no whole `_version`: {e}"),
+            )
+        })?;
+        let doc: ObtDoc = bson::from_document(stored).map_err(|e| {
+            self.repo
+                .malformed(&show_id(&Bson::from(id)), e.to_string())
+        })?;
+        Ok(ObtState::from_stored(doc, version))
+    }
+
+    /// The committed OBT and the transaction holding its document, if any.
+    async fn committed(&self, id: &str) -> Result<Option<(ObtState, Option<ObjectId>)>, ObtError> {
+        let key = Bson::from(id);
+        let shown = show_id(&key);
+        let Some(stored) = self.repo.read_raw(&key, &shown).await? else {
+            return Ok(None);
+        };
+        let holder = stored.get_object_id(fields::ACTIVE_TXN).ok();
+        match self.repo.committed(&shown, stored).await? {
+            Committed::Live(doc) => Ok(Some((self.state_of(id, doc)?, holder))),
+            Committed::Deleted(_) | Committed::Absent => Ok(None),
+        }
+    }
+
+    /// The OBT as committed now.
+    pub async fn get(&self, id: &str) -> Result<ObtState, ObtError> {
+        check_name("OBT id", id)?;
+        match self.committed(id).await? {
+            Some((state, _)) => Ok(state),
+            None => Err(self.not_found(id)),
+        }
+    }
+
+    /// Reads the OBT as a contender: the start of its own count towards a
+    /// [`take_over`](Obt::take_over).
+    pub async fn observe(&self, id: &str) -> Result<Observation, ObtError> {
+        let state = self.get(id).await?;
+        Ok(Observation {
+            state,
+            seen_at: Instant::now(),
+        })
+    }
+
+    /// Checks a call made under the OBT (the seed's `t_id`, `t_owner`, `t_stage` on every call):
+    /// `owner` owns it and `stage` is not older than its stage. Returns the OBT, whose token the
+    /// call then carries to downstream fences.
+    pub async fn check(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
+        check_name("owner", owner)?;
+        check_stage(stage)?;
+        let state = self.get(id).await?;
+        if state.owner != owner {
+            return Err(self.not_owner(id, owner, &state));
+        }
+        if state.stage > stage {
+            return Err(ObtError::StageReplayed {
+                collection: self.coll(),
+                id: id.to_string(),
+                current: state.stage,
+                presented: stage,
+            });
+        }
+        Ok(state)
+    }
+
+    // ----- writing -----
+
+    /// One conditional write on OBT `id`, re-sent after transient errors and guards, with
+    /// `judge` deciding from the committed OBT whenever it matches nothing.
+    async fn conditional(
+        &self,
+        id: &str,
+        what: &'static str,
+        condition: Document,
+        change: Document,
+        judge: impl Fn(Option<&ObtState>) -> Verdict,
+    ) -> Result<ObtState, ObtError> {
+        let mut filter = doc! {
+            "_id": id,
+            fields::ACTIVE_TXN: null,
+            fields::DELETED: null,
+            fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
+        };
+        filter.extend(condition);
+        let mut change = change;
+        change.insert("$inc", doc! { fields::VERSION: 1_i64 });
+        let started = Instant::now();
+        let mut attempt = 0;
+        let mut holder = None;
+        loop {
+            let written = self
+                .repo
+                .raw_collection()
+                .find_one_and_update(filter.clone(), change.clone())
+                .return_document(ReturnDocument::After)
+                .await;
+            let found = match written {
+                Ok(Some(stored)) => return self.state_of(id, stored),
+                Ok(None) => self.committed(id).await?,
+                Err(e) if is_transient(&e) => {
+                    // It may have landed. Sending it again is safe: it is conditional, and if
+                    // the first copy landed the judge recognises the result.
+                    tracing::debug!(collection = %self.coll(), id, what, error = %e, "obt: send failed, sending again");
+                    if started.elapsed() >= self.options.retry.max_wait {
+                        return Err(RepoError::database(&self.coll(), id, what, e).into());
+                    }
+                    tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+                    attempt += 1;
+                    continue;
+                }
+                Err(e) => return Err(RepoError::database(&self.coll(), id, what, e).into()),
+            };
+            match judge(found.as_ref().map(|(state, _)| state)) {
+                Verdict::Done(state) => return Ok(state),
+                Verdict::Fail(e) => return Err(e),
+                Verdict::Again => {}
+            }
+            if let Some((_, Some(h))) = found {
+                holder = Some(h);
+                if self
+                    .repo
+                    .settle_hold(&Bson::from(id), &show_id(&Bson::from(id)), h)
+                    .await?
+                {
+                    continue;
+                }
+            }
+            if started.elapsed() >= self.options.retry.max_wait {
+                return Err(RepoError::Locked {
+                    collection: self.coll(),
+                    id: show_id(&Bson::from(id)),
+                    holder,
+                    waited: started.elapsed(),
+                }
+                .into());
+            }
+            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token. Sending the same
+    /// create again after a lost reply returns the same ownership; an id that is taken is
+    /// [`ObtError::Exists`].
+    pub async fn create(&self, new: NewObt) -> Result<Ownership, ObtError> {
+        check_name("OBT id", &new.id)?;
+        check_name("owner", &new.owner)?;
+        let lease_ms = match new.lease {
+            None => None,
+            Some(lease) if lease.as_millis() == 0 || lease > MAX_LEASE => {
+                return Err(ObtError::Invalid {
+                    reason: format!("lease {lease:?} is not between 1 ms and {MAX_LEASE:?}"),
+                })
+            }
+            Some(lease) => Some(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
+        };
+        let token = self.issue_token().await?;
+        let sent = Instant::now();
+        let now = self.store.now().await?;
+        let doc = ObtDoc {
+            id: new.id.clone(),
+            owner: new.owner.clone(),
+            stage: 0,
+            token: token.0,
+            lease_ms,
+            beat_at: Some(now),
+        };
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let error = match self.repo.insert(&doc).await {
+                Ok(_) => break,
+                Err(e) => e,
+            };
+            match error {
+                RepoError::DuplicateId { .. } => match self.committed(&new.id).await? {
+                    // Our own earlier send landed.
+                    Some((state, _)) if state.owner == new.owner && state.token == token => {
+                        return Ok(Ownership::new(state, sent))
+                    }
+                    Some((state, _)) => {
+                        return Err(ObtError::Exists {
+                            collection: self.coll(),
+                            id: new.id,
+                            owner: state.owner,
+                            token: state.token,
+                        })
+                    }
+                    // A pending insert that has since rolled back, or a release meanwhile.
+                    None => {}
+                },
+                e if e.is_retryable() && started.elapsed() < self.options.retry.max_wait => {}
+                e => return Err(e.into()),
+            }
+            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+            attempt += 1;
+        }
+        // The version the insert gave it: read it back only for callers that watch versions.
+        let state = self.get(&new.id).await?;
+        if state.token != token {
+            return Err(ObtError::Exists {
+                collection: self.coll(),
+                id: new.id,
+                owner: state.owner,
+                token: state.token,
+            });
+        }
+        Ok(Ownership::new(state, sent))
+    }
+
+    /// The seed's preemption: takes OBT `id` from `current_owner` (who must own it now) for
+    /// `new_owner`, with a new token. No waiting: the previous owner is fenced off from here on.
+    pub async fn preempt(
+        &self,
+        id: &str,
+        current_owner: &str,
+        new_owner: &str,
+    ) -> Result<Ownership, ObtError> {
+        check_name("OBT id", id)?;
+        check_name("current owner", current_owner)?;
+        check_name("new owner", new_owner)?;
+        for _ in 0..REISSUES {
+            let token = self.issue_token().await?;
+            let sent = Instant::now();
+            let result = self
+                .conditional(
+                    id,
+                    "preempt",
+                    doc! { "owner": current_owner, "token": { "$lt": token.0 } },
+                    doc! {
+                        "$set": { "owner": new_owner, "token": token.0 },
+                        "$currentDate": { "beat_at": true },
+                    },
+                    |now| match now {
+                        None => Verdict::Fail(self.not_found(id)),
+                        Some(s) if s.owner == new_owner && s.token == token => {
+                            Verdict::Done(s.clone())
+                        }
+                        Some(s) if s.owner != current_owner => {
+                            Verdict::Fail(self.not_owner(id, current_owner, s))
+                        }
+                        // Taken again by `current_owner` with a later token: take a newer one.
+                        Some(s) if s.token >= token => Verdict::Fail(ObtError::Changed {
+                            collection: self.coll(),
+                            id: id.to_string(),
+                            observed: s.version,
+                            observed_token: token,
+                            owner: s.owner.clone(),
+                            version: s.version,
+                            token: s.token,
+                        }),
+                        Some(_) => Verdict::Again,
+                    },
+                )
+                .await;
+            match result {
+                Ok(state) => return Ok(Ownership::new(state, sent)),
+                Err(ObtError::Changed { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ObtError::Invalid {
+            reason: format!(
+                "OBT {id}: preempted {REISSUES} times over by newer tokens of {current_owner}"
+            ),
+        })
+    }
+
+    /// Takes over an OBT whose owner this process has seen silent for its whole lease on its own
+    /// monotonic clock: `observed` must be at least the lease old, and the OBT must be exactly as
+    /// observed (no heartbeat, stage change or other owner since). Never compares wall clocks.
+    pub async fn take_over(
+        &self,
+        observed: &Observation,
+        new_owner: &str,
+    ) -> Result<Ownership, ObtError> {
+        check_name("new owner", new_owner)?;
+        let seen = &observed.state;
+        let Some(lease) = seen.lease else {
+            return Err(ObtError::NoLease {
+                collection: self.coll(),
+                id: seen.id.clone(),
+                owner: seen.owner.clone(),
+            });
+        };
+        let silent = observed.silent_for();
+        if silent < lease {
+            return Err(ObtError::LeaseLive {
+                collection: self.coll(),
+                id: seen.id.clone(),
+                owner: seen.owner.clone(),
+                silent,
+                lease,
+            });
+        }
+        self.take_unchanged(seen, new_owner).await
+    }
+
+    /// Takes over an OBT whose last heartbeat is older than its lease by the server's clock (its
+    /// heartbeats are stamped with the server's time, and this compares with the server's time).
+    pub async fn take_over_expired(
+        &self,
+        id: &str,
+        new_owner: &str,
+    ) -> Result<Ownership, ObtError> {
+        check_name("new owner", new_owner)?;
+        let seen = self.get(id).await?;
+        let Some(lease) = seen.lease else {
+            return Err(ObtError::NoLease {
+                collection: self.coll(),
+                id: seen.id,
+                owner: seen.owner,
+            });
+        };
+        let now = self.store.now().await?;
+        let beat = seen.beat_at.unwrap_or(now);
+        let silent = Duration::from_millis(
+            u64::try_from(now.timestamp_millis() - beat.timestamp_millis()).unwrap_or(0),
+        );
+        if silent < lease {
+            return Err(ObtError::LeaseLive {
+                collection: self.coll(),
+                id: seen.id,
+                owner: seen.owner,
+                silent,
+                lease,
+            });
+        }
+        self.take_unchanged(&seen, new_owner).await
+    }
+
+    /// Gives `seen` to `new_owner` with a new token if it is still exactly as seen.
+    async fn take_unchanged(
+        &self,
+        seen: &ObtState,
+        new_owner: &str,
+    ) -> Result<Ownership, ObtError> {
+        let token = self.issue_token().await?;
+        let sent = Instant::now();
+        let state = self
+            .conditional(
+                &seen.id,
+                "take over",
+                doc! { "token": seen.token.0, fields::VERSION: seen.version },
+                doc! {
+                    "$set": { "owner": new_owner, "token": token.0 },
+                    "$currentDate": { "beat_at": true },
+                },
+                |now| match now {
+                    None => Verdict::Fail(self.not_found(&seen.id)),
+                    Some(s) if s.owner == new_owner && s.token == token => Verdict::Done(s.clone()),
+                    Some(s) if s.version != seen.version || s.token != seen.token => {
+                        Verdict::Fail(self.changed(seen, s))
+                    }
+                    Some(_) => Verdict::Again,
+                },
+            )
+            .await?;
+        tracing::info!(collection = %self.coll(), id = %seen.id, from = %seen.owner, to = new_owner, token = %token, "obt: took over a silent owner's OBT");
+        Ok(Ownership::new(state, sent))
+    }
+
+    /// Renews the lease: one conditional write (this owner, this token). A reply that is lost is
+    /// settled by sending it again and reading back; a preempted owner gets
+    /// [`ObtError::Preempted`].
+    pub async fn heartbeat(&self, owned: &mut Ownership) -> Result<(), ObtError> {
+        let sent = Instant::now();
+        let state = self
+            .conditional(
+                &owned.id,
+                "heartbeat",
+                doc! { "owner": &owned.owner, "token": owned.token.0 },
+                doc! { "$currentDate": { "beat_at": true } },
+                |now| match now {
+                    Some(s) if s.owner == owned.owner && s.token == owned.token => Verdict::Again,
+                    other => Verdict::Fail(self.preempted(owned, other)),
+                },
+            )
+            .await?;
+        owned.stage = state.stage;
+        owned.lease_until = owned.lease.map(|lease| sent + lease);
+        Ok(())
+    }
+
+    /// Moves OBT `id` of `owner` forward to `stage`. The same stage again is a no-op (a retry); an
+    /// older one is [`ObtError::StageReplayed`].
+    pub async fn advance(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
+        check_name("OBT id", id)?;
+        check_name("owner", owner)?;
+        check_stage(stage)?;
+        self.conditional(
+            id,
+            "advance",
+            doc! { "owner": owner, "stage": { "$lt": stage } },
+            doc! { "$set": { "stage": stage }, "$currentDate": { "beat_at": true } },
+            |now| match now {
+                None => Verdict::Fail(self.not_found(id)),
+                Some(s) if s.owner != owner => Verdict::Fail(self.not_owner(id, owner, s)),
+                Some(s) if s.stage == stage => Verdict::Done(s.clone()),
+                Some(s) if s.stage > stage => Verdict::Fail(ObtError::StageReplayed {
+                    collection: self.coll(),
+                    id: id.to_string(),
+                    current: s.stage,
+                    presented: stage,
+                }),
+                Some(_) => Verdict::Again,
+            },
+        )
+        .await
+    }
+
+    /// Releases (deletes) OBT `id`, which `owner` must own.
+    pub async fn release(&self, id: &str, owner: &str) -> Result<(), ObtError> {
+        check_name("OBT id", id)?;
+        check_name("owner", owner)?;
+        let started = Instant::now();
+        let mut attempt = 0;
+        let mut unsure = false;
+        loop {
+            let deleted = self
+                .repo
+                .raw_collection()
+                .delete_one(doc! { "_id": id, "owner": owner, fields::ACTIVE_TXN: null })
+                .await;
+            match deleted {
+                Ok(r) if r.deleted_count == 1 => return Ok(()),
+                Ok(_) => {}
+                Err(e) if is_transient(&e) && started.elapsed() < self.options.retry.max_wait => {
+                    unsure = true;
+                    tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+                    attempt += 1;
+                    continue;
+                }
+                Err(e) => return Err(RepoError::database(&self.coll(), id, "release", e).into()),
+            }
+            match self.committed(id).await? {
+                // Gone: our earlier send landed, or it was never there.
+                None if unsure => return Ok(()),
+                None => return Err(self.not_found(id)),
+                Some((state, _)) if state.owner != owner => {
+                    return Err(self.not_owner(id, owner, &state))
+                }
+                Some((_, Some(h))) => {
+                    if self
+                        .repo
+                        .settle_hold(&Bson::from(id), &show_id(&Bson::from(id)), h)
+                        .await?
+                    {
+                        continue;
+                    }
+                }
+                Some((_, None)) => {}
+            }
+            if started.elapsed() >= self.options.retry.max_wait {
+                return Err(RepoError::Locked {
+                    collection: self.coll(),
+                    id: show_id(&Bson::from(id)),
+                    holder: None,
+                    waited: started.elapsed(),
+                }
+                .into());
+            }
+            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    // ----- the database fence -----
+
+    /// Commits `tx` only if `owned` still owns its OBT at the commit point: the transaction
+    /// carries a guard on the OBT (this owner, this token) that holds it until the transaction
+    /// ends, so a preemption either happens before (the commit writes nothing and fails
+    /// [`ObtError::Preempted`]) or waits until after. Heartbeats and stage changes by the owner
+    /// itself do not break the guard.
+    pub async fn commit_owned(
+        &self,
+        tx: Transaction,
+        owned: &Ownership,
+    ) -> Result<Outcome, ObtError> {
+        tx.guard(
+            &self.repo,
+            owned.id.clone(),
+            doc! { "owner": &owned.owner, "token": owned.token.0 },
+        )?;
+        match tx.commit().await {
+            Ok(outcome) => Ok(outcome),
+            // A document-level refusal means nothing was written. The guard may not have been
+            // reached (entries apply in a fixed order), so when the refusal came from elsewhere
+            // (a conflict with the newer owner's writes, typically) the OBT says whether
+            // ownership was lost, which is the cause to report.
+            Err(e) if e.repo_error().is_some() => {
+                let now = self.committed(&owned.id).await.ok().flatten();
+                match now {
+                    Some((state, _))
+                        if state.owner == owned.owner && state.token == owned.token =>
+                    {
+                        Err(e.into())
+                    }
+                    _ => Err(self.preempted(owned, now.as_ref().map(|(s, _)| s))),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
