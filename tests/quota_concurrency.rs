@@ -343,6 +343,7 @@ async fn three_resources_in_a_hierarchy_are_all_or_nothing() {
         tally.observations.load(Ordering::Relaxed),
         inconsistent
     );
-    assert!(tally.consumed.load(Ordering::Relaxed) > 50);
+    // Progress, not speed: enough rounds to have raced, even on a loaded machine.
+    assert!(tally.consumed.load(Ordering::Relaxed) > 20);
     assert!(tally.observations.load(Ordering::Relaxed) > 0);
 }

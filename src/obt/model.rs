@@ -165,6 +165,23 @@ impl Ownership {
     }
 }
 
+impl From<ObtState> for Ownership {
+    /// Ownership as read, e.g. by an API server that has checked a caller's `t_owner` against
+    /// the OBT: an owned transaction's guard still verifies it at the commit point. Its lease
+    /// clock is unknown ([`lease_left`](Ownership::lease_left) is `None`).
+    fn from(state: ObtState) -> Ownership {
+        Ownership {
+            id: state.id,
+            owner: state.owner,
+            token: state.token,
+            stage: state.stage,
+            version: state.version,
+            lease: state.lease,
+            lease_until: None,
+        }
+    }
+}
+
 /// A contender's reading of an OBT, the start of its own count towards a take-over.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observation {

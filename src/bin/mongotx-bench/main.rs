@@ -1,5 +1,6 @@
 //! Latency benchmarks: mongotx operations against the raw driver baseline, measured in one run.
 
+mod obt;
 mod quota;
 
 use std::time::{Duration, Instant};
@@ -33,6 +34,8 @@ enum Section {
     Core,
     /// The quota module.
     Quota,
+    /// Owner-based transactions.
+    Obt,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -84,11 +87,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.warmup
     );
 
-    if args.only != Some(Section::Quota) {
+    let run = |section| args.only.is_none() || args.only == Some(section);
+    if run(Section::Core) {
         core_rows(&db, &args).await?;
     }
-    if args.only != Some(Section::Core) {
+    if run(Section::Quota) {
         quota::rows(&server, &db, args.n)
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    if run(Section::Obt) {
+        obt::rows(&db, args.n)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
     }

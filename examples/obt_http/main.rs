@@ -1,0 +1,31 @@
+//! The seed's OBT HTTP interface, served by axum on top of `mongotx::obt`.
+//!
+//! ```sh
+//! cargo run --example obt_http            # MONGODB_URI, or a local test server it starts
+//! curl -H "Content-Type: application/json" -X POST -d '{"t_id":"t0","t_owner":"owner0","t_stage":0}' http://localhost:9521/obts
+//! curl -H "Content-Type: application/json" -X POST -d '{"dlv_name":"dlv0","dlv_size":3000000000,"t_id":"t0","t_owner":"owner0","t_stage":1}' http://localhost:9521/dlvs
+//! curl -H "Content-Type: application/json" -X PUT -d '{"t_owner":"owner0","new_owner":"owner1","action":"preempt"}' http://localhost:9521/obts/t0
+//! curl -H "Content-Type: application/json" -X DELETE -d '{"t_id":"t0","t_owner":"owner1","t_stage":2}' http://localhost:9521/dlvs/dlv0
+//! curl -H "Content-Type: application/json" -X DELETE -d '{"t_owner":"owner1"}' http://localhost:9521/obts/t0
+//! ```
+//!
+//! `OBT_HTTP_ADDR` sets the listening address (default `127.0.0.1:9521`).
+
+mod app;
+
+use mongodb::Client;
+use mongotx::test_server::TestServer;
+use mongotx::Store;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let server = TestServer::start()?;
+    let client = Client::with_uri_str(server.uri()).await?;
+    let store = Store::new(client.database("mongotx_obt_http"));
+    let (router, _) = app::router(&store).await?;
+    let addr = std::env::var("OBT_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:9521".into());
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!("OBT API on http://{addr} ({} at {})", server.kind(), server.uri());
+    axum::serve(listener, router).await?;
+    Ok(())
+}
