@@ -194,7 +194,7 @@ async fn tokens_are_unique_and_increasing_across_clients_and_tasks() {
 async fn fences_refuse_lower_tokens_and_pass_equal_ones() {
     let t = TestDb::new().await;
     let memory = MemoryFence::new();
-    let mongo = MongoFence::open(&t.store);
+    let mongo = MongoFence::open(&t.store).await.unwrap();
     for fence in [&memory as &dyn Fence, &mongo as &dyn Fence] {
         fence.admit("dpv0", Token(5)).await.unwrap();
         fence.admit("dpv0", Token(5)).await.unwrap();
@@ -241,15 +241,20 @@ async fn a_mongo_fence_under_concurrency_admits_only_in_order() {
     let mut tasks = Vec::new();
     for task in 0..16_i64 {
         let db = t.other_client_db().await;
-        let fence = MongoFence::open(&Store::new(db));
+        let fence = MongoFence::open(&Store::new(db)).await.unwrap();
         let log = Arc::clone(&log);
         tasks.push(tokio::spawn(async move {
             for i in 0..30_i64 {
                 let token = Token(1 + (i * 16 + task * 7) % 300);
+                let started = std::time::Instant::now();
                 let result = fence.admit("hot", token).await;
-                log.lock()
-                    .unwrap()
-                    .push((token, result.map_err(|e| e.to_string())));
+                let ended = std::time::Instant::now();
+                log.lock().unwrap().push((
+                    token,
+                    result.map_err(|e| e.to_string()),
+                    started,
+                    ended,
+                ));
             }
         }));
     }
@@ -259,19 +264,38 @@ async fn a_mongo_fence_under_concurrency_admits_only_in_order() {
     let log = log.lock().unwrap().clone();
     let admitted: Vec<Token> = log
         .iter()
-        .filter(|(_, r)| r.is_ok())
-        .map(|(t, _)| *t)
+        .filter(|(_, r, _, _)| r.is_ok())
+        .map(|(t, _, _, _)| *t)
         .collect();
-    let refused = log.iter().filter(|(_, r)| r.is_err()).count();
+    let refused = log.iter().filter(|(_, r, _, _)| r.is_err()).count();
+    // In real time: an admission that began after another had been acknowledged never carries a
+    // lower token than it (the fence is one linearizable "admit if not lower").
+    for (token, result, started, _) in &log {
+        if result.is_ok() {
+            for (earlier, done, _, ended) in &log {
+                if done.is_ok() && ended < started {
+                    assert!(
+                        token >= earlier,
+                        "admitted {token} after {earlier} was acknowledged"
+                    );
+                }
+            }
+        }
+    }
     let highest = admitted.iter().max().copied().unwrap();
-    let stored = MongoFence::open(&t.store).seen("hot").await.unwrap();
+    let stored = MongoFence::open(&t.store)
+        .await
+        .unwrap()
+        .seen("hot")
+        .await
+        .unwrap();
     assert_eq!(
         stored,
         Some(highest),
         "the fence keeps the highest admitted"
     );
     assert!(refused > 0, "some calls came in late");
-    for (token, result) in log.iter() {
+    for (token, result, _, _) in log.iter() {
         if let Err(message) = result {
             assert!(message.contains("stale token"), "{message}");
             assert!(*token < highest);
@@ -567,16 +591,18 @@ async fn a_heartbeat_whose_reply_is_lost_is_settled_by_reading_back() {
     assert!(err.is_lost_ownership() && !err.is_retryable());
 }
 
-/// Every write to the OBTs fails as if the network were down.
-struct Outage;
+/// Once switched on, every command but the handshake fails as if the network were down.
+struct Outage(Arc<std::sync::atomic::AtomicBool>);
 
 impl common::wire_proxy::Rules for Outage {
     fn command(&self, command: &mut Document) -> common::wire_proxy::Action {
         use common::wire_proxy::{command_name, Action};
-        if command_name(command) == "findAndModify" {
-            return Action::Drop;
+        if !self.0.load(Ordering::SeqCst)
+            || matches!(command_name(command), "hello" | "isMaster" | "ismaster")
+        {
+            return Action::Forward;
         }
-        Action::Forward
+        Action::Drop
     }
 }
 
@@ -585,7 +611,10 @@ async fn a_database_outage_is_not_mistaken_for_lost_ownership() {
     let t = TestDb::new().await;
     let obt = obts(&t).await;
     let mut owned = obt.create(NewObt::new("t0", "owner")).await.unwrap();
-    let proxy = common::wire_proxy::WireProxy::start(&common::server_uri(), Outage).await;
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let proxy =
+        common::wire_proxy::WireProxy::start(&common::server_uri(), Outage(Arc::clone(&down)))
+            .await;
     let cut = Obt::with_options(
         &Store::new(proxy.client().await.database(t.db.name())),
         mongotx::obt::ObtOptions::default().retry(mongotx::LockWait {
@@ -596,6 +625,7 @@ async fn a_database_outage_is_not_mistaken_for_lost_ownership() {
     )
     .await
     .unwrap();
+    down.store(true, Ordering::SeqCst);
     let err = cut.heartbeat(&mut owned).await.unwrap_err();
     assert!(!err.is_lost_ownership(), "{err}");
     assert!(
@@ -621,6 +651,7 @@ async fn a_transaction_guard_takes_plain_equalities_and_fails_the_commit_when_th
         doc! { "_version": 1_i64 },
         doc! { "$where": "1" },
         doc! { "by": [1_i64] },
+        doc! { "status": bson::Regex { pattern: "avail.*".into(), options: String::new() } },
     ] {
         let err = tx.guard(&volumes, "dlv0", bad.clone()).unwrap_err();
         assert!(

@@ -28,7 +28,10 @@ impl Api {
             .expect("the example answers");
         let status = reply.status().as_u16();
         let text = reply.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 }
 
@@ -47,7 +50,11 @@ async fn the_seeds_four_calls_over_http() {
 
     // Create the OBT, then a volume under it at stage 1.
     let (status, created) = api
-        .call(Method::POST, "/obts", json!({"t_id": "t0", "t_owner": "owner0", "t_stage": 0}))
+        .call(
+            Method::POST,
+            "/obts",
+            json!({"t_id": "t0", "t_owner": "owner0", "t_stage": 0}),
+        )
         .await;
     assert_eq!(status, 201, "{created}");
     let first = created["token"].as_i64().unwrap();
@@ -83,15 +90,31 @@ async fn the_seeds_four_calls_over_http() {
             json!({"dlv_name": "dlv1", "dlv_size": 10, "t_id": "t0", "t_owner": "owner0", "t_stage": 2}),
         )
         .await;
-    assert_eq!((status, body["error"].as_str()), (409, Some("not_owner")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("not_owner")),
+        "{body}"
+    );
     let (status, body) = api
-        .call(Method::PUT, "/obts/t0", json!({"t_owner": "owner0", "new_owner": "owner2", "action": "preempt"}))
+        .call(
+            Method::PUT,
+            "/obts/t0",
+            json!({"t_owner": "owner0", "new_owner": "owner2", "action": "preempt"}),
+        )
         .await;
-    assert_eq!((status, body["error"].as_str()), (409, Some("not_owner")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("not_owner")),
+        "{body}"
+    );
 
     // The new owner deletes the volume at stage 2; a replay of stage 1 is refused.
     let (status, body) = api
-        .call(Method::DELETE, "/dlvs/dlv0", json!({"t_id": "t0", "t_owner": "owner1", "t_stage": 2}))
+        .call(
+            Method::DELETE,
+            "/dlvs/dlv0",
+            json!({"t_id": "t0", "t_owner": "owner1", "t_stage": 2}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["token"], json!(second));
@@ -102,7 +125,11 @@ async fn the_seeds_four_calls_over_http() {
             json!({"dlv_name": "dlv9", "dlv_size": 10, "t_id": "t0", "t_owner": "owner1", "t_stage": 1}),
         )
         .await;
-    assert_eq!((status, body["error"].as_str()), (409, Some("stage_replayed")), "{body}");
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("stage_replayed")),
+        "{body}"
+    );
     let (status, _) = api.call(Method::GET, "/dlvs/dlv0", json!({})).await;
     assert_eq!(status, 404, "the volume is gone");
 
@@ -114,20 +141,37 @@ async fn the_seeds_four_calls_over_http() {
         json!({"t_id": "t1", "t_owner": "x", "t_stage": 3}),
     ] {
         let (status, reply) = api.call(Method::POST, "/obts", body.clone()).await;
-        assert_eq!((status, reply["error"].as_str()), (400, Some("invalid")), "{body}: {reply}");
+        assert_eq!(
+            (status, reply["error"].as_str()),
+            (400, Some("invalid")),
+            "{body}: {reply}"
+        );
     }
-    let (status, _) = api.call(Method::POST, "/obts", json!({"t_owner": "x"})).await;
-    assert!((400..500).contains(&status), "a body without t_id: {status}");
+    let (status, _) = api
+        .call(Method::POST, "/obts", json!({"t_owner": "x"}))
+        .await;
+    assert!(
+        (400..500).contains(&status),
+        "a body without t_id: {status}"
+    );
     let (status, reply) = api
-        .call(Method::PUT, "/obts/t0", json!({"t_owner": "owner1", "new_owner": "x", "action": "steal"}))
+        .call(
+            Method::PUT,
+            "/obts/t0",
+            json!({"t_owner": "owner1", "new_owner": "x", "action": "steal"}),
+        )
         .await;
     assert_eq!(status, 400, "{reply}");
     assert_eq!(raw_snapshot(&t.db, OBTS_COLLECTION).await, before);
 
     // Delete the OBT.
-    let (status, body) = api.call(Method::DELETE, "/obts/t0", json!({"t_owner": "owner0"})).await;
+    let (status, body) = api
+        .call(Method::DELETE, "/obts/t0", json!({"t_owner": "owner0"}))
+        .await;
     assert_eq!((status, body["error"].as_str()), (409, Some("not_owner")));
-    let (status, _) = api.call(Method::DELETE, "/obts/t0", json!({"t_owner": "owner1"})).await;
+    let (status, _) = api
+        .call(Method::DELETE, "/obts/t0", json!({"t_owner": "owner1"}))
+        .await;
     assert_eq!(status, 204);
     let (status, body) = api.call(Method::GET, "/obts/t0", json!({})).await;
     assert_eq!((status, body["error"].as_str()), (404, Some("not_found")));

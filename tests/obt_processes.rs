@@ -124,6 +124,7 @@ async fn a_skewed_contender_waits_for_a_live_lease_and_takes_over_a_killed_owner
     owner.kill().unwrap();
     owner.wait().unwrap();
     let killed = Instant::now();
+    let last_beat = obt.get("attach/dlv0").await.unwrap().beat_at.unwrap();
     let mut by_server = contender(&t, "ahead-server", "server", "10s", Some(60_000));
     let took = line(&mut by_server, "took ");
     assert!(by_server.wait().unwrap().success());
@@ -135,6 +136,12 @@ async fn a_skewed_contender_waits_for_a_live_lease_and_takes_over_a_killed_owner
     );
     let state = obt.get("attach/dlv0").await.unwrap();
     assert_eq!(state.owner, "ahead-server");
+    // In the server's own time, the take-over came a whole lease after the last heartbeat.
+    let waited = state.beat_at.unwrap().timestamp_millis() - last_beat.timestamp_millis();
+    assert!(
+        waited >= 1_000,
+        "taken over {waited} ms (server time) after the last heartbeat"
+    );
 
     // That contender has exited without heartbeats: one running behind takes it over from it by
     // its own monotonic clock.
@@ -145,4 +152,10 @@ async fn a_skewed_contender_waits_for_a_live_lease_and_takes_over_a_killed_owner
     let now = obt.get("attach/dlv0").await.unwrap();
     assert_eq!(now.owner, "behind-monotonic");
     assert!(now.token > state.token);
+    let waited =
+        now.beat_at.unwrap().timestamp_millis() - state.beat_at.unwrap().timestamp_millis();
+    assert!(
+        waited >= 1_000,
+        "taken over {waited} ms after the previous owner's last sign of life"
+    );
 }

@@ -2,6 +2,10 @@
 //! make fenced downstream calls and owned transactions. Checked afterwards from the fences' logs
 //! and the database: tokens unique and increasing, no downstream resource ever admitted a token
 //! lower than one it admitted before, and no owned transaction of a preempted owner committed.
+//!
+//! Owned transactions only insert entries of their own, so nothing but the OBT guard can refuse
+//! them; and owners commit even after a node has refused them (as a stalled owner that did not
+//! look would), so the guard is what stops them.
 
 mod common;
 
@@ -13,7 +17,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, Document};
 use common::TestDb;
 use mongotx::obt::{Fence, FenceError, MemoryFence, MongoFence, NewObt, Obt, ObtError, Token};
-use mongotx::{Store, Transactions, Update};
+use mongotx::{Store, Transactions};
 use rand::Rng;
 
 const RESOURCES: usize = 3;
@@ -65,10 +69,6 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
     let setup = Obt::open(&t.store).await.unwrap();
     setup.create(NewObt::new("vol", "nobody")).await.unwrap();
     let ledger = t.store.repository::<Document>(ledger_spec()).await.unwrap();
-    ledger
-        .insert(&doc! { "_id": "state", "seq": 0_i64, "token": 0_i64, "owner": "nobody" })
-        .await
-        .unwrap();
 
     let mut clients = Vec::new();
     for _ in 0..4 {
@@ -79,18 +79,22 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
     }
     let nodes: Arc<Vec<Node>> = Arc::new((0..RESOURCES).map(|_| Node::default()).collect());
     let mongo_log = Arc::new(Mutex::new(Vec::<(Token, Result<(), String>)>::new()));
-    let handed_out = Arc::new(Mutex::new(Vec::<(String, Token)>::new()));
+    // (owner, token, when the preemption returned)
+    let handed_out = Arc::new(Mutex::new(Vec::<(String, Token, Instant)>::new()));
+    // (token, when the commit began, whether it committed)
+    let commits = Arc::new(Mutex::new(Vec::<(Token, Instant, bool)>::new()));
     let counts = Arc::new(Counts::default());
     let until = Instant::now() + Duration::from_secs(20);
 
     let mut tasks = Vec::new();
     for task in 0..32 {
         let (store, obt, ledger) = clients[task % 4].clone();
-        let mongo = MongoFence::open(&store);
-        let (nodes, mongo_log, handed_out, counts) = (
+        let mongo = MongoFence::open(&store).await.unwrap();
+        let (nodes, mongo_log, handed_out, commits, counts) = (
             Arc::clone(&nodes),
             Arc::clone(&mongo_log),
             Arc::clone(&handed_out),
+            Arc::clone(&commits),
             Arc::clone(&counts),
         );
         tasks.push(tokio::spawn(async move {
@@ -113,17 +117,18 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
                     Err(e) => panic!("{me}: preempt: {e}"),
                 };
                 counts.preempts.fetch_add(1, Ordering::Relaxed);
-                handed_out.lock().unwrap().push((me.clone(), owned.token));
+                handed_out
+                    .lock()
+                    .unwrap()
+                    .push((me.clone(), owned.token, Instant::now()));
                 let pause = rand::rng().random_range(0..3);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
 
                 // Downstream calls, each fenced by the token.
-                let mut fenced_off = false;
                 for node in nodes.iter() {
                     match node.call(owned.token).await {
                         Ok(()) => counts.admitted.fetch_add(1, Ordering::Relaxed),
                         Err(FenceError::StaleToken { .. }) => {
-                            fenced_off = true;
                             counts.stale.fetch_add(1, Ordering::Relaxed)
                         }
                         Err(e) => panic!("{me}: node: {e}"),
@@ -134,52 +139,29 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
                     .lock()
                     .unwrap()
                     .push((owned.token, result.map_err(|e| e.to_string())));
-                if fenced_off {
-                    continue;
-                }
 
-                // An owned transaction: the next ledger entry, in sequence.
-                let state = ledger.get("state").await.unwrap();
-                let seq = state.value.get_i64("seq").unwrap() + 1;
+                // An owned transaction that only inserts an entry of its own: if anything
+                // refuses it, it is the guard.
                 let tx = txns.begin();
-                let staged = tx
-                    .update(
-                        &ledger,
-                        "state",
-                        state.version,
-                        &Update::new()
-                            .set("seq", seq)
-                            .set("token", owned.token.0)
-                            .set("owner", me.clone()),
-                    )
-                    .await;
-                match staged {
-                    Ok(_) => {}
-                    Err(e) if e.is_retryable() => {
-                        counts.conflicts.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    Err(e) => panic!("{me}: stage: {e}"),
-                }
+                let attempt = counts.preempts.load(Ordering::Relaxed);
                 tx.insert(
                     &ledger,
-                    &doc! { "_id": format!("e{seq:08}"), "seq": seq, "token": owned.token.0, "owner": &me },
+                    &doc! { "_id": format!("{me}-{}-{attempt}", owned.token), "token": owned.token.0, "owner": &me },
                 )
                 .await
                 .unwrap();
-                match obt.commit_owned(tx, &owned).await {
+                let began = Instant::now();
+                let outcome = obt.commit_owned(tx, &owned).await;
+                commits
+                    .lock()
+                    .unwrap()
+                    .push((owned.token, began, outcome.is_ok()));
+                match outcome {
                     Ok(_) => counts.committed.fetch_add(1, Ordering::Relaxed),
                     Err(ObtError::Preempted { .. }) => {
                         counts.preempted_commits.fetch_add(1, Ordering::Relaxed)
                     }
                     Err(e) if e.is_retryable() => counts.conflicts.fetch_add(1, Ordering::Relaxed),
-                    // Read the state just before the previous owner's last commit landed: the
-                    // entry's id was taken by then (a stale read, not lost ownership).
-                    Err(ObtError::Txn(e))
-                        if matches!(e.repo_error(), Some(mongotx::RepoError::DuplicateId { .. })) =>
-                    {
-                        counts.conflicts.fetch_add(1, Ordering::Relaxed)
-                    }
                     Err(e) => panic!("{me}: owned commit: {e}"),
                 };
             }
@@ -203,13 +185,13 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
 
     // Tokens: unique, each task's rising, and the OBT ends with the highest.
     let handed_out = handed_out.lock().unwrap().clone();
-    let mut tokens: Vec<Token> = handed_out.iter().map(|(_, t)| *t).collect();
+    let mut tokens: Vec<Token> = handed_out.iter().map(|(_, t, _)| *t).collect();
     let n = tokens.len();
     tokens.sort();
     tokens.dedup();
     assert_eq!(tokens.len(), n, "a token was handed out twice");
     let mut per_task: BTreeMap<&str, Vec<Token>> = BTreeMap::new();
-    for (owner, token) in &handed_out {
+    for (owner, token, _) in &handed_out {
         per_task.entry(owner).or_default().push(*token);
     }
     for (owner, mine) in &per_task {
@@ -252,7 +234,12 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
         .max()
         .unwrap();
     assert_eq!(
-        MongoFence::open(&t.store).seen("dlv0").await.unwrap(),
+        MongoFence::open(&t.store)
+            .await
+            .unwrap()
+            .seen("dlv0")
+            .await
+            .unwrap(),
         Some(highest)
     );
     for (token, result) in mongo_log.iter() {
@@ -264,27 +251,29 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
         }
     }
 
-    // Database: the ledger's entries are gapless and their tokens never fall, so no preempted
-    // owner committed after a newer one; and every entry is a commit a task saw succeed.
-    let entries = ledger
-        .find(
-            mongotx::Query::new()
-                .filter(doc! { "_id": { "$ne": "state" } })
-                .sort(doc! { "seq": 1 }),
-        )
-        .await
-        .unwrap();
+    // Database: no owned commit went through after a newer owner's preemption had returned
+    // before it began; and exactly the commits the tasks saw succeed are in the ledger.
+    let commits = commits.lock().unwrap().clone();
+    for (token, began, committed) in &commits {
+        if !committed {
+            continue;
+        }
+        if let Some((owner, newer, at)) = handed_out
+            .iter()
+            .find(|(_, newer, at)| newer > token && at < began)
+        {
+            panic!("the commit of token {token} began {:?} after {owner} had preempted with token {newer}", began.duration_since(*at));
+        }
+    }
+    let entries = ledger.find(mongotx::Query::new()).await.unwrap();
     assert_eq!(entries.len() as u64, load(&counts.committed));
-    let mut previous = 0;
-    for (i, entry) in entries.iter().enumerate() {
-        assert_eq!(entry.value.get_i64("seq").unwrap(), i as i64 + 1, "gapless");
-        let token = entry.value.get_i64("token").unwrap();
+    for entry in &entries {
+        let token = Token(entry.value.get_i64("token").unwrap());
         assert!(
-            token >= previous,
-            "entry {} by token {token} after token {previous}",
-            i + 1
+            commits.iter().any(|(t, _, ok)| *t == token && *ok),
+            "entry {} was never reported committed",
+            entry.id
         );
-        previous = token;
     }
 
     assert!(load(&counts.preempts) > 100, "too little contention");

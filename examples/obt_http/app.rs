@@ -54,7 +54,10 @@ pub async fn router(store: &Store) -> Result<(Router, Arc<App>), Box<dyn std::er
     });
     let router = Router::new()
         .route("/obts", post(create_obt))
-        .route("/obts/{t_id}", get(get_obt).put(preempt_obt).delete(delete_obt))
+        .route(
+            "/obts/{t_id}",
+            get(get_obt).put(preempt_obt).delete(delete_obt),
+        )
         .route("/dlvs", post(create_dlv))
         .route("/dlvs/{name}", get(get_dlv).delete(delete_dlv))
         .with_state(Arc::clone(&app));
@@ -89,8 +92,14 @@ impl From<ObtError> for ApiError {
 impl From<FenceError> for ApiError {
     fn from(e: FenceError) -> ApiError {
         match &e {
-            FenceError::StaleToken { .. } => ApiError(StatusCode::CONFLICT, "stale_token", e.to_string()),
-            e if e.is_retryable() => ApiError(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+            FenceError::StaleToken { .. } => {
+                ApiError(StatusCode::CONFLICT, "stale_token", e.to_string())
+            }
+            e if e.is_retryable() => ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            ),
             _ => ApiError(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
         }
     }
@@ -102,8 +111,14 @@ impl From<RepoError> for ApiError {
             RepoError::NotFound { .. } | RepoError::Deleted { .. } => {
                 ApiError(StatusCode::NOT_FOUND, "not_found", e.to_string())
             }
-            RepoError::DuplicateId { .. } => ApiError(StatusCode::CONFLICT, "exists", e.to_string()),
-            e if e.is_retryable() => ApiError(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+            RepoError::DuplicateId { .. } => {
+                ApiError(StatusCode::CONFLICT, "exists", e.to_string())
+            }
+            e if e.is_retryable() => ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            ),
             _ => ApiError(StatusCode::BAD_REQUEST, "invalid", e.to_string()),
         }
     }
@@ -128,18 +143,30 @@ pub struct CreateObt {
     t_stage: i64,
 }
 
-async fn create_obt(State(app): State<Arc<App>>, Json(body): Json<CreateObt>) -> Result<(StatusCode, Json<Value>), ApiError> {
+async fn create_obt(
+    State(app): State<Arc<App>>,
+    Json(body): Json<CreateObt>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     if body.t_stage != 0 {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "invalid", format!("a new OBT starts at stage 0, not {}", body.t_stage)));
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("a new OBT starts at stage 0, not {}", body.t_stage),
+        ));
     }
     let owned = app.obt.create(NewObt::new(body.t_id, body.t_owner)).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "t_id": owned.id, "t_owner": owned.owner, "t_stage": owned.stage, "token": owned.token.get() })),
+        Json(
+            json!({ "t_id": owned.id, "t_owner": owned.owner, "t_stage": owned.stage, "token": owned.token.get() }),
+        ),
     ))
 }
 
-async fn get_obt(State(app): State<Arc<App>>, Path(t_id): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn get_obt(
+    State(app): State<Arc<App>>,
+    Path(t_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     Ok(Json(obt_json(&app.obt.get(&t_id).await?)))
 }
 
@@ -157,10 +184,19 @@ async fn preempt_obt(
     Json(body): Json<PreemptObt>,
 ) -> Result<Json<Value>, ApiError> {
     if body.action != "preempt" {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "invalid", format!("unknown action {:?}", body.action)));
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            format!("unknown action {:?}", body.action),
+        ));
     }
-    let owned = app.obt.preempt(&t_id, &body.t_owner, &body.new_owner).await?;
-    Ok(Json(json!({ "t_id": owned.id, "t_owner": owned.owner, "t_stage": owned.stage, "token": owned.token.get() })))
+    let owned = app
+        .obt
+        .preempt(&t_id, &body.t_owner, &body.new_owner)
+        .await?;
+    Ok(Json(
+        json!({ "t_id": owned.id, "t_owner": owned.owner, "t_stage": owned.stage, "token": owned.token.get() }),
+    ))
 }
 
 /// `DELETE /obts/{t_id} {"t_owner"}`
@@ -198,17 +234,29 @@ pub struct CreateDlv {
 /// Checks the caller's ownership and stage, reaches every storage node with its token, and
 /// records the stage: the steps every volume call makes before its owned write.
 async fn under_obt(app: &App, call: &UnderObt, volume: &str) -> Result<Ownership, ApiError> {
-    let state = app.obt.check(&call.t_id, &call.t_owner, call.t_stage).await?;
+    let state = app
+        .obt
+        .check(&call.t_id, &call.t_owner, call.t_stage)
+        .await?;
     for node in &app.nodes {
         node.admit(volume, state.token).await?;
     }
-    app.obt.advance(&call.t_id, &call.t_owner, call.t_stage).await?;
+    app.obt
+        .advance(&call.t_id, &call.t_owner, call.t_stage)
+        .await?;
     Ok(Ownership::from(state))
 }
 
-async fn create_dlv(State(app): State<Arc<App>>, Json(body): Json<CreateDlv>) -> Result<(StatusCode, Json<Value>), ApiError> {
+async fn create_dlv(
+    State(app): State<Arc<App>>,
+    Json(body): Json<CreateDlv>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     if body.dlv_name.is_empty() || body.dlv_size < 1 {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "invalid", "a volume needs a name and a positive size".into()));
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "a volume needs a name and a positive size".into(),
+        ));
     }
     let owned = under_obt(&app, &body.obt, &body.dlv_name).await?;
     let dlv = Dlv {
@@ -220,10 +268,16 @@ async fn create_dlv(State(app): State<Arc<App>>, Json(body): Json<CreateDlv>) ->
     let tx = app.txns.begin();
     tx.insert(&app.dlvs, &dlv).await?;
     app.obt.commit_owned(tx, &owned).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "dlv_name": dlv.name, "status": dlv.status, "token": dlv.token }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "dlv_name": dlv.name, "status": dlv.status, "token": dlv.token })),
+    ))
 }
 
-async fn get_dlv(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Json<Dlv>, ApiError> {
+async fn get_dlv(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+) -> Result<Json<Dlv>, ApiError> {
     Ok(Json(app.dlvs.get(name).await?.value))
 }
 
@@ -237,5 +291,7 @@ async fn delete_dlv(
     let tx = app.txns.begin();
     tx.delete(&app.dlvs, name.as_str(), current.version)?;
     app.obt.commit_owned(tx, &owned).await?;
-    Ok(Json(json!({ "dlv_name": name, "deleted": true, "token": owned.token.get() })))
+    Ok(Json(
+        json!({ "dlv_name": name, "deleted": true, "token": owned.token.get() }),
+    ))
 }

@@ -25,7 +25,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (router, _) = app::router(&store).await?;
     let addr = std::env::var("OBT_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:9521".into());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    println!("OBT API on http://{addr} ({} at {})", server.kind(), server.uri());
+    println!(
+        "OBT API on http://{addr} ({} at {})",
+        server.kind(),
+        server.uri()
+    );
     axum::serve(listener, router).await?;
     Ok(())
 }

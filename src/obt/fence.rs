@@ -1,7 +1,11 @@
 //! Downstream fences: the seed's first fence. A resource (a storage node's volume, a host) keeps
 //! the highest token it has admitted and refuses any lower one, so once a newer owner has reached
-//! it, nothing an older owner sends can land, however late it arrives. Equal tokens pass: they
+//! it, no call an older owner sends is admitted, however late it arrives. Equal tokens pass: they
 //! are the same owner's retries.
+//!
+//! A fence orders admissions, not effects: a call admitted just before a newer token arrived may
+//! still be running. A resource that needs its effects in token order too performs each call's
+//! effect while it holds the decision, as [`MemoryFence::admit_then`] does.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -57,11 +61,17 @@ impl MemoryFence {
     }
 }
 
-#[async_trait]
-impl Fence for MemoryFence {
-    async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError> {
+impl MemoryFence {
+    /// Admits `token` on `resource` and runs `effect` before any other call on this fence is
+    /// decided, so effects happen in admission order: nothing an older owner does can land after
+    /// a newer owner's call. Keep `effect` short; it blocks the fence.
+    pub fn admit_then<R>(
+        &self,
+        resource: &str,
+        token: Token,
+        effect: impl FnOnce() -> R,
+    ) -> Result<R, FenceError> {
         check(resource, token)?;
-        // A poisoned lock only means another caller panicked mid-admit; the map is still whole.
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let highest = seen.entry(resource.to_string()).or_insert(token);
         if *highest > token {
@@ -72,10 +82,18 @@ impl Fence for MemoryFence {
             });
         }
         *highest = token;
-        Ok(())
+        Ok(effect())
+    }
+}
+
+#[async_trait]
+impl Fence for MemoryFence {
+    async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError> {
+        self.admit_then(resource, token, || ())
     }
 
     async fn seen(&self, resource: &str) -> Result<Option<Token>, FenceError> {
+        // A poisoned lock only means another caller panicked mid-admit; the map is still whole.
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         Ok(seen.get(resource).copied())
     }
@@ -94,15 +112,21 @@ const CREATE_RACES: usize = 8;
 
 impl MongoFence {
     /// The fence in [`FENCES_COLLECTION`] of `store`'s database.
-    pub fn open(store: &Store) -> MongoFence {
-        MongoFence::named(store, FENCES_COLLECTION)
+    pub async fn open(store: &Store) -> Result<MongoFence, FenceError> {
+        MongoFence::named(store, FENCES_COLLECTION).await
     }
 
-    /// The fence in collection `name` (one per group of resources that share nothing).
-    pub fn named(store: &Store, name: &str) -> MongoFence {
-        MongoFence {
-            coll: store.database().collection(name),
-        }
+    /// The fence in collection `name`. Tokens are comparable only within one OBT namespace, so
+    /// resources fenced by OBTs of different namespaces need fences of their own.
+    ///
+    /// Writes and reads use the store's protocol concerns (majority on replica sets): an
+    /// admitted token that a failover rolled back would let a lower one in.
+    pub async fn named(store: &Store, name: &str) -> Result<MongoFence, FenceError> {
+        let coll = store
+            .protocol_collection(name)
+            .await
+            .map_err(|e| RepoError::database(name, "*", "open", e))?;
+        Ok(MongoFence { coll })
     }
 
     fn db_error(

@@ -122,6 +122,11 @@ impl ObtOptions {
 pub struct Obt {
     store: Store,
     repo: Repository<ObtDoc>,
+    /// The OBT collection with the store's protocol concerns (majority on replica sets): an
+    /// acknowledged ownership change must survive a failover.
+    coll: Collection<Document>,
+    /// The token counters, likewise: a token acknowledged and then rolled back could be issued
+    /// twice.
     tokens: Collection<Document>,
     options: Arc<ObtOptions>,
 }
@@ -145,10 +150,21 @@ impl Obt {
             }
         })?;
         let repo = store.repository::<ObtDoc>(spec).await?;
+        let protocol = |name: &str| {
+            let name = name.to_string();
+            async move {
+                store.protocol_collection(&name).await.map_err(|e| {
+                    ObtError::Repo(crate::repo::error::RepoError::database(
+                        &name, "*", "open", e,
+                    ))
+                })
+            }
+        };
         Ok(Obt {
             store: store.clone(),
             repo,
-            tokens: store.database().collection(TOKENS_COLLECTION),
+            coll: protocol(&options.collection).await?,
+            tokens: protocol(TOKENS_COLLECTION).await?,
             options: Arc::new(options),
         })
     }

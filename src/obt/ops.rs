@@ -177,7 +177,12 @@ impl Obt {
     async fn committed(&self, id: &str) -> Result<Option<(ObtState, Option<ObjectId>)>, ObtError> {
         let key = Bson::from(id);
         let shown = show_id(&key);
-        let Some(stored) = self.repo.read_raw(&key, &shown).await? else {
+        let stored = self
+            .coll
+            .find_one(doc! { "_id": id })
+            .await
+            .map_err(|e| RepoError::database(&self.coll(), id, "read", e))?;
+        let Some(stored) = stored else {
             return Ok(None);
         };
         let holder = stored.get_object_id(fields::ACTIVE_TXN).ok();
@@ -253,8 +258,7 @@ impl Obt {
         let mut holder = None;
         loop {
             let written = self
-                .repo
-                .raw_collection()
+                .coll
                 .find_one_and_update(filter.clone(), change.clone())
                 .return_document(ReturnDocument::After)
                 .await;
@@ -303,9 +307,9 @@ impl Obt {
         }
     }
 
-    /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token. Sending the same
-    /// create again after a lost reply returns the same ownership; an id that is taken is
-    /// [`ObtError::Exists`].
+    /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token: one upsert that can
+    /// only insert, stamped with the server's time. Sending the same create again after a lost
+    /// reply returns the same ownership; an id that is taken is [`ObtError::Exists`].
     pub async fn create(&self, new: NewObt) -> Result<Ownership, ObtError> {
         check_name("OBT id", &new.id)?;
         check_name("owner", &new.owner)?;
@@ -319,47 +323,71 @@ impl Obt {
             Some(lease) => Some(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
         };
         let token = self.issue_token().await?;
-        let sent = Instant::now();
-        let now = self.store.now().await?;
-        let doc = ObtDoc {
-            id: new.id.clone(),
-            owner: new.owner.clone(),
-            stage: 0,
-            token: token.0,
-            lease_ms,
-            beat_at: Some(now),
+        let mut fields = doc! {
+            fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
+            fields::VERSION: 1_i64,
+            "owner": &new.owner,
+            "stage": 0_i64,
+            "token": token.0,
         };
+        if let Some(ms) = lease_ms {
+            fields.insert("lease_ms", ms);
+        }
+        // Every stored OBT has a version, so this filter matches none: the upsert inserts or
+        // collides with the id, and never changes an existing OBT.
+        let filter = doc! { "_id": &new.id, fields::VERSION: { "$exists": false } };
+        let change = doc! { "$setOnInsert": fields, "$currentDate": { "beat_at": true } };
+        let sent = Instant::now();
         let started = Instant::now();
         let mut attempt = 0;
         loop {
-            let error = match self.repo.insert(&doc).await {
-                Ok(_) => break,
-                Err(e) => e,
-            };
-            match error {
-                RepoError::DuplicateId { .. } => match self.committed(&new.id).await? {
-                    // Our own earlier send landed.
-                    Some((state, _)) if state.owner == new.owner && state.token == token => {
-                        return Ok(Ownership::new(state, sent))
+            let written = self
+                .coll
+                .update_one(filter.clone(), change.clone())
+                .upsert(true)
+                .await;
+            match written {
+                Ok(r) if r.upserted_id.is_some() => break,
+                Ok(_) => {}
+                Err(e) if crate::obt::fence::is_duplicate_key(&e) => {}
+                Err(e) if is_transient(&e) && started.elapsed() < self.options.retry.max_wait => {
+                    tracing::debug!(collection = %self.coll(), id = %new.id, error = %e, "obt: create send failed, sending again");
+                    tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+                    attempt += 1;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(RepoError::database(&self.coll(), &new.id, "create", e).into())
+                }
+            }
+            match self.committed(&new.id).await? {
+                // Our own earlier send landed.
+                Some((state, _)) if state.owner == new.owner && state.token == token => {
+                    return Ok(Ownership::new(state, sent))
+                }
+                Some((state, _)) => {
+                    return Err(ObtError::Exists {
+                        collection: self.coll(),
+                        id: new.id,
+                        owner: state.owner,
+                        token: state.token,
+                    })
+                }
+                // Released meanwhile: try again, within the wait budget.
+                None if started.elapsed() < self.options.retry.max_wait => {}
+                None => {
+                    return Err(RepoError::Locked {
+                        collection: self.coll(),
+                        id: show_id(&Bson::from(new.id.as_str())),
+                        holder: None,
+                        waited: started.elapsed(),
                     }
-                    Some((state, _)) => {
-                        return Err(ObtError::Exists {
-                            collection: self.coll(),
-                            id: new.id,
-                            owner: state.owner,
-                            token: state.token,
-                        })
-                    }
-                    // A pending insert that has since rolled back, or a release meanwhile.
-                    None => {}
-                },
-                e if e.is_retryable() && started.elapsed() < self.options.retry.max_wait => {}
-                e => return Err(e.into()),
+                    .into())
+                }
             }
             tokio::time::sleep(self.options.retry.backoff(attempt)).await;
             attempt += 1;
         }
-        // The version the insert gave it: read it back only for callers that watch versions.
         let state = self.get(&new.id).await?;
         if state.token != token {
             return Err(ObtError::Exists {
@@ -460,37 +488,67 @@ impl Obt {
         self.take_unchanged(seen, new_owner).await
     }
 
-    /// Takes over an OBT whose last heartbeat is older than its lease by the server's clock (its
-    /// heartbeats are stamped with the server's time, and this compares with the server's time).
+    /// Takes over an OBT whose last heartbeat is older than its lease by the server's clock: the
+    /// write itself carries the condition (`beat_at <= $$NOW - lease`), so the server compares
+    /// its own stamps with its own clock and no caller's clock is involved.
     pub async fn take_over_expired(
         &self,
         id: &str,
         new_owner: &str,
     ) -> Result<Ownership, ObtError> {
+        check_name("OBT id", id)?;
         check_name("new owner", new_owner)?;
-        let seen = self.get(id).await?;
-        let Some(lease) = seen.lease else {
-            return Err(ObtError::NoLease {
-                collection: self.coll(),
-                id: seen.id,
-                owner: seen.owner,
-            });
-        };
-        let now = self.store.now().await?;
-        let beat = seen.beat_at.unwrap_or(now);
-        let silent = Duration::from_millis(
-            u64::try_from(now.timestamp_millis() - beat.timestamp_millis()).unwrap_or(0),
-        );
-        if silent < lease {
-            return Err(ObtError::LeaseLive {
-                collection: self.coll(),
-                id: seen.id,
-                owner: seen.owner,
-                silent,
-                lease,
-            });
-        }
-        self.take_unchanged(&seen, new_owner).await
+        let token = self.issue_token().await?;
+        // Only to tell a running lease from a guard in the way when the write misses.
+        let server_now = self.store.now().await?;
+        let sent = Instant::now();
+        let state = self
+            .conditional(
+                id,
+                "take over",
+                doc! {
+                    "lease_ms": { "$gt": 0_i64 },
+                    "token": { "$lt": token.0 },
+                    "$expr": { "$lte": ["$beat_at", { "$subtract": ["$$NOW", "$lease_ms"] }] },
+                },
+                doc! {
+                    "$set": { "owner": new_owner, "token": token.0 },
+                    "$currentDate": { "beat_at": true },
+                },
+                |now| match now {
+                    None => Verdict::Fail(self.not_found(id)),
+                    Some(s) if s.owner == new_owner && s.token == token => Verdict::Done(s.clone()),
+                    Some(s) => match s.lease {
+                        None => Verdict::Fail(ObtError::NoLease {
+                            collection: self.coll(),
+                            id: id.to_string(),
+                            owner: s.owner.clone(),
+                        }),
+                        Some(lease) => {
+                            let beat = s.beat_at.unwrap_or(server_now).timestamp_millis();
+                            let silent = Duration::from_millis(
+                                u64::try_from(server_now.timestamp_millis() - beat).unwrap_or(0),
+                            );
+                            if s.token > token || silent < lease {
+                                Verdict::Fail(ObtError::LeaseLive {
+                                    collection: self.coll(),
+                                    id: id.to_string(),
+                                    owner: s.owner.clone(),
+                                    silent,
+                                    lease,
+                                })
+                            } else {
+                                // Expired as far as this process can tell: a guard is in the
+                                // way, or the server's clock has not quite got there.
+                                Verdict::Again
+                            }
+                        }
+                    },
+                },
+            )
+            .await?;
+        tracing::info!(collection = %self.coll(), id, to = new_owner, token = %token, "obt: took over an OBT whose lease ran out");
+        Ok(Ownership::new(state, sent))
     }
 
     /// Gives `seen` to `new_owner` with a new token if it is still exactly as seen.
@@ -573,19 +631,77 @@ impl Obt {
         .await
     }
 
-    /// Releases (deletes) OBT `id`, which `owner` must own.
+    /// Moves this ownership's OBT forward to `stage`, conditioned on the token as well as the
+    /// owner, so no late copy can move a later OBT of the same id and owner name.
+    pub async fn advance_owned(&self, owned: &mut Ownership, stage: i64) -> Result<(), ObtError> {
+        check_stage(stage)?;
+        let state = self
+            .conditional(
+                &owned.id,
+                "advance",
+                doc! { "owner": &owned.owner, "token": owned.token.0, "stage": { "$lt": stage } },
+                doc! { "$set": { "stage": stage }, "$currentDate": { "beat_at": true } },
+                |now| match now {
+                    Some(s) if s.owner != owned.owner || s.token != owned.token => {
+                        Verdict::Fail(self.preempted(owned, Some(s)))
+                    }
+                    None => Verdict::Fail(self.preempted(owned, None)),
+                    Some(s) if s.stage == stage => Verdict::Done(s.clone()),
+                    Some(s) if s.stage > stage => Verdict::Fail(ObtError::StageReplayed {
+                        collection: self.coll(),
+                        id: owned.id.clone(),
+                        current: s.stage,
+                        presented: stage,
+                    }),
+                    Some(_) => Verdict::Again,
+                },
+            )
+            .await?;
+        owned.stage = state.stage;
+        Ok(())
+    }
+
+    /// Releases (deletes) OBT `id`, which `owner` must own: the seed's call, by owner name. A
+    /// delete delivered late could remove a later OBT of the same id and owner name; owners that
+    /// reuse names should use [`release_owned`](Obt::release_owned).
     pub async fn release(&self, id: &str, owner: &str) -> Result<(), ObtError> {
         check_name("OBT id", id)?;
         check_name("owner", owner)?;
+        self.remove(id, doc! { "owner": owner }, |now| {
+            (now.owner != owner).then(|| self.not_owner(id, owner, now))
+        })
+        .await
+    }
+
+    /// Releases the OBT this ownership holds (owner and token), so that no copy of the delete
+    /// can remove a later OBT of the same id.
+    pub async fn release_owned(&self, owned: &Ownership) -> Result<(), ObtError> {
+        self.remove(
+            &owned.id,
+            doc! { "owner": &owned.owner, "token": owned.token.0 },
+            |now| {
+                (now.owner != owned.owner || now.token != owned.token)
+                    .then(|| self.preempted(owned, Some(now)))
+            },
+        )
+        .await
+    }
+
+    /// Deletes OBT `id` if it matches `condition`; `refuse` says why a committed OBT that does
+    /// not match is not the caller's to delete.
+    async fn remove(
+        &self,
+        id: &str,
+        condition: Document,
+        refuse: impl Fn(&ObtState) -> Option<ObtError>,
+    ) -> Result<(), ObtError> {
+        let mut filter = doc! { "_id": id, fields::ACTIVE_TXN: null };
+        filter.extend(condition);
         let started = Instant::now();
         let mut attempt = 0;
         let mut unsure = false;
         loop {
-            let deleted = self
-                .repo
-                .raw_collection()
-                .delete_one(doc! { "_id": id, "owner": owner, fields::ACTIVE_TXN: null })
-                .await;
+            let deleted = self.coll.delete_one(filter.clone()).await;
             match deleted {
                 Ok(r) if r.deleted_count == 1 => return Ok(()),
                 Ok(_) => {}
@@ -597,29 +713,29 @@ impl Obt {
                 }
                 Err(e) => return Err(RepoError::database(&self.coll(), id, "release", e).into()),
             }
-            match self.committed(id).await? {
-                // Gone: our earlier send landed, or it was never there.
+            let holder = match self.committed(id).await? {
+                // Gone: our earlier send landed (or it was never there).
                 None if unsure => return Ok(()),
                 None => return Err(self.not_found(id)),
-                Some((state, _)) if state.owner != owner => {
-                    return Err(self.not_owner(id, owner, &state))
+                Some((state, holder)) => match refuse(&state) {
+                    Some(e) => return Err(e),
+                    None => holder,
+                },
+            };
+            if let Some(h) = holder {
+                if self
+                    .repo
+                    .settle_hold(&Bson::from(id), &show_id(&Bson::from(id)), h)
+                    .await?
+                {
+                    continue;
                 }
-                Some((_, Some(h))) => {
-                    if self
-                        .repo
-                        .settle_hold(&Bson::from(id), &show_id(&Bson::from(id)), h)
-                        .await?
-                    {
-                        continue;
-                    }
-                }
-                Some((_, None)) => {}
             }
             if started.elapsed() >= self.options.retry.max_wait {
                 return Err(RepoError::Locked {
                     collection: self.coll(),
                     id: show_id(&Bson::from(id)),
-                    holder: None,
+                    holder,
                     waited: started.elapsed(),
                 }
                 .into());
@@ -652,17 +768,17 @@ impl Obt {
             // reached (entries apply in a fixed order), so when the refusal came from elsewhere
             // (a conflict with the newer owner's writes, typically) the OBT says whether
             // ownership was lost, which is the cause to report.
-            Err(e) if e.repo_error().is_some() => {
-                let now = self.committed(&owned.id).await.ok().flatten();
-                match now {
-                    Some((state, _))
-                        if state.owner == owned.owner && state.token == owned.token =>
-                    {
-                        Err(e.into())
-                    }
-                    _ => Err(self.preempted(owned, now.as_ref().map(|(s, _)| s))),
+            Err(e) if e.repo_error().is_some() => match self.committed(&owned.id).await {
+                Ok(Some((state, _)))
+                    if state.owner != owned.owner || state.token != owned.token =>
+                {
+                    Err(self.preempted(owned, Some(&state)))
                 }
-            }
+                Ok(None) => Err(self.preempted(owned, None)),
+                // Still the owner, or the OBT cannot be read (then nothing is known about
+                // ownership): the commit's own error is the answer.
+                Ok(Some(_)) | Err(_) => Err(e.into()),
+            },
             Err(e) => Err(e.into()),
         }
     }

@@ -444,9 +444,14 @@ impl Transaction {
                     invalid(format!("a guard names user fields by path, not {path:?}")).into(),
                 );
             }
+            // Values the server would not compare for plain equality: operators, arrays (which
+            // match any element), patterns and code.
             let operator = match value {
                 Bson::Document(d) => d.keys().any(|k| k.starts_with('$')),
-                Bson::Array(_) => true,
+                Bson::Array(_)
+                | Bson::RegularExpression(_)
+                | Bson::JavaScriptCode(_)
+                | Bson::JavaScriptCodeWithScope(_) => true,
                 _ => false,
             };
             if operator {

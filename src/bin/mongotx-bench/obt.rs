@@ -24,14 +24,15 @@ const WINDOW: Duration = Duration::from_secs(2);
 pub(crate) async fn rows(db: &Database, n: usize) -> Result<(), Error> {
     let obt = Obt::open(&Store::new(db.clone())).await?;
     let raw = db.collection::<Document>("raw_obts");
-    raw.insert_one(doc! { "_id": "raw", "owner": "a", "stage": 0_i64, "token": 1_i64, "_version": 1_i64 })
-        .await?;
+    raw.insert_one(
+        doc! { "_id": "raw", "owner": "a", "stage": 0_i64, "token": 1_i64, "_version": 1_i64 },
+    )
+    .await?;
 
     let warmup = (n / 5).max(20);
     let (mut create, mut preempt, mut advance, mut base) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut version = 1_i64;
-    for i in 0..n + warmup {
+    for (version, i) in (1_i64..).zip(0..n + warmup) {
         let id = format!("t{i}");
         let t = Instant::now();
         obt.create(NewObt::new(&id, "owner-a")).await?;
@@ -49,7 +50,6 @@ pub(crate) async fn rows(db: &Database, n: usize) -> Result<(), Error> {
         )
         .await?;
         let one = t.elapsed();
-        version += 1;
         if i >= warmup {
             create.push(created);
             preempt.push(preempted);
