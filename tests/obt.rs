@@ -532,7 +532,7 @@ async fn a_heartbeating_owner_cannot_be_taken_over() {
     ));
 }
 
-/// Loses the reply of the n-th OBT heartbeat (a findAndModify setting `beat_at` only).
+/// Loses the reply of the n-th OBT heartbeat (an update setting `beat_at` only).
 #[derive(Clone)]
 struct LoseHeartbeat {
     nth: usize,
@@ -542,10 +542,14 @@ struct LoseHeartbeat {
 impl common::wire_proxy::Rules for LoseHeartbeat {
     fn command(&self, command: &mut Document) -> common::wire_proxy::Action {
         use common::wire_proxy::{command_name, Action};
-        let heartbeat = command_name(command) == "findAndModify"
+        let heartbeat = command_name(command) == "update"
             && command
-                .get_document("update")
-                .is_ok_and(|u| u.contains_key("$currentDate") && !u.contains_key("$set"));
+                .get_array("updates")
+                .ok()
+                .and_then(|u| u.first())
+                .and_then(|u| u.as_document())
+                .and_then(|u| u.get_document("u").ok())
+                .is_some_and(|u| u.contains_key("$currentDate") && !u.contains_key("$set"));
         if heartbeat && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.nth {
             return Action::LoseReply;
         }

@@ -234,8 +234,7 @@ impl Obt {
 
     // ----- writing -----
 
-    /// One conditional write on OBT `id`, re-sent after transient errors and guards, with
-    /// `judge` deciding from the committed OBT whenever it matches nothing.
+    /// One conditional write on OBT `id` returning the OBT after it (a `findAndModify`).
     async fn conditional(
         &self,
         id: &str,
@@ -244,6 +243,28 @@ impl Obt {
         change: Document,
         judge: impl Fn(Option<&ObtState>) -> Verdict,
     ) -> Result<ObtState, ObtError> {
+        match self
+            .write_if(id, what, condition, change, true, judge)
+            .await?
+        {
+            Some(state) => Ok(state),
+            None => self.get(id).await,
+        }
+    }
+
+    /// One conditional write on OBT `id`, re-sent after transient errors and guards, with
+    /// `judge` deciding from the committed OBT whenever it matches nothing. With `post_image`
+    /// it is a `findAndModify` returning the OBT after the write; without, a plain update that
+    /// returns `None` when it lands (cheaper on some servers).
+    async fn write_if(
+        &self,
+        id: &str,
+        what: &'static str,
+        condition: Document,
+        change: Document,
+        post_image: bool,
+        judge: impl Fn(Option<&ObtState>) -> Verdict,
+    ) -> Result<Option<ObtState>, ObtError> {
         let mut filter = doc! {
             "_id": id,
             fields::ACTIVE_TXN: null,
@@ -257,13 +278,20 @@ impl Obt {
         let mut attempt = 0;
         let mut holder = None;
         loop {
-            let written = self
-                .coll
-                .find_one_and_update(filter.clone(), change.clone())
-                .return_document(ReturnDocument::After)
-                .await;
+            let written = if post_image {
+                self.coll
+                    .find_one_and_update(filter.clone(), change.clone())
+                    .return_document(ReturnDocument::After)
+                    .await
+            } else {
+                self.coll
+                    .update_one(filter.clone(), change.clone())
+                    .await
+                    .map(|r| (r.matched_count == 1).then(Document::new))
+            };
             let found = match written {
-                Ok(Some(stored)) => return self.state_of(id, stored),
+                Ok(Some(_)) if !post_image => return Ok(None),
+                Ok(Some(stored)) => return self.state_of(id, stored).map(Some),
                 Ok(None) => self.committed(id).await?,
                 Err(e) if is_transient(&e) => {
                     // It may have landed. Sending it again is safe: it is conditional, and if
@@ -279,7 +307,7 @@ impl Obt {
                 Err(e) => return Err(RepoError::database(&self.coll(), id, what, e).into()),
             };
             match judge(found.as_ref().map(|(state, _)| state)) {
-                Verdict::Done(state) => return Ok(state),
+                Verdict::Done(state) => return Ok(Some(state)),
                 Verdict::Fail(e) => return Err(e),
                 Verdict::Again => {}
             }
@@ -388,15 +416,15 @@ impl Obt {
             tokio::time::sleep(self.options.retry.backoff(attempt)).await;
             attempt += 1;
         }
-        let state = self.get(&new.id).await?;
-        if state.token != token {
-            return Err(ObtError::Exists {
-                collection: self.coll(),
-                id: new.id,
-                owner: state.owner,
-                token: state.token,
-            });
-        }
+        let state = ObtState {
+            id: new.id,
+            owner: new.owner,
+            stage: 0,
+            token,
+            lease: new.lease,
+            beat_at: None,
+            version: 1,
+        };
         Ok(Ownership::new(state, sent))
     }
 
@@ -587,19 +615,18 @@ impl Obt {
     /// [`ObtError::Preempted`].
     pub async fn heartbeat(&self, owned: &mut Ownership) -> Result<(), ObtError> {
         let sent = Instant::now();
-        let state = self
-            .conditional(
-                &owned.id,
-                "heartbeat",
-                doc! { "owner": &owned.owner, "token": owned.token.0 },
-                doc! { "$currentDate": { "beat_at": true } },
-                |now| match now {
-                    Some(s) if s.owner == owned.owner && s.token == owned.token => Verdict::Again,
-                    other => Verdict::Fail(self.preempted(owned, other)),
-                },
-            )
-            .await?;
-        owned.stage = state.stage;
+        self.write_if(
+            &owned.id,
+            "heartbeat",
+            doc! { "owner": &owned.owner, "token": owned.token.0 },
+            doc! { "$currentDate": { "beat_at": true } },
+            false,
+            |now| match now {
+                Some(s) if s.owner == owned.owner && s.token == owned.token => Verdict::Again,
+                other => Verdict::Fail(self.preempted(owned, other)),
+            },
+        )
+        .await?;
         owned.lease_until = owned.lease.map(|lease| sent + lease);
         Ok(())
     }

@@ -30,16 +30,31 @@ pub(crate) async fn rows(db: &Database, n: usize) -> Result<(), Error> {
     .await?;
 
     let warmup = (n / 5).max(20);
-    let (mut create, mut preempt, mut advance, mut base) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (version, i) in (1_i64..).zip(0..n + warmup) {
+    // As many other documents as the OBT collection will hold, so both sides look one up among
+    // as many (the local test server scans for some filters).
+    let others: Vec<Document> = (0..n + warmup)
+        .map(|i| doc! { "_id": format!("other{i}"), "owner": "x", "stage": 0_i64, "token": 1_i64, "_version": 1_i64 })
+        .collect();
+    raw.insert_many(others).await?;
+    let (mut create, mut preempt, mut advance, mut heartbeat, mut base, mut fam) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    for (version, i) in (1_i64..).step_by(2).zip(0..n + warmup) {
         let id = format!("t{i}");
         let t = Instant::now();
         obt.create(NewObt::new(&id, "owner-a")).await?;
         let created = t.elapsed();
         let t = Instant::now();
-        obt.preempt(&id, "owner-a", "owner-b").await?;
+        let mut owned = obt.preempt(&id, "owner-a", "owner-b").await?;
         let preempted = t.elapsed();
+        let t = Instant::now();
+        obt.heartbeat(&mut owned).await?;
+        let beat = t.elapsed();
         let t = Instant::now();
         obt.advance(&id, "owner-b", 1).await?;
         let advanced = t.elapsed();
@@ -50,7 +65,17 @@ pub(crate) async fn rows(db: &Database, n: usize) -> Result<(), Error> {
         )
         .await?;
         let one = t.elapsed();
+        let t = Instant::now();
+        raw.find_one_and_update(
+            doc! { "_id": "raw", "_version": version + 1 },
+            doc! { "$set": { "stage": 1_i64 }, "$inc": { "_version": 1_i64 } },
+        )
+        .return_document(ReturnDocument::After)
+        .await?;
+        let modified = t.elapsed();
         if i >= warmup {
+            heartbeat.push(beat);
+            fam.push(modified);
             create.push(created);
             preempt.push(preempted);
             advance.push(advanced);
@@ -73,9 +98,11 @@ pub(crate) async fn rows(db: &Database, n: usize) -> Result<(), Error> {
         );
     };
     row("conditional update (driver)", &base);
-    row("create (token + insert)", &stats(create));
+    row("findAndModify, post-image (driver)", &stats(fam));
+    row("create (token + one upsert)", &stats(create));
     row("preempt (token + conditional write)", &stats(preempt));
-    row("advance (one conditional write)", &stats(advance));
+    row("advance (one findAndModify)", &stats(advance));
+    row("heartbeat (one conditional update)", &stats(heartbeat));
 
     let ours = {
         let obt = obt.clone();
