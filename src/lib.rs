@@ -43,6 +43,7 @@
 
 pub mod obt;
 pub mod quota;
+pub mod ratelimit;
 mod repo;
 mod server;
 mod txn;

@@ -1,0 +1,463 @@
+//! Exhaustive models of rate limiting across workers, after the seed's PlusCal models: the
+//! reservation protocol the limiter implements, and the naive check-then-call that the seed shows
+//! failing. [`explore`] visits every reachable state (breadth first, so a counterexample is a
+//! shortest one) and checks each against the model's property.
+//!
+//! Time is discrete: a tick is one step of the server's clock, and every process sees the same
+//! clock (the limiter's time comes from the server). A window is `window` consecutive ticks; the
+//! property is that **every** window, not only aligned ones, holds at most `limit` calls.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+/// A system explored state by state.
+pub trait Model {
+    /// One state of the whole system.
+    type State: Clone + Eq + Hash + std::fmt::Debug;
+    /// The initial states.
+    fn init(&self) -> Vec<Self::State>;
+    /// Every state one step from `state`.
+    fn next(&self, state: &Self::State) -> Vec<Self::State>;
+    /// Whether `state` is acceptable; otherwise why not.
+    fn check(&self, state: &Self::State) -> Result<(), String>;
+}
+
+/// What an exploration found.
+#[derive(Debug, Clone)]
+pub struct Explored<S> {
+    /// Distinct states visited.
+    pub states: usize,
+    /// The first property violation, with the path from an initial state to it.
+    pub violation: Option<(String, Vec<S>)>,
+    /// Whether the state limit stopped the exploration before it was complete.
+    pub truncated: bool,
+}
+
+/// Visits every state reachable from the model's initial states (at most `max_states`).
+pub fn explore<M: Model>(model: &M, max_states: usize) -> Explored<M::State> {
+    let mut parent: HashMap<M::State, Option<M::State>> = HashMap::new();
+    let mut queue = VecDeque::new();
+    for s in model.init() {
+        if parent.insert(s.clone(), None).is_none() {
+            queue.push_back(s);
+        }
+    }
+    while let Some(state) = queue.pop_front() {
+        if let Err(why) = model.check(&state) {
+            let mut path = vec![state.clone()];
+            let mut at = state;
+            while let Some(Some(p)) = parent.get(&at) {
+                path.push(p.clone());
+                at = p.clone();
+            }
+            path.reverse();
+            return Explored {
+                states: parent.len(),
+                violation: Some((why, path)),
+                truncated: false,
+            };
+        }
+        for n in model.next(&state) {
+            if parent.len() >= max_states {
+                return Explored {
+                    states: parent.len(),
+                    violation: None,
+                    truncated: true,
+                };
+            }
+            if !parent.contains_key(&n) {
+                parent.insert(n.clone(), Some(state.clone()));
+                queue.push_back(n);
+            }
+        }
+    }
+    Explored {
+        states: parent.len(),
+        violation: None,
+        truncated: false,
+    }
+}
+
+/// The sizes of a model: `limit` calls per `window` ticks, one bulk process (one call at a
+/// time, any number of times) and `priority` processes (one reservation of 1 or 2 calls each).
+///
+/// States record time relative to now (calls of the last `window` ticks, ages of reservations),
+/// so the exploration covers unbounded time and ends when no new state appears.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Calls allowed in any window.
+    pub limit: u8,
+    /// Ticks in a window (at least 1).
+    pub window: u8,
+    /// Priority processes.
+    pub priority: u8,
+}
+
+/// Calls in the window ending now: `calls` holds the last `window` ticks, oldest first.
+fn calls_in(calls: &[u8]) -> u32 {
+    calls.iter().map(|&c| u32::from(c)).sum()
+}
+
+fn every_window_holds(calls: &[u8], sizes: &Sizes) -> Result<(), String> {
+    let seen = calls_in(calls);
+    if seen > u32::from(sizes.limit) {
+        return Err(format!(
+            "{seen} calls in a window of {} ticks, limit {} (calls per tick: {calls:?})",
+            sizes.window, sizes.limit
+        ));
+    }
+    Ok(())
+}
+
+/// The clock moves one tick: the oldest tick leaves the window.
+fn tick(calls: &mut Vec<u8>) {
+    calls.remove(0);
+    calls.push(0);
+}
+
+fn now(calls: &mut [u8]) -> &mut u8 {
+    let last = calls.len() - 1;
+    &mut calls[last]
+}
+
+/// A process of the reservation model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Worker {
+    /// Not holding anything (a priority process that has not reserved yet, or the bulk process
+    /// between reservations).
+    Idle,
+    /// Holding a reservation of `n` calls granted `age` ticks ago, `made` of them made so far.
+    Holding {
+        /// Ticks since the grant.
+        age: u8,
+        /// Calls reserved.
+        n: u8,
+        /// Calls made.
+        made: u8,
+    },
+    /// A priority process that settled its reservation.
+    Done,
+    /// Died holding a reservation of `n` calls granted `age` ticks ago: never settles.
+    Dead {
+        /// Ticks since the grant.
+        age: u8,
+        /// Calls reserved.
+        n: u8,
+    },
+}
+
+/// A state of the reservation model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReservationState {
+    /// Calls that reached the API in each of the last `window` ticks, oldest first.
+    pub calls: Vec<u8>,
+    /// Calls made under settled reservations the limiter still counts, by ticks since the grant.
+    pub settled: Vec<u8>,
+    /// Process 0 is the bulk process, the rest are priority processes.
+    pub workers: Vec<Worker>,
+}
+
+/// The reservation protocol: a reservation covers the calls its holder makes in the tick it was
+/// granted (a holder that missed that tick makes none); the limiter grants `n` now only if the
+/// window ending now still has room for `n` beyond what it counts (every live or dead reservation
+/// of the window in full, every settled one as made), which is every window that can contain the
+/// new calls. Settling returns unused calls at once; a dead worker's reservation counts in full
+/// until its window has passed. Any worker may die while holding.
+#[derive(Debug, Clone, Copy)]
+pub struct ReservationModel(pub Sizes);
+
+impl ReservationModel {
+    /// What the limiter counts in the window ending now.
+    fn counted(&self, state: &ReservationState) -> u32 {
+        let held: u32 = state
+            .workers
+            .iter()
+            .map(|worker| match *worker {
+                Worker::Holding { n, .. } | Worker::Dead { n, .. } => u32::from(n),
+                _ => 0,
+            })
+            .sum();
+        let settled: u32 = state.settled.iter().map(|&made| u32::from(made)).sum();
+        held + settled
+    }
+
+    fn grantable(&self, state: &ReservationState, n: u8) -> bool {
+        self.counted(state) + u32::from(n) <= u32::from(self.0.limit)
+    }
+
+    /// The clock moves on: reservations age, and what no window from now on can contain is
+    /// forgotten (a dead worker's reservation included).
+    fn advance(&self, state: &ReservationState) -> ReservationState {
+        let mut s = state.clone();
+        tick(&mut s.calls);
+        let w = self.0.window;
+        s.settled.pop();
+        s.settled.insert(0, 0);
+        for worker in &mut s.workers {
+            *worker = match *worker {
+                Worker::Holding { age, n, made } => Worker::Holding {
+                    age: (age + 1).min(w),
+                    n,
+                    made,
+                },
+                Worker::Dead { age, .. } if age + 1 >= w => Worker::Done,
+                Worker::Dead { age, n } => Worker::Dead { age: age + 1, n },
+                ref other => other.clone(),
+            };
+        }
+        s
+    }
+
+    /// Whether time alone makes `n` grantable within a window: a dead worker's reservation
+    /// never blocks the others for good.
+    pub fn frees_up(&self, state: &ReservationState, n: u8) -> bool {
+        let mut later = state.clone();
+        for _ in 0..=self.0.window {
+            if self.grantable(&later, n) {
+                return true;
+            }
+            later = self.advance(&later);
+            // Live holders would settle; only the dead stay.
+            for w in &mut later.workers {
+                if let Worker::Holding { .. } = w {
+                    *w = Worker::Idle;
+                }
+            }
+        }
+        false
+    }
+}
+
+impl Model for ReservationModel {
+    type State = ReservationState;
+
+    fn init(&self) -> Vec<ReservationState> {
+        vec![ReservationState {
+            calls: vec![0; usize::from(self.0.window)],
+            settled: vec![0; usize::from(self.0.window)],
+            workers: vec![Worker::Idle; 1 + usize::from(self.0.priority)],
+        }]
+    }
+
+    fn next(&self, state: &ReservationState) -> Vec<ReservationState> {
+        let mut out = Vec::new();
+        for (i, worker) in state.workers.iter().enumerate() {
+            let bulk = i == 0;
+            let with = |w: Worker| {
+                let mut s = state.clone();
+                s.workers[i] = w;
+                s
+            };
+            match *worker {
+                Worker::Idle => {
+                    for n in if bulk { 1..=1 } else { 1..=2 } {
+                        if self.grantable(state, n) {
+                            out.push(with(Worker::Holding { age: 0, n, made: 0 }));
+                        }
+                    }
+                }
+                Worker::Holding { age, n, made } => {
+                    if made < n && age == 0 {
+                        let mut s = with(Worker::Holding {
+                            age,
+                            n,
+                            made: made + 1,
+                        });
+                        *now(&mut s.calls) += 1;
+                        out.push(s);
+                    }
+                    let mut s = with(if bulk { Worker::Idle } else { Worker::Done });
+                    if age < self.0.window {
+                        s.settled[usize::from(age)] += made;
+                    }
+                    out.push(s);
+                    out.push(with(if age < self.0.window {
+                        Worker::Dead { age, n }
+                    } else {
+                        Worker::Done
+                    }));
+                }
+                Worker::Done | Worker::Dead { .. } => {}
+            }
+        }
+        out.push(self.advance(state));
+        out
+    }
+
+    fn check(&self, state: &ReservationState) -> Result<(), String> {
+        every_window_holds(&state.calls, &self.0)?;
+        for (i, worker) in state.workers.iter().enumerate() {
+            if *worker == Worker::Idle {
+                let n = if i == 0 { 1 } else { 2.min(self.0.limit) };
+                if !self.frees_up(state, n) {
+                    return Err(format!("worker {i} waits forever for {n} calls: {state:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A process of the naive model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Checker {
+    /// About to look at the count.
+    Idle,
+    /// Saw `seen` calls in the current window and will call `n` times if that leaves room.
+    Checked {
+        /// The count it read.
+        seen: u8,
+        /// Calls it will make.
+        n: u8,
+    },
+    /// A priority process that made its calls.
+    Done,
+}
+
+/// A state of the naive model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NaiveState {
+    /// Calls that reached the API in each of the last `window` ticks, oldest first.
+    pub calls: Vec<u8>,
+    /// Process 0 is the bulk process, the rest are priority processes.
+    pub workers: Vec<Checker>,
+}
+
+/// The seed's check-then-call: each worker reads the shared count, then calls if it saw room,
+/// with other workers free to act in between.
+#[derive(Debug, Clone, Copy)]
+pub struct NaiveModel(pub Sizes);
+
+impl Model for NaiveModel {
+    type State = NaiveState;
+
+    fn init(&self) -> Vec<NaiveState> {
+        vec![NaiveState {
+            calls: vec![0; usize::from(self.0.window)],
+            workers: vec![Checker::Idle; 1 + usize::from(self.0.priority)],
+        }]
+    }
+
+    fn next(&self, state: &NaiveState) -> Vec<NaiveState> {
+        let mut out = Vec::new();
+        for (i, worker) in state.workers.iter().enumerate() {
+            let bulk = i == 0;
+            let with = |w: Checker| {
+                let mut s = state.clone();
+                s.workers[i] = w;
+                s
+            };
+            match *worker {
+                Checker::Idle => {
+                    let seen = u8::try_from(calls_in(&state.calls)).unwrap_or(u8::MAX);
+                    for n in if bulk { 1..=1 } else { 1..=2 } {
+                        out.push(with(Checker::Checked { seen, n }));
+                    }
+                }
+                Checker::Checked { seen, n } => {
+                    if u32::from(seen) + u32::from(n) <= u32::from(self.0.limit) {
+                        let mut s = with(if bulk { Checker::Idle } else { Checker::Done });
+                        *now(&mut s.calls) += n;
+                        out.push(s);
+                    } else {
+                        out.push(with(Checker::Idle));
+                    }
+                }
+                Checker::Done => {}
+            }
+        }
+        let mut s = state.clone();
+        tick(&mut s.calls);
+        out.push(s);
+        out
+    }
+
+    fn check(&self, state: &NaiveState) -> Result<(), String> {
+        every_window_holds(&state.calls, &self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIZES: Sizes = Sizes {
+        limit: 3,
+        window: 3,
+        priority: 2,
+    };
+
+    #[test]
+    fn the_reservation_protocol_never_exceeds_the_limit_in_any_window_nor_deadlocks() {
+        for sizes in [
+            SIZES,
+            Sizes {
+                limit: 2,
+                window: 2,
+                priority: 3,
+            },
+        ] {
+            let explored = explore(&ReservationModel(sizes), 5_000_000);
+            println!(
+                "reservation model {sizes:?}: {} states explored, no violation",
+                explored.states
+            );
+            assert!(!explored.truncated, "explored only part of it");
+            if let Some((why, path)) = explored.violation {
+                panic!("{why}\n{path:#?}");
+            }
+            assert!(explored.states > 1_000, "too small to mean anything");
+        }
+    }
+
+    #[test]
+    fn the_naive_check_then_call_is_caught_exceeding_the_limit() {
+        let explored = explore(&NaiveModel(SIZES), 5_000_000);
+        let (why, path) = explored.violation.expect("the naive model should fail");
+        println!(
+            "naive model: violation after {} states explored: {why}; shortest trace has {} steps",
+            explored.states,
+            path.len() - 1
+        );
+        for (i, s) in path.iter().enumerate() {
+            println!("  {i}: calls {:?} workers {:?}", s.calls, s.workers);
+        }
+        assert!(why.contains("calls in a window"));
+    }
+
+    #[test]
+    fn a_limiter_that_forgot_dead_reservations_is_caught() {
+        // The same protocol, but a dead worker's reservation stops counting at once: its calls
+        // may already have been made, so the model must find an overrun.
+        #[derive(Debug, Clone, Copy)]
+        struct Forgetful(ReservationModel);
+        impl Model for Forgetful {
+            type State = ReservationState;
+            fn init(&self) -> Vec<ReservationState> {
+                self.0.init()
+            }
+            fn next(&self, state: &ReservationState) -> Vec<ReservationState> {
+                self.0
+                    .next(state)
+                    .into_iter()
+                    .map(|mut s| {
+                        for w in &mut s.workers {
+                            if let Worker::Dead { .. } = w {
+                                *w = Worker::Done;
+                            }
+                        }
+                        s
+                    })
+                    .collect()
+            }
+            fn check(&self, state: &ReservationState) -> Result<(), String> {
+                every_window_holds(&state.calls, &self.0 .0)
+            }
+        }
+        let explored = explore(&Forgetful(ReservationModel(SIZES)), 5_000_000);
+        let (why, _) = explored
+            .violation
+            .expect("forgetting dead reservations overruns");
+        println!("forgetful limiter: {why} after {} states", explored.states);
+    }
+}
