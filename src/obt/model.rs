@@ -130,7 +130,6 @@ pub struct Ownership {
     pub token: Token,
     /// The stage when this handle was last updated.
     pub stage: i64,
-    pub(crate) version: i64,
     pub(crate) lease: Option<Duration>,
     /// When the lease runs out as this process sees it: the last successful heartbeat's send
     /// time plus the lease. A contender counts from a read that came after that send, so it
@@ -146,7 +145,6 @@ impl Ownership {
             owner: state.owner,
             token: state.token,
             stage: state.stage,
-            version: state.version,
             lease: state.lease,
         }
     }
@@ -175,7 +173,6 @@ impl From<ObtState> for Ownership {
             owner: state.owner,
             token: state.token,
             stage: state.stage,
-            version: state.version,
             lease: state.lease,
             lease_until: None,
         }

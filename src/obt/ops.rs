@@ -311,28 +311,42 @@ impl Obt {
                 Verdict::Fail(e) => return Err(e),
                 Verdict::Again => {}
             }
-            if let Some((_, Some(h))) = found {
-                holder = Some(h);
-                if self
-                    .repo
-                    .settle_hold(&Bson::from(id), &show_id(&Bson::from(id)), h)
-                    .await?
-                {
-                    continue;
-                }
-            }
-            if started.elapsed() >= self.options.retry.max_wait {
-                return Err(RepoError::Locked {
-                    collection: self.coll(),
-                    id: show_id(&Bson::from(id)),
-                    holder,
-                    waited: started.elapsed(),
-                }
-                .into());
-            }
-            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-            attempt += 1;
+            let holding = found.and_then(|(_, h)| h);
+            holder = holding.or(holder);
+            self.wait_turn(id, holding, holder, started, &mut attempt)
+                .await?;
         }
+    }
+
+    /// Before writing OBT `id` again: gets the hold of `holding` out of the way if its outcome
+    /// is decided (then at once), otherwise backs off, or gives up as
+    /// [`RepoError::Locked`] (naming `last_holder`) once the wait budget is spent.
+    async fn wait_turn(
+        &self,
+        id: &str,
+        holding: Option<ObjectId>,
+        last_holder: Option<ObjectId>,
+        started: Instant,
+        attempt: &mut u32,
+    ) -> Result<(), ObtError> {
+        let key = Bson::from(id);
+        if let Some(h) = holding {
+            if self.repo.settle_hold(&key, &show_id(&key), h).await? {
+                return Ok(());
+            }
+        }
+        if started.elapsed() >= self.options.retry.max_wait {
+            return Err(RepoError::Locked {
+                collection: self.coll(),
+                id: show_id(&key),
+                holder: last_holder,
+                waited: started.elapsed(),
+            }
+            .into());
+        }
+        tokio::time::sleep(self.options.retry.backoff(*attempt)).await;
+        *attempt += 1;
+        Ok(())
     }
 
     /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token: one upsert that can
@@ -749,26 +763,8 @@ impl Obt {
                     None => holder,
                 },
             };
-            if let Some(h) = holder {
-                if self
-                    .repo
-                    .settle_hold(&Bson::from(id), &show_id(&Bson::from(id)), h)
-                    .await?
-                {
-                    continue;
-                }
-            }
-            if started.elapsed() >= self.options.retry.max_wait {
-                return Err(RepoError::Locked {
-                    collection: self.coll(),
-                    id: show_id(&Bson::from(id)),
-                    holder,
-                    waited: started.elapsed(),
-                }
-                .into());
-            }
-            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-            attempt += 1;
+            self.wait_turn(id, holder, holder, started, &mut attempt)
+                .await?;
         }
     }
 
