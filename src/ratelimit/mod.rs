@@ -1,11 +1,183 @@
-//! The rate limiter shared by workers on different hosts (in progress): so far the model of its
-//! reservation protocol, checked exhaustively against the naive check-then-call it replaces.
+//! A rate limiter shared by workers on different hosts: N calls per window W, for **every**
+//! interval of length W, by the server's clock, with reservations, priorities and
+//! all-or-nothing grants across several limiters.
 //!
-//! The protocol ([`model::ReservationModel`]): a worker reserves calls before making them; the
-//! limiter grants a reservation only if every window of the limit's length that can contain its
-//! calls still has room, counting every outstanding reservation in full and every settled one as
-//! the calls it made; settling returns the unused calls at once; a worker that dies holding a
-//! reservation leaves it counted in full until no window can contain it any more, so a dead
-//! worker costs at most its reservation for one window and never causes an overrun.
+//! # The protocol
+//!
+//! A limiter is one document: its limit, a log of reservations and a queue of waiting bulk
+//! callers. A worker reserves calls before making them ([`RateLimits::try_reserve`],
+//! [`RateLimits::reserve`]); the grant is **one conditional update** whose condition is the
+//! admission rule itself, evaluated by the server over the log with its own clock (`$$NOW`), so
+//! two workers can never both take the last room. The worker makes its calls before the
+//! reservation's [`deadline`](Reservation::deadline), then settles with the number made
+//! ([`RateLimits::settle`]), which returns the unused calls at once.
+//!
+//! Each log entry has an end: grant + hold + grace while pending, the settle time once settled.
+//! A call made under a reservation reaches the API between the grant and that end. An entry
+//! counts while its end is less than one window ago, so every interval of one window that can
+//! contain one of its calls sees it; a reservation is granted only if the calls counted now plus
+//! the new ones fit, which (grants being ordered by the server) bounds every interval of one
+//! window, aligned or not. A worker that dies holding a reservation leaves its entry counted in
+//! full until hold + grace + one window after the grant: it costs at most its calls for that
+//! long and can never cause an overrun.
+//!
+//! Every time that counts is the server's: the granting and settling writes are update
+//! pipelines that stamp `$$NOW` themselves, and the admission test reads `$$NOW` too. No
+//! worker's clock is compared with another's; a worker only measures its own deadline, on its
+//! monotonic clock, from before its request left. (The bulk queue's order and liveness use the
+//! worker's estimate of the server's clock, which only affects fairness, never the bound.) The writes also prune entries that stopped counting, so
+//! the document stays as small as the traffic of one window.
+//!
+//! Priorities, the queue and the exhaustive model of the protocol ([`model`]) are described on
+//! [`RateLimits`] and in the README.
 
+mod error;
+mod limit;
 pub mod model;
+mod ops;
+mod plan;
+#[cfg(feature = "cli")]
+pub mod simulator;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::Document;
+use mongodb::Collection;
+use tokio::sync::Notify;
+
+use crate::repo::store::Store;
+
+pub use error::RateLimitError;
+pub use limit::{
+    Attempt, Limit, Priority, Reservation, Settled, Usage, LIMITERS_COLLECTION, LIMITERS_SCHEMA,
+};
+
+/// How a [`RateLimits`] handle behaves.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RateLimitOptions {
+    /// The collection of limiters.
+    pub collection: String,
+    /// The longest a waiting caller sleeps before looking again when nothing in this process
+    /// wakes it (a settlement in another process frees capacity without telling this one).
+    /// `None`: half the window, from 5 ms to 5 s.
+    pub poll: Option<Duration>,
+    /// How long [`RateLimits::reserve`] waits before giving up with
+    /// [`RateLimitError::TimedOut`].
+    pub max_wait: Duration,
+}
+
+impl Default for RateLimitOptions {
+    fn default() -> RateLimitOptions {
+        RateLimitOptions {
+            collection: LIMITERS_COLLECTION.to_string(),
+            poll: None,
+            max_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RateLimitOptions {
+    /// Sets [`collection`](RateLimitOptions::collection).
+    pub fn collection(mut self, name: impl Into<String>) -> RateLimitOptions {
+        self.collection = name.into();
+        self
+    }
+
+    /// Sets [`poll`](RateLimitOptions::poll).
+    pub fn poll(mut self, poll: Duration) -> RateLimitOptions {
+        self.poll = Some(poll);
+        self
+    }
+
+    /// Sets [`max_wait`](RateLimitOptions::max_wait).
+    pub fn max_wait(mut self, max_wait: Duration) -> RateLimitOptions {
+        self.max_wait = max_wait;
+        self
+    }
+}
+
+/// The rate limiter handle: cheap to clone, shared by all tasks of a process.
+///
+/// **Priorities.** A limit may keep part of its calls ([`Limit::reserved`]) for high-priority
+/// callers. Bulk callers count high-priority use as at least that part, so while high-priority
+/// callers hold less than it, a high-priority request for what remains of it is granted at once,
+/// whatever bulk callers do. High-priority callers may also use any other free capacity.
+///
+/// **Waiting.** [`reserve`](RateLimits::reserve) waits for room: it sleeps until the log shows
+/// room (entries age out at known times), or until a settlement in this process frees some, and
+/// at most [`RateLimitOptions::poll`]. Bulk callers that wait queue in the limiter document, first
+/// come first served: a bulk request is granted only if it also leaves room for every live bulk
+/// caller queued before it, so a large request is not starved by small ones. A queued caller that
+/// dies leaves the queue when its entry expires.
+///
+/// ```no_run
+/// # async fn demo(store: mongotx::Store) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use mongotx::ratelimit::{Limit, Priority, RateLimits};
+///
+/// let limits = RateLimits::open(&store).await?;
+/// limits.define("maps-api", Limit::new(50, Duration::from_secs(1)).reserved(5)).await?;
+/// let reservation = limits.reserve(&["maps-api"], 10, Priority::Bulk).await?;
+/// let mut made = 0;
+/// while made < reservation.calls() && reservation.usable() {
+///     // call the API here
+///     made += 1;
+/// }
+/// limits.settle(&reservation, made).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimits {
+    store: Store,
+    coll: Collection<Document>,
+    options: Arc<RateLimitOptions>,
+    shared: Arc<Shared>,
+}
+
+/// What the tasks of one process share about each limiter.
+#[derive(Debug, Default)]
+struct Shared {
+    limits: Mutex<HashMap<String, Limit>>,
+    /// Woken when this process returns capacity to a limiter.
+    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl RateLimits {
+    /// Opens the default collection of limiters in `store`'s database.
+    pub async fn open(store: &Store) -> Result<RateLimits, RateLimitError> {
+        RateLimits::with_options(store, RateLimitOptions::default()).await
+    }
+
+    /// Opens it with `options`.
+    pub async fn with_options(
+        store: &Store,
+        options: RateLimitOptions,
+    ) -> Result<RateLimits, RateLimitError> {
+        if options.collection.is_empty() || options.collection.contains('$') {
+            return Err(RateLimitError::InvalidRequest {
+                reason: format!(
+                    "{:?} cannot name a collection of limiters",
+                    options.collection
+                ),
+            });
+        }
+        let coll = store
+            .protocol_collection(&options.collection)
+            .await
+            .map_err(|e| RateLimitError::database(&options.collection, "*", "open", e))?;
+        Ok(RateLimits {
+            store: store.clone(),
+            coll,
+            options: Arc::new(options),
+            shared: Arc::new(Shared::default()),
+        })
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &RateLimitOptions {
+        &self.options
+    }
+}

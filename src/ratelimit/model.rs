@@ -78,8 +78,9 @@ pub fn explore<M: Model>(model: &M, max_states: usize) -> Explored<M::State> {
     }
 }
 
-/// The sizes of a model: `limit` calls per `window` ticks, one bulk process (one call at a
-/// time, any number of times) and `priority` processes (one reservation of 1 or 2 calls each).
+/// The sizes of a model: `limit` calls per `window` ticks, of which `reserved` are kept for
+/// high-priority callers, one bulk process (one call at a time, any number of times) and
+/// `priority` processes (one reservation of 1 or 2 calls each).
 ///
 /// States record time relative to now (calls of the last `window` ticks, ages of reservations),
 /// so the exploration covers unbounded time and ends when no new state appears.
@@ -91,6 +92,8 @@ pub struct Sizes {
     pub window: u8,
     /// Priority processes.
     pub priority: u8,
+    /// Calls bulk callers leave to high-priority callers (less than `limit`).
+    pub reserved: u8,
 }
 
 /// Calls in the window ending now: `calls` holds the last `window` ticks, oldest first.
@@ -151,38 +154,61 @@ pub enum Worker {
 pub struct ReservationState {
     /// Calls that reached the API in each of the last `window` ticks, oldest first.
     pub calls: Vec<u8>,
-    /// Calls made under settled reservations the limiter still counts, by ticks since the grant.
+    /// Calls made under settled bulk reservations the limiter still counts, by ticks since the
+    /// grant.
     pub settled: Vec<u8>,
+    /// The same for high-priority reservations.
+    pub settled_high: Vec<u8>,
     /// Process 0 is the bulk process, the rest are priority processes.
     pub workers: Vec<Worker>,
 }
 
 /// The reservation protocol: a reservation covers the calls its holder makes in the tick it was
-/// granted (a holder that missed that tick makes none); the limiter grants `n` now only if the
-/// window ending now still has room for `n` beyond what it counts (every live or dead reservation
-/// of the window in full, every settled one as made), which is every window that can contain the
-/// new calls. Settling returns unused calls at once; a dead worker's reservation counts in full
-/// until its window has passed. Any worker may die while holding.
+/// granted (a holder that missed that tick makes none); the limiter counts every live or dead
+/// reservation of the window ending now in full and every settled one as made, `bulk` and
+/// `high` apart, and grants a high-priority `n` if `bulk + high + n <= limit`, a bulk `n` if
+/// `bulk + max(reserved, high) + n <= limit` (the window ending now is every window that can
+/// contain the new calls). Settling returns unused calls at once; a dead worker's reservation
+/// counts in full until its window has passed. Any worker may die while holding.
+///
+/// Checked in every state: no window holds more than `limit` calls; no idle worker waits
+/// forever (time alone frees room for it); and a high-priority request for no more than what is
+/// left of the reserved part is grantable, whatever the bulk process holds.
 #[derive(Debug, Clone, Copy)]
 pub struct ReservationModel(pub Sizes);
 
 impl ReservationModel {
-    /// What the limiter counts in the window ending now.
-    fn counted(&self, state: &ReservationState) -> u32 {
-        let held: u32 = state
-            .workers
-            .iter()
-            .map(|worker| match *worker {
-                Worker::Holding { n, .. } | Worker::Dead { n, .. } => u32::from(n),
-                _ => 0,
-            })
-            .sum();
-        let settled: u32 = state.settled.iter().map(|&made| u32::from(made)).sum();
-        held + settled
+    /// What the limiter counts in the window ending now: (bulk, high priority).
+    fn counted(&self, state: &ReservationState) -> (u32, u32) {
+        let held = |bulk: bool| -> u32 {
+            state
+                .workers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (*i == 0) == bulk)
+                .map(|(_, worker)| match *worker {
+                    Worker::Holding { n, .. } | Worker::Dead { n, .. } => u32::from(n),
+                    _ => 0,
+                })
+                .sum()
+        };
+        let sum = |v: &[u8]| v.iter().map(|&made| u32::from(made)).sum::<u32>();
+        (
+            held(true) + sum(&state.settled),
+            held(false) + sum(&state.settled_high),
+        )
     }
 
-    fn grantable(&self, state: &ReservationState, n: u8) -> bool {
-        self.counted(state) + u32::from(n) <= u32::from(self.0.limit)
+    /// The admission rule, as the limiter's `$expr` has it.
+    pub fn grantable(&self, state: &ReservationState, n: u8, bulk: bool) -> bool {
+        let (b, h) = self.counted(state);
+        let n = u32::from(n);
+        let limit = u32::from(self.0.limit);
+        if bulk {
+            b + h.max(u32::from(self.0.reserved)) + n <= limit
+        } else {
+            b + h + n <= limit
+        }
     }
 
     /// The clock moves on: reservations age, and what no window from now on can contain is
@@ -191,8 +217,10 @@ impl ReservationModel {
         let mut s = state.clone();
         tick(&mut s.calls);
         let w = self.0.window;
-        s.settled.pop();
-        s.settled.insert(0, 0);
+        for settled in [&mut s.settled, &mut s.settled_high] {
+            settled.pop();
+            settled.insert(0, 0);
+        }
         for worker in &mut s.workers {
             *worker = match *worker {
                 Worker::Holding { age, n, made } => Worker::Holding {
@@ -210,10 +238,10 @@ impl ReservationModel {
 
     /// Whether time alone makes `n` grantable within a window: a dead worker's reservation
     /// never blocks the others for good.
-    pub fn frees_up(&self, state: &ReservationState, n: u8) -> bool {
+    pub fn frees_up(&self, state: &ReservationState, n: u8, bulk: bool) -> bool {
         let mut later = state.clone();
         for _ in 0..=self.0.window {
-            if self.grantable(&later, n) {
+            if self.grantable(&later, n, bulk) {
                 return true;
             }
             later = self.advance(&later);
@@ -235,6 +263,7 @@ impl Model for ReservationModel {
         vec![ReservationState {
             calls: vec![0; usize::from(self.0.window)],
             settled: vec![0; usize::from(self.0.window)],
+            settled_high: vec![0; usize::from(self.0.window)],
             workers: vec![Worker::Idle; 1 + usize::from(self.0.priority)],
         }]
     }
@@ -251,7 +280,7 @@ impl Model for ReservationModel {
             match *worker {
                 Worker::Idle => {
                     for n in if bulk { 1..=1 } else { 1..=2 } {
-                        if self.grantable(state, n) {
+                        if self.grantable(state, n, bulk) {
                             out.push(with(Worker::Holding { age: 0, n, made: 0 }));
                         }
                     }
@@ -268,7 +297,12 @@ impl Model for ReservationModel {
                     }
                     let mut s = with(if bulk { Worker::Idle } else { Worker::Done });
                     if age < self.0.window {
-                        s.settled[usize::from(age)] += made;
+                        let settled = if bulk {
+                            &mut s.settled
+                        } else {
+                            &mut s.settled_high
+                        };
+                        settled[usize::from(age)] += made;
                     }
                     out.push(s);
                     out.push(with(if age < self.0.window {
@@ -286,11 +320,22 @@ impl Model for ReservationModel {
 
     fn check(&self, state: &ReservationState) -> Result<(), String> {
         every_window_holds(&state.calls, &self.0)?;
+        let (_, high) = self.counted(state);
+        let left = u32::from(self.0.reserved).saturating_sub(high);
         for (i, worker) in state.workers.iter().enumerate() {
-            if *worker == Worker::Idle {
-                let n = if i == 0 { 1 } else { 2.min(self.0.limit) };
-                if !self.frees_up(state, n) {
-                    return Err(format!("worker {i} waits forever for {n} calls: {state:?}"));
+            if *worker != Worker::Idle {
+                continue;
+            }
+            let bulk = i == 0;
+            let n = if bulk { 1 } else { 2.min(self.0.limit) };
+            if !self.frees_up(state, n, bulk) {
+                return Err(format!("worker {i} waits forever for {n} calls: {state:?}"));
+            }
+            for n in 1..=2u8 {
+                if !bulk && u32::from(n) <= left && !self.grantable(state, n, false) {
+                    return Err(format!(
+                        "high-priority worker {i} waits for {n} calls with {left} of the reserved part left: {state:?}"
+                    ));
                 }
             }
         }
@@ -385,6 +430,7 @@ mod tests {
         limit: 3,
         window: 3,
         priority: 2,
+        reserved: 1,
     };
 
     #[test]
@@ -395,6 +441,13 @@ mod tests {
                 limit: 2,
                 window: 2,
                 priority: 3,
+                reserved: 0,
+            },
+            Sizes {
+                limit: 4,
+                window: 2,
+                priority: 2,
+                reserved: 2,
             },
         ] {
             let explored = explore(&ReservationModel(sizes), 5_000_000);
@@ -459,5 +512,41 @@ mod tests {
             .violation
             .expect("forgetting dead reservations overruns");
         println!("forgetful limiter: {why} after {} states", explored.states);
+    }
+
+    #[test]
+    fn bulk_callers_that_ignore_the_reserved_part_are_caught() {
+        // Bulk admitted by `bulk + high + n <= limit`: it can take the reserved part, and a
+        // high-priority caller then waits behind it.
+        #[derive(Debug, Clone, Copy)]
+        struct Greedy(ReservationModel);
+        impl Model for Greedy {
+            type State = ReservationState;
+            fn init(&self) -> Vec<ReservationState> {
+                self.0.init()
+            }
+            fn next(&self, state: &ReservationState) -> Vec<ReservationState> {
+                let mut out = self.0.next(state);
+                if state.workers[0] == Worker::Idle && self.0.grantable(state, 1, false) {
+                    let mut s = state.clone();
+                    s.workers[0] = Worker::Holding {
+                        age: 0,
+                        n: 1,
+                        made: 0,
+                    };
+                    out.push(s);
+                }
+                out
+            }
+            fn check(&self, state: &ReservationState) -> Result<(), String> {
+                self.0.check(state)
+            }
+        }
+        let explored = explore(&Greedy(ReservationModel(SIZES)), 5_000_000);
+        let (why, _) = explored
+            .violation
+            .expect("a greedy bulk caller makes high priority wait");
+        println!("greedy bulk: {why} after {} states", explored.states);
+        assert!(why.contains("reserved part"), "{why}");
     }
 }

@@ -18,6 +18,7 @@ mod chaos;
 mod children;
 mod obt_roles;
 mod quota_worker;
+mod rate_worker;
 mod roles;
 #[allow(dead_code)] // The integration tests use the rest of the proxy.
 mod wire_proxy;
@@ -50,6 +51,8 @@ enum Role {
     ObtOwner(obt_roles::ObtOwnerArgs),
     /// An OBT contender: tries to take an OBT over for a while.
     ObtContender(obt_roles::ObtContenderArgs),
+    /// A rate-limited worker: bulk and high-priority callers of an HTTP API through a limiter.
+    RateWorker(rate_worker::RateWorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +83,7 @@ fn main() -> ExitCode {
             Role::QuotaWorker(args) => quota_worker::quota_worker(args).await,
             Role::ObtOwner(args) => obt_roles::obt_owner(args).await,
             Role::ObtContender(args) => obt_roles::obt_contender(args).await,
+            Role::RateWorker(args) => rate_worker::rate_worker(args).await,
         }
     });
     match result {

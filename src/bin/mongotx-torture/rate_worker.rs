@@ -1,0 +1,161 @@
+//! A rate-limited worker process: bulk tasks that reserve a few calls at a time and make them,
+//! and high-priority tasks that make one or two calls now and then, all against one HTTP API
+//! through one limiter. It reports on stdout, a line per event, so a parent that kills it knows
+//! what it held:
+//!
+//! - `grant <id> <calls> <bulk|high>` when a reservation is granted (before any call);
+//! - `settle <id> <made>` when it is settled;
+//! - `wait <µs> <unix ms>` for each high-priority reservation: the time it took to be granted,
+//!   and when it was asked;
+//! - `status <code>` for any answer of the API other than 200.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use mongodb::Client;
+use mongotx::ratelimit::{Priority, RateLimitError, RateLimits, Reservation};
+use mongotx::Store;
+
+/// Arguments of a rate-limited worker.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct RateWorkerArgs {
+    /// Connection string of the server.
+    #[arg(long)]
+    uri: String,
+    /// Database holding the limiters.
+    #[arg(long)]
+    db: String,
+    /// The limiter.
+    #[arg(long)]
+    limiter: String,
+    /// The URL of one API call.
+    #[arg(long)]
+    api: String,
+    /// Bulk tasks.
+    #[arg(long, default_value_t = 4)]
+    bulk_tasks: usize,
+    /// Calls per bulk reservation.
+    #[arg(long, default_value_t = 2)]
+    chunk: u32,
+    /// High-priority tasks.
+    #[arg(long, default_value_t = 1)]
+    priority_tasks: usize,
+    /// Mean time between two high-priority reservations of one task.
+    #[arg(long, value_parser = crate::duration, default_value = "1s")]
+    priority_every: Duration,
+    /// How long to run (killed processes stop sooner).
+    #[arg(long = "for", value_parser = crate::duration, default_value = "1h")]
+    run_for: Duration,
+}
+
+/// Runs a worker process until `--for` has passed.
+pub(crate) async fn rate_worker(args: RateWorkerArgs) -> Result<(), String> {
+    // A warm pool: a high-priority call should not wait for a connection to be opened.
+    let mut options = mongodb::options::ClientOptions::parse(&args.uri)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    options.min_pool_size =
+        Some(u32::try_from(args.bulk_tasks + args.priority_tasks + 1).unwrap_or(4));
+    let client = Client::with_options(options).map_err(|e| format!("connect: {e}"))?;
+    let store = Store::new(client.database(&args.db));
+    let limits = RateLimits::open(&store)
+        .await
+        .map_err(|e| format!("open: {e}"))?;
+    let http = reqwest::Client::new();
+    let until = Instant::now() + args.run_for;
+    let args = Arc::new(args);
+    let mut tasks = Vec::new();
+    for _ in 0..args.bulk_tasks {
+        let (limits, http, args) = (limits.clone(), http.clone(), args.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < until {
+                let r = limits
+                    .reserve(&[&args.limiter], args.chunk, Priority::Bulk)
+                    .await;
+                use_reservation(&limits, &http, &args.api, r).await?;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for task in 0..args.priority_tasks {
+        let (limits, http, args) = (limits.clone(), http.clone(), args.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = task as u64;
+            while Instant::now() < until {
+                // Spread the callers: 0.5 to 1.5 times the mean, varied by a simple sequence.
+                i = i
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let spread = 0.5 + (i >> 40) as f64 / (1u64 << 24) as f64;
+                tokio::time::sleep(args.priority_every.mul_f64(spread)).await;
+                let calls = 1 + (i >> 20) as u32 % 2;
+                let asked = Instant::now();
+                let r = limits
+                    .reserve(&[&args.limiter], calls, Priority::High)
+                    .await;
+                let at = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0)
+                    - asked.elapsed().as_millis();
+                say(&format!("wait {} {at}", asked.elapsed().as_micros()));
+                use_reservation(&limits, &http, &args.api, r).await?;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for task in tasks {
+        task.await.map_err(|e| format!("task: {e}"))??;
+    }
+    Ok(())
+}
+
+/// Makes the calls of a reservation (each sent before its deadline), then settles it.
+async fn use_reservation(
+    limits: &RateLimits,
+    http: &reqwest::Client,
+    api: &str,
+    reservation: Result<Reservation, RateLimitError>,
+) -> Result<(), String> {
+    let reservation = match reservation {
+        Ok(r) => r,
+        Err(e) if e.is_retryable() => {
+            eprintln!("rate worker: {e}; trying again");
+            return Ok(());
+        }
+        Err(e) => return Err(format!("reserve: {e}")),
+    };
+    let kind = match reservation.priority() {
+        Priority::High => "high",
+        Priority::Bulk => "bulk",
+    };
+    say(&format!(
+        "grant {} {} {kind}",
+        reservation.id().to_hex(),
+        reservation.calls()
+    ));
+    let mut made = 0;
+    while made < reservation.calls() && reservation.usable() {
+        // A call sent counts as made whatever its answer; one that fails to send may still
+        // have reached the API, so it counts too.
+        made += 1;
+        match http.get(api).send().await {
+            Ok(answer) if answer.status().is_success() => {}
+            Ok(answer) => say(&format!("status {}", answer.status().as_u16())),
+            Err(e) => eprintln!("rate worker: call failed: {e}"),
+        }
+    }
+    match limits.settle(&reservation, made).await {
+        Ok(_) => say(&format!("settle {} {made}", reservation.id().to_hex())),
+        Err(e) => eprintln!("rate worker: settle: {e}"),
+    }
+    Ok(())
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}

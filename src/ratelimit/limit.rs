@@ -1,0 +1,293 @@
+//! The rate limiter's public types: limits, priorities, reservations and outcomes.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, DateTime, Document};
+
+/// The default collection of limiters.
+pub const LIMITERS_COLLECTION: &str = "ratelimits";
+
+/// The JSON Schema of a limiter document (the project's `schemas/ratelimits.json`).
+pub const LIMITERS_SCHEMA: &str = include_str!("../../schemas/ratelimits.json");
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// A limit: at most `calls` calls in **any** interval of length `window`, by the server's clock.
+///
+/// ```
+/// use std::time::Duration;
+/// use mongotx::ratelimit::Limit;
+///
+/// // 100 calls a second, 10 of them kept for high-priority callers; a reservation's calls must
+/// // be sent within 200 ms of the grant.
+/// let limit = Limit::new(100, Duration::from_secs(1))
+///     .reserved(10)
+///     .hold(Duration::from_millis(200));
+/// assert_eq!(limit.bulk_max(), 90);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limit {
+    /// Calls allowed in any interval of length `window`.
+    pub calls: u32,
+    /// The length of the sliding window.
+    pub window: Duration,
+    /// The part of `calls` kept for high-priority callers: bulk callers never take it.
+    pub reserved: u32,
+    /// How long after its grant a reservation's calls may still be sent
+    /// ([`Reservation::deadline`]). An unsettled reservation counts in full until
+    /// `hold + grace` after its grant, then for one more window.
+    pub hold: Duration,
+    /// How long a call sent just before the deadline may take to reach the API; it widens what
+    /// an unsettled reservation covers.
+    pub grace: Duration,
+}
+
+impl Limit {
+    /// `calls` per `window`, nothing reserved, a hold of one window (at most 10 s) and a grace
+    /// of 100 ms.
+    pub fn new(calls: u32, window: Duration) -> Limit {
+        Limit {
+            calls,
+            window,
+            reserved: 0,
+            hold: window.min(Duration::from_secs(10)),
+            grace: Duration::from_millis(100),
+        }
+    }
+
+    /// Sets [`reserved`](Limit::reserved).
+    pub fn reserved(mut self, calls: u32) -> Limit {
+        self.reserved = calls;
+        self
+    }
+
+    /// Sets [`hold`](Limit::hold).
+    pub fn hold(mut self, hold: Duration) -> Limit {
+        self.hold = hold;
+        self
+    }
+
+    /// Sets [`grace`](Limit::grace).
+    pub fn grace(mut self, grace: Duration) -> Limit {
+        self.grace = grace;
+        self
+    }
+
+    /// The most a bulk caller can be granted at once.
+    pub fn bulk_max(&self) -> u32 {
+        self.calls.saturating_sub(self.reserved)
+    }
+
+    /// The most a caller of `priority` can be granted at once.
+    pub fn max_for(&self, priority: Priority) -> u32 {
+        match priority {
+            Priority::High => self.calls,
+            Priority::Bulk => self.bulk_max(),
+        }
+    }
+
+    /// How long a reservation that is never settled keeps capacity: until no interval of one
+    /// window can contain a call made under it.
+    pub fn dead_worker_cost(&self) -> Duration {
+        self.hold + self.grace + self.window + SLACK
+    }
+
+    /// Why this limit cannot be used, if it cannot.
+    pub(crate) fn problem(&self) -> Option<String> {
+        let ms = |d: Duration| d.as_millis();
+        if self.calls == 0 {
+            return Some("a limit of 0 calls grants nothing".into());
+        }
+        if self.calls > 1_000_000 {
+            return Some(format!(
+                "{} calls per window is more than 1,000,000",
+                self.calls
+            ));
+        }
+        if ms(self.window) == 0 || self.window > DAY {
+            return Some(format!(
+                "window {:?} must be from 1 ms to one day",
+                self.window
+            ));
+        }
+        if self.reserved >= self.calls {
+            return Some(format!(
+                "reserving {} of {} calls leaves nothing for bulk callers",
+                self.reserved, self.calls
+            ));
+        }
+        if ms(self.hold) == 0 || self.hold > DAY {
+            return Some(format!("hold {:?} must be from 1 ms to one day", self.hold));
+        }
+        if self.grace > DAY {
+            return Some(format!("grace {:?} must be at most one day", self.grace));
+        }
+        None
+    }
+
+    pub(crate) fn to_fields(self) -> Document {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        doc! {
+            "calls": i64::from(self.calls),
+            "window_ms": ms(self.window),
+            "reserved": i64::from(self.reserved),
+            "hold_ms": ms(self.hold),
+            "grace_ms": ms(self.grace),
+        }
+    }
+
+    pub(crate) fn from_fields(doc: &Document) -> Option<Limit> {
+        let int = |k: &str| doc.get_i64(k).ok().and_then(|v| u32::try_from(v).ok());
+        let dur = |k: &str| {
+            doc.get_i64(k)
+                .ok()
+                .and_then(|v| u64::try_from(v).ok())
+                .map(Duration::from_millis)
+        };
+        Some(Limit {
+            calls: int("calls")?,
+            window: dur("window_ms")?,
+            reserved: int("reserved")?,
+            hold: dur("hold_ms")?,
+            grace: dur("grace_ms")?,
+        })
+    }
+}
+
+/// Added to every window: the server's clock reads whole milliseconds, so a call at most a
+/// millisecond after a time read as `t` may be stamped `t`.
+pub(crate) const SLACK: Duration = Duration::from_millis(2);
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} calls per {:?} ({} reserved, hold {:?}, grace {:?})",
+            self.calls, self.window, self.reserved, self.hold, self.grace
+        )
+    }
+}
+
+/// Who is asking: high-priority callers may use the reserved part and never queue behind bulk
+/// callers; bulk callers queue among themselves, first come first served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// A caller that makes a call or two and must go at once.
+    High,
+    /// A caller that makes many calls and may wait.
+    Bulk,
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Priority::High => "high-priority",
+            Priority::Bulk => "bulk",
+        })
+    }
+}
+
+/// Calls granted on one or more limiters: make at most [`calls`](Reservation::calls) calls,
+/// each sent before [`deadline`](Reservation::deadline), then
+/// [`settle`](crate::ratelimit::RateLimits::settle) with the number made.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    pub(crate) id: ObjectId,
+    pub(crate) limiters: Vec<String>,
+    pub(crate) calls: u32,
+    pub(crate) priority: Priority,
+    pub(crate) deadline: Instant,
+    /// How long after the deadline the limiter goes on counting it, at most (grace, then one
+    /// window).
+    pub(crate) counted_for: Duration,
+}
+
+impl Reservation {
+    /// Its id, the same on every limiter it spans.
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+
+    /// The limiters it was granted on.
+    pub fn limiters(&self) -> &[String] {
+        &self.limiters
+    }
+
+    /// Calls granted.
+    pub fn calls(&self) -> u32 {
+        self.calls
+    }
+
+    /// The priority it was asked with.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// The instant, on this process's monotonic clock, after which no call may be sent under
+    /// it. It is counted from before the request left, so it is never later than the limiter
+    /// assumes.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Whether calls may still be sent under it.
+    pub fn usable(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+
+    /// Whether its hold, grace and one window have passed on this process's clock: the limiter
+    /// no longer counts it, settled or not, and settling it changes nothing.
+    pub fn expired(&self) -> bool {
+        Instant::now() > self.deadline + self.counted_for
+    }
+}
+
+/// What one reservation attempt gave.
+#[derive(Debug, Clone)]
+#[must_use = "a granted reservation must be settled"]
+pub enum Attempt {
+    /// Granted.
+    Granted(Reservation),
+    /// No room now. `after` is how long until the log shows room (capacity freed earlier by a
+    /// settlement may come sooner); `at` is that instant in server time.
+    Wait {
+        /// When, by the server's clock.
+        at: DateTime,
+        /// How long from now.
+        after: Duration,
+    },
+}
+
+/// What settling did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settled {
+    /// The calls made are recorded; `unused` calls were returned at once.
+    Returned {
+        /// Calls given back.
+        unused: u32,
+    },
+    /// The reservation was past its expiry: it was counted in full and nothing was changed.
+    Expired,
+}
+
+/// A limiter's state as seen at one instant of the server's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// The limit.
+    pub limit: Limit,
+    /// The server's time of the reading.
+    pub now: DateTime,
+    /// Calls counted for bulk callers in the window ending now.
+    pub bulk: u32,
+    /// Calls counted for high-priority callers in the window ending now.
+    pub high: u32,
+    /// Reservations granted and not settled that still count.
+    pub pending: usize,
+    /// Bulk callers queued for capacity.
+    pub waiting: usize,
+}

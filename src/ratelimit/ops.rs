@@ -1,0 +1,668 @@
+//! The rate limiter's operations: define, reserve (try once, or wait), settle, read.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::oid::ObjectId;
+use bson::{doc, DateTime, Document};
+use futures::future::join_all;
+use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
+use tokio::sync::Notify;
+
+use crate::ratelimit::error::RateLimitError;
+use crate::ratelimit::limit::SLACK;
+use crate::ratelimit::limit::{Attempt, Limit, Priority, Reservation, Settled, Usage};
+use crate::ratelimit::plan::{fits_expr, grant_update, queue_update, settle_update, Ticket, View};
+use crate::ratelimit::RateLimits;
+use crate::server::clock::plus;
+
+/// The longest limiter name (it is the document id).
+pub const MAX_NAME: usize = 512;
+
+/// Times a grant is tried in one attempt when the limiter shows room the write did not find
+/// (a settlement landed in between) or the reply was lost.
+const TRIES: u32 = 3;
+
+/// A waiting bulk caller's key and its places in the queues it joined.
+struct Queue {
+    key: String,
+    tickets: HashMap<String, Ticket>,
+}
+
+/// How one limiter answered a grant.
+enum One {
+    Granted,
+    /// Refused; the reading that says when, unless the caller is about to read anyway.
+    Refused {
+        view: Option<Box<View>>,
+    },
+}
+
+impl RateLimits {
+    fn coll_name(&self) -> &str {
+        &self.options.collection
+    }
+
+    fn db_error(
+        &self,
+        limiter: &str,
+        op: &'static str,
+        e: mongodb::error::Error,
+    ) -> RateLimitError {
+        RateLimitError::database(self.coll_name(), limiter, op, e)
+    }
+
+    /// Defines a limiter, or confirms an existing one has exactly this limit
+    /// ([`RateLimitError::LimitMismatch`] otherwise: a live limit is never changed under the
+    /// workers counting by it).
+    pub async fn define(&self, name: &str, limit: Limit) -> Result<(), RateLimitError> {
+        self.check_name(name)?;
+        if let Some(reason) = limit.problem() {
+            return Err(RateLimitError::InvalidLimit {
+                collection: self.coll_name().to_string(),
+                limiter: name.to_string(),
+                reason,
+            });
+        }
+        let mut fields = limit.to_fields();
+        fields.insert("log", Document::new());
+        fields.insert("wait", Document::new());
+        let mut attempt = 0;
+        let stored = loop {
+            attempt += 1;
+            let result = self
+                .coll
+                .find_one_and_update(
+                    doc! { "_id": name },
+                    doc! { "$setOnInsert": fields.clone() },
+                )
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .await;
+            match result {
+                Ok(Some(doc)) => break doc,
+                Ok(None) => {}
+                // Two definers raced on the upsert; the loser finds the winner's document.
+                Err(e) if crate::obt::is_duplicate_key(&e) && attempt < 3 => {}
+                Err(e) => return Err(self.db_error(name, "define", e)),
+            }
+            if attempt >= 3 {
+                return Err(self.malformed(name, "the upsert returned no document"));
+            }
+        };
+        match Limit::from_fields(&stored) {
+            Some(existing) if existing == limit => {
+                self.cache(name, limit);
+                Ok(())
+            }
+            Some(existing) => Err(RateLimitError::LimitMismatch {
+                collection: self.coll_name().to_string(),
+                limiter: name.to_string(),
+                existing: existing.to_string(),
+                wanted: limit.to_string(),
+            }),
+            None => Err(self.malformed(name, "its limit fields are missing or out of range")),
+        }
+    }
+
+    /// The limit of `name` (read once, then remembered: a limit never changes).
+    pub async fn limit(&self, name: &str) -> Result<Limit, RateLimitError> {
+        if let Some(limit) = self.cached(name) {
+            return Ok(limit);
+        }
+        self.check_name(name)?;
+        let doc = self
+            .coll
+            .find_one(doc! { "_id": name })
+            .projection(doc! { "log": 0, "wait": 0 })
+            .await
+            .map_err(|e| self.db_error(name, "read", e))?
+            .ok_or_else(|| self.unknown(name))?;
+        let limit = Limit::from_fields(&doc)
+            .ok_or_else(|| self.malformed(name, "its limit fields are missing or out of range"))?;
+        self.cache(name, limit);
+        Ok(limit)
+    }
+
+    /// What `name` counts now, by the server's clock.
+    pub async fn usage(&self, name: &str) -> Result<Usage, RateLimitError> {
+        self.check_name(name)?;
+        Ok(self.read(name).await?.usage())
+    }
+
+    /// Asks once for `n` calls on every limiter in `limiters` (all of them or none): granted, or
+    /// when the log will have room. Nothing is left behind when refused.
+    pub async fn try_reserve(
+        &self,
+        limiters: &[&str],
+        n: u32,
+        priority: Priority,
+    ) -> Result<Attempt, RateLimitError> {
+        let limits = self.validate(limiters, n, priority).await?;
+        self.attempt(&limits, n, priority, None).await
+    }
+
+    /// Reserves `n` calls on every limiter in `limiters` (all of them or none), waiting for
+    /// room up to [`RateLimitOptions::max_wait`](crate::ratelimit::RateLimitOptions::max_wait).
+    pub async fn reserve(
+        &self,
+        limiters: &[&str],
+        n: u32,
+        priority: Priority,
+    ) -> Result<Reservation, RateLimitError> {
+        self.reserve_within(limiters, n, priority, self.options.max_wait)
+            .await
+    }
+
+    /// [`reserve`](RateLimits::reserve), waiting at most `max_wait`.
+    pub async fn reserve_within(
+        &self,
+        limiters: &[&str],
+        n: u32,
+        priority: Priority,
+        max_wait: Duration,
+    ) -> Result<Reservation, RateLimitError> {
+        let limits = self.validate(limiters, n, priority).await?;
+        let started = Instant::now();
+        let mut queue = Queue {
+            key: ObjectId::new().to_hex(),
+            tickets: HashMap::new(),
+        };
+        let poll = self.poll(&limits);
+        let result = loop {
+            let wakers: Vec<Arc<Notify>> =
+                limits.iter().map(|(name, _)| self.waker(name)).collect();
+            let mut woken: Vec<_> = wakers.iter().map(|w| Box::pin(w.notified())).collect();
+            for w in &mut woken {
+                w.as_mut().enable();
+            }
+            let queued = (priority == Priority::Bulk).then_some(&mut queue);
+            let attempt = match self.attempt(&limits, n, priority, queued).await {
+                Ok(attempt) => attempt,
+                Err(e) => break Err(e),
+            };
+            let after = match attempt {
+                Attempt::Granted(reservation) => break Ok(reservation),
+                Attempt::Wait { after, .. } => after,
+            };
+            let waited = started.elapsed();
+            if waited >= max_wait {
+                break Err(RateLimitError::TimedOut {
+                    collection: self.coll_name().to_string(),
+                    limiters: limiters.join(","),
+                    requested: n,
+                    waited,
+                });
+            }
+            let sleep = after.min(poll).min(max_wait - waited);
+            tokio::select! {
+                _ = tokio::time::sleep(sleep) => {}
+                _ = futures::future::select_all(woken) => {}
+            }
+        };
+        if !queue.tickets.is_empty() {
+            self.leave_queues(&queue.key, queue.tickets.keys()).await;
+        }
+        result
+    }
+
+    /// Settles `reservation`: `made` calls were made (and have completed), the rest return to
+    /// every limiter at once. A reservation past its expiry was counted in full and is left
+    /// alone ([`Settled::Expired`]).
+    pub async fn settle(
+        &self,
+        reservation: &Reservation,
+        made: u32,
+    ) -> Result<Settled, RateLimitError> {
+        if made > reservation.calls {
+            return Err(RateLimitError::MadeExceedsReserved {
+                reservation: reservation.id,
+                made,
+                reserved: reservation.calls,
+            });
+        }
+        let outcomes = join_all(
+            reservation
+                .limiters
+                .iter()
+                .map(|name| self.settle_one(name, reservation, made)),
+        )
+        .await;
+        let mut settled = Settled::Returned {
+            unused: reservation.calls - made,
+        };
+        for outcome in outcomes {
+            match outcome? {
+                Settled::Expired => settled = Settled::Expired,
+                Settled::Returned { .. } => {}
+            }
+        }
+        // Only unused calls free room now; calls made keep theirs for a window, and waiters
+        // already sleep until then.
+        if made < reservation.calls {
+            for name in &reservation.limiters {
+                self.waker(name).notify_waiters();
+            }
+        }
+        Ok(settled)
+    }
+
+    async fn settle_one(
+        &self,
+        name: &str,
+        reservation: &Reservation,
+        made: u32,
+    ) -> Result<Settled, RateLimitError> {
+        let key = reservation.id.to_hex();
+        let entry = format!("log.{key}");
+        let mut sent_blind = false;
+        for _ in 0..TRIES {
+            let filter = doc! {
+                "_id": name,
+                format!("{entry}.n"): i64::from(reservation.calls),
+                format!("{entry}.s"): { "$exists": false },
+                "$expr": { "$gte": [format!("${entry}.e"), "$$NOW"] },
+            };
+            let update = settle_update(&key, made, reservation.priority);
+            match self.coll.update_one(filter, update).await {
+                Ok(r) if r.matched_count == 1 => {
+                    return Ok(Settled::Returned {
+                        unused: reservation.calls - made,
+                    })
+                }
+                Ok(_) => {}
+                Err(e) if crate::server::is_transient(&e) => sent_blind = true,
+                Err(e) => return Err(self.db_error(name, "settle", e)),
+            }
+            let view = self.read(name).await?;
+            let unknown = || RateLimitError::UnknownReservation {
+                collection: self.coll_name().to_string(),
+                limiter: name.to_string(),
+                reservation: reservation.id,
+            };
+            match view.log.iter().find(|e| e.key == key) {
+                // Pruned after it stopped counting, or never granted here.
+                None if reservation.expired() => return Ok(Settled::Expired),
+                None => return Err(unknown()),
+                // Our own settlement whose reply was lost.
+                Some(e) if e.settled && sent_blind && e.n == made => {
+                    return Ok(Settled::Returned {
+                        unused: reservation.calls - made,
+                    })
+                }
+                Some(e) if e.settled => {
+                    return Err(RateLimitError::AlreadySettled {
+                        collection: self.coll_name().to_string(),
+                        limiter: name.to_string(),
+                        reservation: reservation.id,
+                        made: e.n,
+                    })
+                }
+                Some(e)
+                    if e.n != reservation.calls
+                        || e.high != (reservation.priority == Priority::High) =>
+                {
+                    return Err(unknown())
+                }
+                Some(e) if e.end < view.now => return Ok(Settled::Expired),
+                // Pending and in time: the write was lost before it ran. Send it again.
+                Some(_) => {}
+            }
+        }
+        Err(RateLimitError::Contended {
+            collection: self.coll_name().to_string(),
+            limiter: name.to_string(),
+            what: "settle",
+            tries: TRIES,
+        })
+    }
+
+    /// One grant on every limiter, all or nothing. A bulk caller that waits passes its
+    /// `queue`: limiters that refuse it queue it.
+    async fn attempt(
+        &self,
+        limits: &[(String, Limit)],
+        n: u32,
+        priority: Priority,
+        mut queue: Option<&mut Queue>,
+    ) -> Result<Attempt, RateLimitError> {
+        let id = ObjectId::new();
+        let sent = Instant::now();
+        let single = limits.len() == 1;
+        let answers = {
+            let tickets = queue.as_deref().map(|q| &q.tickets);
+            // A caller that queues reads the limiter as it queues.
+            let read = tickets.is_none();
+            join_all(limits.iter().map(|(name, limit)| {
+                let ticket = tickets.and_then(|t| t.get(name));
+                self.grant_one(name, limit, id, n, priority, ticket, single, read)
+            }))
+            .await
+        };
+        let mut granted = Vec::new();
+        let mut refused = Vec::new();
+        let mut failure = None;
+        for ((name, limit), answer) in limits.iter().zip(answers) {
+            match answer {
+                Ok(One::Granted) => granted.push((name, limit)),
+                Ok(One::Refused { view }) => refused.push((name, limit, view)),
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if failure.is_none() && refused.is_empty() {
+            if let Some(q) = queue {
+                if !single {
+                    self.leave_queues(&q.key, q.tickets.keys()).await;
+                }
+                q.tickets.clear();
+            }
+            let hold = limits.iter().map(|(_, l)| l.hold).min().unwrap_or_default();
+            let counted_for = limits
+                .iter()
+                .map(|(_, l)| l.hold - hold + l.grace + l.window + SLACK)
+                .max()
+                .unwrap_or_default();
+            return Ok(Attempt::Granted(Reservation {
+                id,
+                limiters: limits.iter().map(|(name, _)| name.clone()).collect(),
+                calls: n,
+                priority,
+                deadline: sent + hold,
+                counted_for,
+            }));
+        }
+        // All or nothing: take back what was granted. No call was made under it.
+        let key = id.to_hex();
+        join_all(granted.iter().map(|(name, _)| self.withdraw(name, &key))).await;
+        for (name, _) in &granted {
+            self.waker(name).notify_waiters();
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let mut at: Option<DateTime> = None;
+        let mut after = Duration::ZERO;
+        for (name, limit, view) in refused {
+            let ttl = self.queue_ttl(limit, name);
+            let view = match (queue.as_deref_mut(), view) {
+                (None, Some(view)) => view,
+                (None, None) => Box::new(self.read(name).await?),
+                (Some(q), _) => {
+                    let queued = self.join_queue(name, ttl, &q.key, n).await?;
+                    if let Some(w) = queued.wait.iter().find(|w| w.key == q.key) {
+                        let ticket = Ticket {
+                            key: q.key.clone(),
+                            since: w.since,
+                            exp: w.exp,
+                        };
+                        q.tickets.insert(name.clone(), ticket);
+                    }
+                    Box::new(queued)
+                }
+            };
+            let ticket = queue.as_deref().and_then(|q| q.tickets.get(name.as_str()));
+            // Pending reservations are usually settled with their calls made, which frees room
+            // sooner than their ends say: wake then, and look again.
+            let when = view
+                .likely_fits_at(n, priority, ticket)
+                .unwrap_or_else(|| plus(view.now, self.poll(limits)));
+            let wait = Duration::from_millis(
+                u64::try_from(when.timestamp_millis() - view.now.timestamp_millis()).unwrap_or(0),
+            );
+            if at.is_none() || wait > after {
+                after = wait;
+                at = Some(when);
+            }
+        }
+        Ok(Attempt::Wait {
+            at: at.unwrap_or_else(DateTime::now),
+            after,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn grant_one(
+        &self,
+        name: &str,
+        limit: &Limit,
+        id: ObjectId,
+        n: u32,
+        priority: Priority,
+        ticket: Option<&Ticket>,
+        leave_queue: bool,
+        read_on_refusal: bool,
+    ) -> Result<One, RateLimitError> {
+        let key = id.to_hex();
+        let leaving = ticket.filter(|_| leave_queue).map(|t| t.key.as_str());
+        let mut round = 0;
+        loop {
+            round += 1;
+            let filter = doc! {
+                "_id": name,
+                format!("log.{key}"): { "$exists": false },
+                "$expr": fits_expr(n, priority, ticket),
+            };
+            let update = grant_update(&key, n, priority, limit, leaving);
+            match self.coll.update_one(filter, update).await {
+                Ok(r) if r.matched_count == 1 => return Ok(One::Granted),
+                // A clean refusal: the write did not land, so there is nothing to find.
+                Ok(_) if !read_on_refusal => return Ok(One::Refused { view: None }),
+                Ok(_) => {}
+                Err(e) if crate::server::is_transient(&e) && round < TRIES => {}
+                Err(e) => return Err(self.db_error(name, "reserve", e)),
+            }
+            let view = self.read(name).await?;
+            if view.log.iter().any(|e| e.key == key) {
+                // Our own write landed and its reply was lost.
+                return Ok(One::Granted);
+            }
+            // Room the write did not find a moment ago is a settlement that landed in between:
+            // try again, but only so often (others may be taking it as fast).
+            if !view.fits(n, priority, ticket) || round >= TRIES {
+                return Ok(One::Refused {
+                    view: Some(Box::new(view)),
+                });
+            }
+        }
+    }
+
+    /// Puts (or keeps) a bulk caller in `name`'s queue and reads the limiter.
+    async fn join_queue(
+        &self,
+        name: &str,
+        ttl: Duration,
+        key: &str,
+        n: u32,
+    ) -> Result<View, RateLimitError> {
+        let now = self
+            .store
+            .now()
+            .await
+            .map_err(|e| RateLimitError::Clock(Box::new(e)))?;
+        let doc = self
+            .coll
+            .find_one_and_update(
+                doc! { "_id": name },
+                queue_update(key, n, now, plus(now, ttl)),
+            )
+            .return_document(ReturnDocument::After)
+            .await
+            .map_err(|e| self.db_error(name, "queue", e))?
+            .ok_or_else(|| self.unknown(name))?;
+        let read_at = doc
+            .get_datetime("read_at")
+            .copied()
+            .map_err(|_| self.malformed(name, "the queueing write left no read_at"))?;
+        View::parse(&doc, read_at).map_err(|reason| self.malformed(name, &reason))
+    }
+
+    /// Takes a caller out of the queues of `names` (best effort: an entry left behind expires).
+    async fn leave_queues<'a>(&self, key: &str, names: impl Iterator<Item = &'a String>) {
+        let path = format!("wait.{key}");
+        let removals = names.map(|name| {
+            let path = path.clone();
+            async move {
+                if let Err(e) = self
+                    .coll
+                    .update_one(doc! { "_id": name }, doc! { "$unset": { path: "" } })
+                    .await
+                {
+                    tracing::debug!(limiter = %name, error = %e, "leaving the queue failed; the entry expires");
+                }
+            }
+        });
+        join_all(removals).await;
+    }
+
+    /// Removes a grant no call was made under (the other limiters of the request refused).
+    async fn withdraw(&self, name: &str, key: &str) {
+        let entry = format!("log.{key}");
+        let result = self
+            .coll
+            .update_one(
+                doc! { "_id": name, format!("{entry}.s"): { "$exists": false } },
+                doc! { "$unset": { entry: "" } },
+            )
+            .await;
+        if let Err(e) = result {
+            // Left in place it only counts until it expires, as a dead worker's would.
+            tracing::debug!(limiter = name, error = %e, "withdrawing a partial grant failed");
+        }
+    }
+
+    /// Reads a limiter with the server's time of the reading.
+    async fn read(&self, name: &str) -> Result<View, RateLimitError> {
+        let mut cursor = self
+            .coll
+            .aggregate(vec![
+                doc! { "$match": { "_id": name } },
+                doc! { "$addFields": { "read_at": "$$NOW" } },
+            ])
+            .await
+            .map_err(|e| self.db_error(name, "read", e))?;
+        let doc = cursor
+            .try_next()
+            .await
+            .map_err(|e| self.db_error(name, "read", e))?
+            .ok_or_else(|| self.unknown(name))?;
+        let now = doc
+            .get_datetime("read_at")
+            .copied()
+            .map_err(|_| self.malformed(name, "the server did not report $$NOW"))?;
+        View::parse(&doc, now).map_err(|reason| self.malformed(name, &reason))
+    }
+
+    fn waker(&self, name: &str) -> Arc<Notify> {
+        let mut wakers = match self.shared.wakers.lock() {
+            Ok(w) => w,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        wakers.entry(name.to_string()).or_default().clone()
+    }
+
+    fn cached(&self, name: &str) -> Option<Limit> {
+        match self.shared.limits.lock() {
+            Ok(l) => l.get(name).copied(),
+            Err(poisoned) => poisoned.into_inner().get(name).copied(),
+        }
+    }
+
+    fn cache(&self, name: &str, limit: Limit) {
+        let mut limits = match self.shared.limits.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        limits.insert(name.to_string(), limit);
+    }
+
+    /// How long a queued caller stays in the queue without coming back. A waiter comes back at
+    /// least once a poll; a dead one should not hold the queue up for much longer than that.
+    fn queue_ttl(&self, limit: &Limit, name: &str) -> Duration {
+        self.poll(&[(name.to_string(), *limit)]) * 3 / 2 + Duration::from_millis(200)
+    }
+
+    /// The longest a waiter sleeps without news.
+    fn poll(&self, limits: &[(String, Limit)]) -> Duration {
+        self.options.poll.unwrap_or_else(|| {
+            let window = limits
+                .iter()
+                .map(|(_, l)| l.window)
+                .min()
+                .unwrap_or(Duration::from_secs(1));
+            (window / 2).clamp(Duration::from_millis(5), Duration::from_secs(5))
+        })
+    }
+
+    async fn validate(
+        &self,
+        limiters: &[&str],
+        n: u32,
+        priority: Priority,
+    ) -> Result<Vec<(String, Limit)>, RateLimitError> {
+        if limiters.is_empty() {
+            return Err(RateLimitError::InvalidRequest {
+                reason: "a reservation names no limiter".into(),
+            });
+        }
+        let mut seen = HashSet::new();
+        for name in limiters {
+            self.check_name(name)?;
+            if !seen.insert(*name) {
+                return Err(RateLimitError::InvalidRequest {
+                    reason: format!("limiter {name} is named twice in one reservation"),
+                });
+            }
+        }
+        let mut limits = Vec::with_capacity(limiters.len());
+        for name in limiters {
+            let limit = self.limit(name).await?;
+            if n == 0 {
+                return Err(RateLimitError::ZeroCalls {
+                    collection: self.coll_name().to_string(),
+                    limiter: name.to_string(),
+                });
+            }
+            let most = limit.max_for(priority);
+            if n > most {
+                return Err(RateLimitError::TooManyCalls {
+                    collection: self.coll_name().to_string(),
+                    limiter: name.to_string(),
+                    requested: n,
+                    most,
+                    priority: priority.to_string(),
+                });
+            }
+            limits.push((name.to_string(), limit));
+        }
+        Ok(limits)
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), RateLimitError> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(RateLimitError::InvalidRequest {
+                reason: format!(
+                    "a limiter name must have 1 to {MAX_NAME} bytes, not {}",
+                    name.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn unknown(&self, name: &str) -> RateLimitError {
+        RateLimitError::UnknownLimiter {
+            collection: self.coll_name().to_string(),
+            limiter: name.to_string(),
+        }
+    }
+
+    fn malformed(&self, name: &str, reason: &str) -> RateLimitError {
+        RateLimitError::Malformed {
+            collection: self.coll_name().to_string(),
+            limiter: name.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
