@@ -15,6 +15,9 @@
 //! - `txn`: [`Transactions`] stages and commits multi-document [`Transaction`]s; the [`Gc`]
 //!   resolves what dead coordinators left behind; [`failpoint`]s let tests crash any party.
 //! - [`quota`]: limits shared by every instance of a service, built on the two layers above.
+//! - [`obt`]: one owner at a time for a long operation, with fencing tokens and leases.
+//! - [`ratelimit`]: N calls in any interval of W shared by workers on different hosts, with
+//!   reservations, priorities and all-or-nothing grants across limiters.
 //!
 //! # Example
 //!

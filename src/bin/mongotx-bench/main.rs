@@ -2,6 +2,7 @@
 
 mod obt;
 mod quota;
+mod ratelimit;
 
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,8 @@ enum Section {
     Quota,
     /// Owner-based transactions.
     Obt,
+    /// The rate limiter.
+    Ratelimit,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,6 +101,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run(Section::Obt) {
         obt::rows(&db, args.n)
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    if run(Section::Ratelimit) {
+        ratelimit::rows(&server, db.name(), args.n)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
     }

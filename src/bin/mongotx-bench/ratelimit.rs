@@ -1,0 +1,196 @@
+//! Rate-limiter rows: reserve and settle latency next to one conditional update, with the round
+//! trips a reserve sends; reserve + settle throughput with 32 workers next to 32 workers doing
+//! the two raw updates a counter would need (take one if there is one, give it back).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Collection};
+use mongotx::ratelimit::{Attempt, Limit, Priority, RateLimits};
+use mongotx::test_server::TestServer;
+use mongotx::Store;
+
+use crate::{micros, stats};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Concurrent workers of the throughput row.
+const WORKERS: usize = 32;
+/// How long each throughput contender runs.
+const RUN: Duration = Duration::from_secs(2);
+
+pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result<(), Error> {
+    let commands = Arc::new(AtomicU64::new(0));
+    let mut options = ClientOptions::parse(server.uri()).await?;
+    let counter = commands.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |event| {
+        if let CommandEvent::Started(_) = event {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }));
+    let client = Client::with_options(options)?;
+    let db = client.database(&format!("{db_name}_ratelimit"));
+    let limits = RateLimits::open(&Store::new(db.clone())).await?;
+    let raw: Collection<Document> = db.collection("raw_counter");
+    raw.insert_one(doc! { "_id": "c", "available": i64::MAX / 2 })
+        .await?;
+
+    println!("\nrate limiter ({n} samples each, interleaved with one conditional update):");
+    println!(
+        "{:<46} {:>10} {:>10} {:>14} {:>12}",
+        "operation", "median µs", "p90 µs", "/ one update", "round trips"
+    );
+    // A window long enough that nothing ages out during a row, and every entry a sample adds
+    // taken out again by hand (not timed): the log holds exactly `live` other entries.
+    let limiters: Collection<Document> = db.collection(mongotx::ratelimit::LIMITERS_COLLECTION);
+    for live in [0usize, 64, 256] {
+        let name = format!("api-{live}");
+        limits
+            .define(
+                &name,
+                Limit::new(1_000_000, Duration::from_secs(3600)).reserved(1_000),
+            )
+            .await?;
+        for _ in 0..live {
+            let r = limits.reserve(&[&name], 1, Priority::Bulk).await?;
+            limits.settle(&r, 1).await?;
+        }
+        let (mut high, mut bulk, mut settle, mut base) = (vec![], vec![], vec![], vec![]);
+        let mut sent = 0u64;
+        let warmup = (n / 5).max(20);
+        for i in 0..n + warmup {
+            let before = commands.load(Ordering::Relaxed);
+            let t = Instant::now();
+            let granted = limits.try_reserve(&[&name], 1, Priority::High).await?;
+            let reserved = t.elapsed();
+            let after = commands.load(Ordering::Relaxed);
+            let Attempt::Granted(r) = granted else {
+                return Err("a reserve was refused on an idle limiter".into());
+            };
+            let t = Instant::now();
+            limits.settle(&r, 0).await?;
+            let settled = t.elapsed();
+            let t = Instant::now();
+            let b = limits.reserve(&[&name], 1, Priority::Bulk).await?;
+            let bulked = t.elapsed();
+            limits.settle(&b, 0).await?;
+            let unset = doc! { format!("log.{}", r.id().to_hex()): "", format!("log.{}", b.id().to_hex()): "" };
+            limiters
+                .update_one(doc! { "_id": &name }, doc! { "$unset": unset })
+                .await?;
+            let t = Instant::now();
+            raw.update_one(
+                doc! { "_id": "c", "available": { "$gte": 1_i64 } },
+                doc! { "$inc": { "available": -1_i64 } },
+            )
+            .await?;
+            let one = t.elapsed();
+            if i >= warmup {
+                high.push(reserved);
+                settle.push(settled);
+                bulk.push(bulked);
+                base.push(one);
+                sent += after - before;
+            }
+        }
+        let base = stats(base);
+        let row = |label: String, s: &crate::Stats, trips: String| {
+            println!(
+                "{:<46} {:>10.1} {:>10.1} {:>13.2}x {:>12}",
+                label,
+                micros(s.median),
+                micros(s.p90),
+                s.median.as_secs_f64() / base.median.as_secs_f64(),
+                trips
+            );
+        };
+        row("conditional update (driver)".into(), &base, "1".into());
+        row(
+            format!("reserve, high priority ({live} other entries)"),
+            &stats(high),
+            format!("{:.2}", sent as f64 / n as f64),
+        );
+        row(
+            format!("reserve, bulk ({live} other entries)"),
+            &stats(bulk),
+            String::new(),
+        );
+        row(
+            format!("settle ({live} other entries)"),
+            &stats(settle),
+            String::new(),
+        );
+    }
+
+    // Throughput: a limit far above what the workers can use, and a short window, so the log
+    // stays small and nothing is refused; what is measured is the cost of the protocol.
+    limits
+        .define("hot", Limit::new(1_000_000, Duration::from_millis(100)))
+        .await?;
+    let hot = limits.clone();
+    let ours = for_run(move || {
+        let limits = hot.clone();
+        async move {
+            let r = limits.reserve(&["hot"], 1, Priority::Bulk).await?;
+            limits.settle(&r, 1).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let counter = raw.clone();
+    let theirs = for_run(move || {
+        let raw = counter.clone();
+        async move {
+            raw.update_one(
+                doc! { "_id": "c", "available": { "$gte": 1_i64 } },
+                doc! { "$inc": { "available": -1_i64 } },
+            )
+            .await?;
+            raw.update_one(doc! { "_id": "c" }, doc! { "$inc": { "available": 1_i64 } })
+                .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let per_second = |n: u64| n as f64 / RUN.as_secs_f64();
+    println!(
+        "reserve + settle, {WORKERS} workers for {} s on one limiter: {:.0}/s vs two raw conditional updates {:.0}/s = {:.2}x",
+        RUN.as_secs(),
+        per_second(ours),
+        per_second(theirs),
+        per_second(ours) / per_second(theirs).max(f64::MIN_POSITIVE)
+    );
+    db.drop().await?;
+    Ok(())
+}
+
+/// Runs `op` in a loop from `WORKERS` tasks for `RUN`; returns how many completed (an error
+/// ends the run with it).
+async fn for_run<F, Fut>(op: F) -> Result<u64, Error>
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), Error>> + Send,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + RUN;
+    let mut tasks = Vec::new();
+    for _ in 0..WORKERS {
+        let (op, done) = (op.clone(), Arc::clone(&done));
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < until {
+                op().await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(done.load(Ordering::Relaxed))
+}
