@@ -18,6 +18,7 @@
 //! - [`obt`]: one owner at a time for a long operation, with fencing tokens and leases.
 //! - [`ratelimit`]: N calls in any interval of W shared by workers on different hosts, with
 //!   reservations, priorities and all-or-nothing grants across limiters.
+//! - [`queue`]: ordered per-service submission of batches to a ledger (in progress).
 //!
 //! # Example
 //!
@@ -45,6 +46,7 @@
 //! ```
 
 pub mod obt;
+pub mod queue;
 pub mod quota;
 pub mod ratelimit;
 mod repo;

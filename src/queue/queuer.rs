@@ -1,0 +1,383 @@
+//! The one-round serial queuer, as a pure function from the batches and "now" to the queue:
+//! which batches a submitter should take next. No I/O, so every row of the seed's table is a
+//! unit test.
+//!
+//! The seed's steps:
+//!
+//! 1. Leave out batches the ledger has settled (committed, valid, invalid).
+//! 2. Start an empty queue.
+//! 3. Queue every batch the ledger does not know (unknown).
+//! 4. Queue every delayed batch whose last submission is at least the delay window ago.
+//! 5. List the services that have no pending, unknown or delayed batch.
+//! 6. For each of them, queue its oldest batch; among batches created at the same time, the
+//!    one whose header sorts first.
+//!
+//! Two readings the seed's table makes explicit and its steps leave implicit: a batch a submitter
+//! has (`submitted`) is never queued, and its service gets nothing else queued meanwhile (step 6
+//! would otherwise queue the service's next batch while the first is being submitted, two in
+//! flight). Unknown and delayed batches are queued only when no submitter has them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bson::DateTime;
+
+use crate::queue::model::{Batch, BatchStatus};
+
+/// Where a batch stands for the queuer (the seed's three categories).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    /// In this round's queue.
+    QueueNow,
+    /// Not now, but a later round will queue it (its delay window, or an earlier batch of its
+    /// service, must pass first).
+    QueueLater,
+    /// Never by the queuer: a submitter has it, the ledger has it, or the ledger settled it.
+    DontQueue,
+}
+
+/// Whether a delayed batch's window has passed at `now`.
+fn delay_passed(batch: &Batch, now: DateTime, delay: Duration) -> bool {
+    let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+    match batch.last_submitted_at {
+        // Delayed without a recorded attempt: nothing to wait for.
+        None => true,
+        Some(at) => at.timestamp_millis() <= now.timestamp_millis().saturating_sub(delay_ms),
+    }
+}
+
+/// Oldest first, then by header: the order batches of one service must reach the ledger in.
+fn by_age(a: &&Batch, b: &&Batch) -> std::cmp::Ordering {
+    a.created_at
+        .cmp(&b.created_at)
+        .then_with(|| a.header.cmp(&b.header))
+}
+
+/// This round's queue: unknown batches, then delayed ones whose window has passed, then the
+/// oldest new batch of every service that has nothing in flight, services in id order.
+pub fn one_round_serial(batches: &[Batch], now: DateTime, delay: Duration) -> Vec<&Batch> {
+    // Step 1.
+    let list: Vec<&Batch> = batches
+        .iter()
+        .filter(|b| !b.status.is_some_and(BatchStatus::is_final))
+        .collect();
+    // Step 2.
+    let mut queue: Vec<&Batch> = Vec::new();
+    // Step 3.
+    let mut unknown: Vec<&Batch> = list
+        .iter()
+        .copied()
+        .filter(|b| b.status == Some(BatchStatus::Unknown) && !b.submitted)
+        .collect();
+    unknown.sort_by(by_age);
+    queue.extend(unknown);
+    // Step 4.
+    let mut delayed: Vec<&Batch> = list
+        .iter()
+        .copied()
+        .filter(|b| {
+            b.status == Some(BatchStatus::Delayed) && !b.submitted && delay_passed(b, now, delay)
+        })
+        .collect();
+    delayed.sort_by(by_age);
+    queue.extend(delayed);
+    // Step 5: services with something at the ledger, in doubt, or in a submitter's hands wait.
+    let busy: BTreeSet<&str> = list
+        .iter()
+        .filter(|b| {
+            b.submitted
+                || matches!(
+                    b.status,
+                    Some(BatchStatus::Pending | BatchStatus::Unknown | BatchStatus::Delayed)
+                )
+        })
+        .map(|b| b.service_id.as_str())
+        .collect();
+    // Step 6.
+    let mut oldest: BTreeMap<&str, &Batch> = BTreeMap::new();
+    for b in list
+        .iter()
+        .copied()
+        .filter(|b| !busy.contains(b.service_id.as_str()))
+    {
+        let slot = oldest.entry(b.service_id.as_str()).or_insert(b);
+        if by_age(&b, slot).is_lt() {
+            *slot = b;
+        }
+    }
+    queue.extend(oldest.into_values());
+    queue
+}
+
+/// The category of `batch` among `batches` at `now`, consistent with [`one_round_serial`].
+pub fn category(batch: &Batch, batches: &[Batch], now: DateTime, delay: Duration) -> Category {
+    if one_round_serial(batches, now, delay)
+        .iter()
+        .any(|q| q.header == batch.header)
+    {
+        return Category::QueueNow;
+    }
+    let with_submitter_or_ledger = batch.submitted
+        || matches!(
+            batch.status,
+            Some(
+                BatchStatus::Pending
+                    | BatchStatus::Invalid
+                    | BatchStatus::Valid
+                    | BatchStatus::Committed
+            )
+        );
+    if with_submitter_or_ledger {
+        Category::DontQueue
+    } else {
+        Category::QueueLater
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::model::DEFAULT_DELAY;
+
+    const NOW: i64 = 1_000_000;
+
+    fn batch(header: &str, service: &str, created: i64) -> Batch {
+        Batch {
+            header: header.into(),
+            service_id: service.into(),
+            created_at: DateTime::from_millis(created),
+            submitted: false,
+            status: None,
+            last_submitted_at: None,
+        }
+    }
+
+    fn with(mut b: Batch, submitted: bool, status: Option<BatchStatus>) -> Batch {
+        b.submitted = submitted;
+        b.status = status;
+        b
+    }
+
+    fn last_submitted(mut b: Batch, ms_ago: i64) -> Batch {
+        b.last_submitted_at = Some(DateTime::from_millis(NOW - ms_ago));
+        b
+    }
+
+    fn cat(target: &Batch, others: &[Batch]) -> Category {
+        let mut all = others.to_vec();
+        all.push(target.clone());
+        category(target, &all, DateTime::from_millis(NOW), DEFAULT_DELAY)
+    }
+
+    fn queued(batches: &[Batch]) -> Vec<String> {
+        one_round_serial(batches, DateTime::from_millis(NOW), DEFAULT_DELAY)
+            .into_iter()
+            .map(|b| b.header.clone())
+            .collect()
+    }
+
+    // Queue now.
+
+    #[test]
+    fn queue_now_a_new_batch_of_a_service_with_nothing_pending_unknown_or_delayed() {
+        let b = batch("b1", "s1", 10);
+        assert_eq!(cat(&b, &[]), Category::QueueNow);
+        // Other services' batches in any state do not hold it back.
+        let others = [
+            with(batch("x1", "s2", 1), true, Some(BatchStatus::Pending)),
+            with(batch("x2", "s3", 1), false, Some(BatchStatus::Unknown)),
+        ];
+        assert_eq!(cat(&b, &others), Category::QueueNow);
+    }
+
+    #[test]
+    fn queue_now_an_unknown_batch() {
+        let b = with(batch("b1", "s1", 10), false, Some(BatchStatus::Unknown));
+        assert_eq!(cat(&b, &[]), Category::QueueNow);
+    }
+
+    #[test]
+    fn queue_now_a_delayed_batch_whose_window_has_passed() {
+        let b = last_submitted(
+            with(batch("b1", "s1", 10), false, Some(BatchStatus::Delayed)),
+            15_000,
+        );
+        assert_eq!(cat(&b, &[]), Category::QueueNow, "exactly 15 s ago counts");
+        let b = last_submitted(b, 60_000);
+        assert_eq!(cat(&b, &[]), Category::QueueNow);
+    }
+
+    // Queue later.
+
+    #[test]
+    fn queue_later_a_delayed_batch_inside_its_window() {
+        let b = last_submitted(
+            with(batch("b1", "s1", 10), false, Some(BatchStatus::Delayed)),
+            14_999,
+        );
+        assert_eq!(cat(&b, &[]), Category::QueueLater);
+    }
+
+    #[test]
+    fn queue_later_a_new_batch_of_a_service_with_a_pending_unknown_or_delayed_batch() {
+        let b = batch("b2", "s1", 20);
+        for blocker in [
+            with(batch("b1", "s1", 10), true, Some(BatchStatus::Pending)),
+            with(batch("b1", "s1", 10), false, Some(BatchStatus::Unknown)),
+            last_submitted(
+                with(batch("b1", "s1", 10), false, Some(BatchStatus::Delayed)),
+                1_000,
+            ),
+            last_submitted(
+                with(batch("b1", "s1", 10), false, Some(BatchStatus::Delayed)),
+                60_000,
+            ),
+        ] {
+            assert_eq!(
+                cat(&b, std::slice::from_ref(&blocker)),
+                Category::QueueLater,
+                "{blocker:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn queue_later_a_new_batch_while_its_service_has_one_with_a_submitter() {
+        // Beyond the seed's steps: the service's first batch is being submitted.
+        let b = batch("b2", "s1", 20);
+        let in_flight = with(batch("b1", "s1", 10), true, None);
+        assert_eq!(cat(&b, &[in_flight]), Category::QueueLater);
+    }
+
+    #[test]
+    fn queue_later_a_newer_batch_of_a_service_behind_its_oldest() {
+        let b = batch("b2", "s1", 20);
+        assert_eq!(cat(&b, &[batch("b1", "s1", 10)]), Category::QueueLater);
+    }
+
+    // Don't queue.
+
+    #[test]
+    fn dont_queue_a_submitted_pending_batch() {
+        let b = with(batch("b1", "s1", 10), true, Some(BatchStatus::Pending));
+        assert_eq!(cat(&b, &[]), Category::DontQueue);
+    }
+
+    #[test]
+    fn dont_queue_an_invalid_batch() {
+        let b = with(batch("b1", "s1", 10), true, Some(BatchStatus::Invalid));
+        assert_eq!(cat(&b, &[]), Category::DontQueue);
+        assert_eq!(
+            cat(&with(b, false, Some(BatchStatus::Invalid)), &[]),
+            Category::DontQueue
+        );
+    }
+
+    #[test]
+    fn dont_queue_a_valid_batch() {
+        let b = with(batch("b1", "s1", 10), true, Some(BatchStatus::Valid));
+        assert_eq!(cat(&b, &[]), Category::DontQueue);
+    }
+
+    #[test]
+    fn dont_queue_a_committed_batch() {
+        let b = with(batch("b1", "s1", 10), true, Some(BatchStatus::Committed));
+        assert_eq!(cat(&b, &[]), Category::DontQueue);
+    }
+
+    #[test]
+    fn dont_queue_a_batch_being_submitted() {
+        let b = with(batch("b1", "s1", 10), true, None);
+        assert_eq!(cat(&b, &[]), Category::DontQueue);
+        // Nor an unknown or delayed one a submitter has taken again.
+        for status in [BatchStatus::Unknown, BatchStatus::Delayed] {
+            let b = with(batch("b1", "s1", 10), true, Some(status));
+            assert_eq!(cat(&b, &[]), Category::DontQueue, "{status}");
+        }
+    }
+
+    // The steps.
+
+    #[test]
+    fn step_1_leaves_out_committed_valid_and_invalid_batches() {
+        let settled = [
+            with(batch("c", "s1", 1), false, Some(BatchStatus::Committed)),
+            with(batch("v", "s1", 2), false, Some(BatchStatus::Valid)),
+            with(batch("i", "s1", 3), false, Some(BatchStatus::Invalid)),
+        ];
+        let mut all = settled.to_vec();
+        all.push(batch("n", "s1", 4));
+        assert_eq!(
+            queued(&all),
+            vec!["n"],
+            "settled batches neither queue nor block"
+        );
+    }
+
+    #[test]
+    fn steps_3_and_4_queue_unknown_then_due_delayed_before_new_batches() {
+        let all = [
+            batch("new-s3", "s3", 1),
+            last_submitted(
+                with(batch("d-due", "s2", 5), false, Some(BatchStatus::Delayed)),
+                20_000,
+            ),
+            last_submitted(
+                with(batch("d-early", "s4", 5), false, Some(BatchStatus::Delayed)),
+                1_000,
+            ),
+            with(batch("u", "s1", 9), false, Some(BatchStatus::Unknown)),
+        ];
+        assert_eq!(queued(&all), vec!["u", "d-due", "new-s3"]);
+    }
+
+    #[test]
+    fn step_5_skips_services_with_a_pending_unknown_or_delayed_batch() {
+        let all = [
+            with(batch("p", "s1", 1), true, Some(BatchStatus::Pending)),
+            batch("s1-next", "s1", 2),
+            batch("s2-first", "s2", 3),
+        ];
+        assert_eq!(queued(&all), vec!["s2-first"]);
+    }
+
+    #[test]
+    fn step_6_queues_the_oldest_batch_of_each_service() {
+        let all = [
+            batch("b3", "s1", 30),
+            batch("b1", "s1", 10),
+            batch("b2", "s1", 20),
+            batch("c2", "s2", 5),
+            batch("c1", "s2", 4),
+        ];
+        assert_eq!(queued(&all), vec!["b1", "c1"]);
+    }
+
+    #[test]
+    fn step_6_breaks_a_creation_time_tie_by_the_first_header_in_sort_order() {
+        let all = [
+            batch("zeta", "s1", 10),
+            batch("alpha", "s1", 10),
+            batch("mid", "s1", 10),
+        ];
+        assert_eq!(queued(&all), vec!["alpha"]);
+        let mut reversed = all.to_vec();
+        reversed.reverse();
+        assert_eq!(queued(&reversed), vec!["alpha"], "whatever the input order");
+    }
+
+    #[test]
+    fn the_delay_window_is_configurable() {
+        let b = last_submitted(
+            with(batch("b1", "s1", 10), false, Some(BatchStatus::Delayed)),
+            5_000,
+        );
+        let all = [b.clone()];
+        let now = DateTime::from_millis(NOW);
+        assert_eq!(
+            category(&b, &all, now, Duration::from_secs(5)),
+            Category::QueueNow
+        );
+        assert_eq!(category(&b, &all, now, DEFAULT_DELAY), Category::QueueLater);
+    }
+}
