@@ -1,0 +1,79 @@
+//! The batch queuer's error type. Input errors are found before anything is written.
+
+use thiserror::Error;
+
+/// Everything a queue operation can fail with.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// A batch (or a collection name) is unusable: an empty or overlong header or service id.
+    #[error("invalid batch: {reason}")]
+    InvalidBatch {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The header is already used by a batch of another service or with another content.
+    #[error("{collection}/{header}: the header is already used (service {service_id}) with another content or service")]
+    HeaderReused {
+        /// The collection of batches.
+        collection: String,
+        /// The header.
+        header: String,
+        /// The service of the stored batch.
+        service_id: String,
+    },
+    /// A batch could not be read or written.
+    #[error(
+        "{collection}/{header}: {op} failed: {}",
+        crate::server::summarize(source)
+    )]
+    Database {
+        /// The collection of batches.
+        collection: String,
+        /// The batch header (`*` for several).
+        header: String,
+        /// The operation.
+        op: &'static str,
+        /// The driver error.
+        #[source]
+        source: Box<mongodb::error::Error>,
+    },
+    /// A stored batch does not have the shape this version writes.
+    #[error("{collection}/{header}: malformed batch: {reason}")]
+    Malformed {
+        /// The collection of batches.
+        collection: String,
+        /// The batch header.
+        header: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// This process could not estimate the server's time.
+    #[error("reading the server's time failed: {0}")]
+    Clock(#[source] Box<crate::server::clock::ClockError>),
+}
+
+impl QueueError {
+    /// Whether trying the same call again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            QueueError::Database { source, .. } => crate::server::is_transient(source),
+            QueueError::Clock(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn database(
+        collection: &str,
+        header: &str,
+        op: &'static str,
+        source: mongodb::error::Error,
+    ) -> QueueError {
+        QueueError::Database {
+            collection: collection.to_string(),
+            header: header.to_string(),
+            op,
+            source: Box::new(source),
+        }
+    }
+}
