@@ -33,6 +33,13 @@ async fn refused(limits: &RateLimits, names: &[&str], n: u32, p: Priority) -> Du
     }
 }
 
+async fn reserve_err(limits: &RateLimits, names: &[&str], n: u32, p: Priority) -> RateLimitError {
+    match limits.try_reserve(names, n, p).await {
+        Ok(attempt) => panic!("{names:?}: {n} {p} calls were not refused: {attempt:?}"),
+        Err(e) => e,
+    }
+}
+
 async fn snapshot(t: &TestDb) -> Vec<Document> {
     common::raw_snapshot(&t.db, LIMITERS_COLLECTION).await
 }
@@ -120,15 +127,9 @@ async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
     let r = granted(&limits, &["api"], 4, Priority::Bulk).await;
     let before = snapshot(&t).await;
 
-    let err = limits
-        .try_reserve(&["api"], 0, Priority::Bulk)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &["api"], 0, Priority::Bulk).await;
     assert!(matches!(err, RateLimitError::ZeroCalls { .. }), "{err}");
-    let err = limits
-        .try_reserve(&["api"], 9, Priority::Bulk)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &["api"], 9, Priority::Bulk).await;
     assert!(
         matches!(
             err,
@@ -140,50 +141,32 @@ async fn bad_input_is_refused_with_typed_errors_and_writes_nothing() {
         ),
         "bulk callers never get the reserved part: {err}"
     );
-    let err = limits
-        .try_reserve(&["api"], 11, Priority::High)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &["api"], 11, Priority::High).await;
     assert!(
         matches!(err, RateLimitError::TooManyCalls { most: 10, .. }),
         "{err}"
     );
-    let err = limits
-        .try_reserve(&["nope"], 1, Priority::Bulk)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &["nope"], 1, Priority::Bulk).await;
     assert!(
         matches!(err, RateLimitError::UnknownLimiter { .. }),
         "{err}"
     );
-    let err = limits
-        .try_reserve(&["api", "nope"], 1, Priority::Bulk)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &["api", "nope"], 1, Priority::Bulk).await;
     assert!(
         matches!(err, RateLimitError::UnknownLimiter { .. }),
         "{err}"
     );
-    let err = limits
-        .try_reserve(&["api", "api"], 1, Priority::Bulk)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &["api", "api"], 1, Priority::Bulk).await;
     assert!(
         matches!(err, RateLimitError::InvalidRequest { .. }),
         "{err}"
     );
-    let err = limits
-        .try_reserve(&[], 1, Priority::Bulk)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &[], 1, Priority::Bulk).await;
     assert!(
         matches!(err, RateLimitError::InvalidRequest { .. }),
         "{err}"
     );
-    let err = limits
-        .try_reserve(&[""], 1, Priority::Bulk)
-        .await
-        .unwrap_err();
+    let err = reserve_err(&limits, &[""], 1, Priority::Bulk).await;
     assert!(
         matches!(err, RateLimitError::InvalidRequest { .. }),
         "{err}"

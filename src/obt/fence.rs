@@ -12,7 +12,6 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use bson::{doc, Document};
-use mongodb::error::ErrorKind;
 use mongodb::Collection;
 
 use crate::obt::error::FenceError;
@@ -140,11 +139,7 @@ impl MongoFence {
 }
 
 pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
-    match e.kind.as_ref() {
-        ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => w.code == 11000,
-        ErrorKind::Command(c) => c.code == 11000,
-        _ => false,
-    }
+    crate::server::probe::error_code(e) == Some(crate::server::probe::DUPLICATE_KEY)
 }
 
 #[async_trait]

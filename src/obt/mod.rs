@@ -50,7 +50,6 @@ use crate::repo::repository::Repository;
 use crate::repo::store::{LockWait, Store};
 
 pub use error::{FenceError, ObtError};
-pub(crate) use fence::is_duplicate_key;
 pub use fence::{Fence, MemoryFence, MongoFence};
 pub use model::{
     NewObt, Observation, ObtState, Ownership, Token, FENCES_COLLECTION, OBTS_COLLECTION,

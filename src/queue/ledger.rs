@@ -7,7 +7,7 @@
 //! again after it was found invalid, and one batch header submitted with two contents.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -119,10 +119,7 @@ impl Ledger {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        match self.state.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Decides what happens to `header`'s next submission.

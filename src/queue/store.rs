@@ -11,6 +11,7 @@ use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, DEFAULT_DELAY};
 use crate::queue::queuer::one_round_serial;
 use crate::repo::store::Store;
+use crate::server::probe;
 
 /// The default collection of batches.
 pub const BATCHES_COLLECTION: &str = "batches";
@@ -110,9 +111,10 @@ impl Batches {
             "created_at": created_at,
             "submitted": false,
         };
-        match self.coll.insert_one(doc).await {
-            Ok(_) => {}
-            Err(e) if crate::obt::is_duplicate_key(&e) => {}
+        match self.coll.insert_one(&doc).await {
+            Ok(_) => return self.parse(&doc),
+            // Added before (or by someone else): only the stored batch says which.
+            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {}
             Err(e) => return Err(QueueError::database(&self.name, &batch.header, "add", e)),
         }
         let stored = self
@@ -123,7 +125,7 @@ impl Batches {
             .ok_or_else(|| QueueError::Malformed {
                 collection: self.name.clone(),
                 header: batch.header.clone(),
-                reason: "the batch vanished right after it was added".into(),
+                reason: "the batch its header collided with is gone".into(),
             })?;
         let same = stored.get_str("service_id") == Ok(batch.service_id.as_str())
             && stored.get_str("content") == Ok(batch.content.as_str());

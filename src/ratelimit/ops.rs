@@ -1,7 +1,7 @@
 //! The rate limiter's operations: define, reserve (try once, or wait), settle, read.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
@@ -17,6 +17,7 @@ use crate::ratelimit::limit::{Attempt, Limit, Priority, Reservation, Settled, Us
 use crate::ratelimit::plan::{fits_expr, grant_update, queue_update, settle_update, Ticket, View};
 use crate::ratelimit::RateLimits;
 use crate::server::clock::plus;
+use crate::server::probe;
 
 /// The longest limiter name (it is the document id).
 pub const MAX_NAME: usize = 512;
@@ -85,7 +86,7 @@ impl RateLimits {
                 Ok(Some(doc)) => break doc,
                 Ok(None) => {}
                 // Two definers raced on the upsert; the loser finds the winner's document.
-                Err(e) if crate::obt::is_duplicate_key(&e) && attempt < 3 => {}
+                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) && attempt < 3 => {}
                 Err(e) => return Err(self.db_error(name, "define", e)),
             }
             if attempt >= 3 {
@@ -170,7 +171,7 @@ impl RateLimits {
             key: ObjectId::new().to_hex(),
             tickets: HashMap::new(),
         };
-        let poll = self.poll(&limits);
+        let poll = self.poll(Self::shortest_window(&limits));
         let result = loop {
             let wakers: Vec<Arc<Notify>> =
                 limits.iter().map(|(name, _)| self.waker(name)).collect();
@@ -385,7 +386,7 @@ impl RateLimits {
         let mut at: Option<DateTime> = None;
         let mut after = Duration::ZERO;
         for (name, limit, view) in refused {
-            let ttl = self.queue_ttl(limit, name);
+            let ttl = self.queue_ttl(limit);
             let view = match (queue.as_deref_mut(), view) {
                 (None, Some(view)) => view,
                 (None, None) => Box::new(self.read(name).await?),
@@ -407,7 +408,7 @@ impl RateLimits {
             // sooner than their ends say: wake then, and look again.
             let when = view
                 .likely_fits_at(n, priority, ticket)
-                .unwrap_or_else(|| plus(view.now, self.poll(limits)));
+                .unwrap_or_else(|| plus(view.now, self.poll(Self::shortest_window(limits))));
             let wait = Duration::from_millis(
                 u64::try_from(when.timestamp_millis() - view.now.timestamp_millis()).unwrap_or(0),
             );
@@ -491,11 +492,7 @@ impl RateLimits {
             .await
             .map_err(|e| self.db_error(name, "queue", e))?
             .ok_or_else(|| self.unknown(name))?;
-        let read_at = doc
-            .get_datetime("read_at")
-            .copied()
-            .map_err(|_| self.malformed(name, "the queueing write left no read_at"))?;
-        View::parse(&doc, read_at).map_err(|reason| self.malformed(name, &reason))
+        self.reading(name, &doc)
     }
 
     /// Takes a caller out of the queues of `names` (best effort: an entry left behind expires).
@@ -547,52 +544,66 @@ impl RateLimits {
             .await
             .map_err(|e| self.db_error(name, "read", e))?
             .ok_or_else(|| self.unknown(name))?;
+        self.reading(name, &doc)
+    }
+
+    /// A limiter document with `read_at`, the server's time it was read (or written) at.
+    fn reading(&self, name: &str, doc: &Document) -> Result<View, RateLimitError> {
         let now = doc
             .get_datetime("read_at")
             .copied()
-            .map_err(|_| self.malformed(name, "the server did not report $$NOW"))?;
-        View::parse(&doc, now).map_err(|reason| self.malformed(name, &reason))
+            .map_err(|_| self.malformed(name, "the server did not report its time (read_at)"))?;
+        View::parse(doc, now).map_err(|reason| self.malformed(name, &reason))
     }
 
+    // The maps only ever gain entries, so one left by a panicking task is still sound.
     fn waker(&self, name: &str) -> Arc<Notify> {
-        let mut wakers = match self.shared.wakers.lock() {
-            Ok(w) => w,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut wakers = self
+            .shared
+            .wakers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         wakers.entry(name.to_string()).or_default().clone()
     }
 
     fn cached(&self, name: &str) -> Option<Limit> {
-        match self.shared.limits.lock() {
-            Ok(l) => l.get(name).copied(),
-            Err(poisoned) => poisoned.into_inner().get(name).copied(),
-        }
+        let limits = self
+            .shared
+            .limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        limits.get(name).copied()
     }
 
     fn cache(&self, name: &str, limit: Limit) {
-        let mut limits = match self.shared.limits.lock() {
-            Ok(l) => l,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut limits = self
+            .shared
+            .limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         limits.insert(name.to_string(), limit);
     }
 
     /// How long a queued caller stays in the queue without coming back. A waiter comes back at
     /// least once a poll; a dead one should not hold the queue up for much longer than that.
-    fn queue_ttl(&self, limit: &Limit, name: &str) -> Duration {
-        self.poll(&[(name.to_string(), *limit)]) * 3 / 2 + Duration::from_millis(200)
+    fn queue_ttl(&self, limit: &Limit) -> Duration {
+        self.poll(limit.window) * 3 / 2 + Duration::from_millis(200)
     }
 
-    /// The longest a waiter sleeps without news.
-    fn poll(&self, limits: &[(String, Limit)]) -> Duration {
-        self.options.poll.unwrap_or_else(|| {
-            let window = limits
-                .iter()
-                .map(|(_, l)| l.window)
-                .min()
-                .unwrap_or(Duration::from_secs(1));
-            (window / 2).clamp(Duration::from_millis(5), Duration::from_secs(5))
-        })
+    /// The longest a waiter on limiters whose shortest window is `window` sleeps without news.
+    fn poll(&self, window: Duration) -> Duration {
+        self.options
+            .poll
+            .unwrap_or_else(|| (window / 2).clamp(Duration::from_millis(5), Duration::from_secs(5)))
+    }
+
+    /// The shortest window of `limits`.
+    fn shortest_window(limits: &[(String, Limit)]) -> Duration {
+        limits
+            .iter()
+            .map(|(_, l)| l.window)
+            .min()
+            .unwrap_or(Duration::from_secs(1))
     }
 
     async fn validate(

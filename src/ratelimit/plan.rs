@@ -318,22 +318,24 @@ impl View {
         }
     }
 
-    /// Whether `n` calls fit at the reading's time.
-    pub fn fits(&self, n: u32, priority: Priority, ticket: Option<&Ticket>) -> bool {
-        let ahead = match priority {
+    /// What the rule counts as queued ahead of a caller of `priority` (high priority never
+    /// queues behind bulk callers).
+    fn ahead_of(&self, priority: Priority, ticket: Option<&Ticket>) -> u32 {
+        match priority {
             Priority::High => 0,
             Priority::Bulk => self.ahead(ticket, self.now),
-        };
-        self.fits_with(n, priority, ahead, self.now)
+        }
+    }
+
+    /// Whether `n` calls fit at the reading's time.
+    pub fn fits(&self, n: u32, priority: Priority, ticket: Option<&Ticket>) -> bool {
+        self.fits_with(n, priority, self.ahead_of(priority, ticket), self.now)
     }
 
     /// The earliest server time at which `n` calls fit as entries age out, the queue ahead
     /// staying as it is; `None` if they never fit that way (the queue must move first).
     pub fn fits_at(&self, n: u32, priority: Priority, ticket: Option<&Ticket>) -> Option<DateTime> {
-        let ahead = match priority {
-            Priority::High => 0,
-            Priority::Bulk => self.ahead(ticket, self.now),
-        };
+        let ahead = self.ahead_of(priority, ticket);
         if self.fits_with(n, priority, ahead, self.now) {
             return Some(self.now);
         }

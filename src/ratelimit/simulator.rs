@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -54,10 +54,7 @@ struct Shared {
 
 impl Shared {
     fn log(&self) -> MutexGuard<'_, Log> {
-        match self.log.lock() {
-            Ok(log) => log,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Logs one arrival; whether it is within the limit.
