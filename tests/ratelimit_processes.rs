@@ -1,5 +1,5 @@
-//! Four worker processes (bulk and high-priority callers mixed) call the API simulator through
-//! one limiter for 60 s while one of them is SIGKILLed every few seconds, each time while it
+//! Four worker processes (bulk and high-priority callers mixed) call the API simulator (10 ms a
+//! call) through one limiter for 60 s while one of them is SIGKILLed every few seconds, each time while it
 //! holds reservations, and started again. The simulator must answer no 429, its log must never
 //! show more than N calls in any interval of W, every full window must use at least 90 % of N
 //! (bulk demand is far above N), and high-priority reservations must wait at most 1 % of W at
@@ -21,11 +21,13 @@ use mongotx::ratelimit::{Limit, RateLimits, LIMITERS_COLLECTION};
 
 const CALLS: u32 = 400;
 const WINDOW: Duration = Duration::from_secs(4);
-const RESERVED: u32 = 20;
+const RESERVED: u32 = 30;
 /// Windows at the start left out of the measurements: the processes are starting.
 const WARM_UP: Duration = Duration::from_secs(4);
 const RUN: Duration = Duration::from_secs(60);
 const WORKERS: usize = 4;
+/// How long the API takes to answer a call.
+const CALL_LATENCY: Duration = Duration::from_millis(10);
 
 /// What one worker process said.
 #[derive(Debug, Default)]
@@ -35,6 +37,10 @@ struct Said {
     /// (wait in µs, asked at in unix ms)
     waits_us: Vec<(u64, u128)>,
     statuses: Vec<String>,
+    /// Kill the process as soon as it reports a grant.
+    kill_at_grant: bool,
+    /// It was killed that way.
+    killed_at_grant: bool,
 }
 
 impl Said {
@@ -48,7 +54,7 @@ impl Said {
 }
 
 struct Worker {
-    child: Child,
+    child: Arc<Mutex<Child>>,
     said: Arc<Mutex<Said>>,
     reader: Option<JoinHandle<()>>,
 }
@@ -65,14 +71,16 @@ impl Worker {
             ])
             .args(["--limiter", "api", "--api", api, "--for", "90s"])
             .args(["--bulk-tasks", "2", "--chunk", "5"])
-            .args(["--priority-tasks", "1", "--priority-every", "2s"])
+            .args(["--priority-tasks", "1", "--priority-every", "1s"])
+            .args(["--priority-calls", "1"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start a rate worker");
         let said = Arc::new(Mutex::new(Said::default()));
         let stdout = child.stdout.take().expect("piped stdout");
-        let sink = said.clone();
+        let child = Arc::new(Mutex::new(child));
+        let (sink, victim) = (said.clone(), child.clone());
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
@@ -81,6 +89,12 @@ impl Worker {
                 match words.as_slice() {
                     ["grant", id, n, _] => {
                         said.granted.insert(id.to_string(), n.parse().unwrap());
+                        // Killed the moment it says it holds a reservation: it is making the
+                        // calls (each takes the API's latency), so it has not settled.
+                        if said.kill_at_grant && !said.killed_at_grant {
+                            let _ = victim.lock().unwrap().kill();
+                            said.killed_at_grant = true;
+                        }
                     }
                     ["settle", id, made] => {
                         said.settled.insert(id.to_string(), made.parse().unwrap());
@@ -102,19 +116,23 @@ impl Worker {
 
     /// Kills the process and returns what it said, all of it.
     fn kill(mut self) -> Said {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
         if let Some(reader) = self.reader.take() {
             reader.join().expect("the reader thread");
         }
         std::mem::take(&mut *self.said.lock().unwrap())
     }
+
+    fn stop(&self) {
+        let mut child = self.child.lock().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
@@ -138,7 +156,9 @@ async fn four_worker_processes_with_kills_never_overrun_the_api() {
         .hold(Duration::from_millis(500))
         .grace(Duration::from_millis(100));
     limits.define("api", limit).await.unwrap();
-    let simulator = Simulator::start(CALLS, WINDOW).await.unwrap();
+    let simulator = Simulator::start_with_latency(CALLS, WINDOW, CALL_LATENCY)
+        .await
+        .unwrap();
     let api = simulator.call_url();
 
     let started = Instant::now();
@@ -157,19 +177,21 @@ async fn four_worker_processes_with_kills_never_overrun_the_api() {
     while started.elapsed() + Duration::from_secs(2) < RUN {
         tokio::time::sleep(next_kill.saturating_sub(started.elapsed())).await;
         let slot = kills % WORKERS;
-        // Kill it while it holds at least one reservation it has not settled.
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while workers[slot].said.lock().unwrap().outstanding().is_empty() {
+        // Kill it while it holds at least one reservation it has not settled: its reader kills
+        // it as it reports its next grant. Every worker gets grants (the queue is first come,
+        // first served), so this takes a fraction of a second.
+        workers[slot].said.lock().unwrap().kill_at_grant = true;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !workers[slot].said.lock().unwrap().killed_at_grant {
             assert!(
                 Instant::now() < deadline,
-                "worker {slot} held nothing for 3 s"
+                "worker {slot} was granted nothing for 10 s"
             );
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let _ = workers[slot].child.kill();
         let victim = std::mem::replace(&mut workers[slot], Worker::start(&t, &api));
         let said = victim.kill();
-        // It may have settled everything between the look and the kill; that kill still
+        // A settlement already written when the kill landed is read too; such a kill still
         // counts as a kill, not as one while holding.
         let dead = said.outstanding();
         if !dead.is_empty() {

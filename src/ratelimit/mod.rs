@@ -62,7 +62,8 @@ pub struct RateLimitOptions {
     pub collection: String,
     /// The longest a waiting caller sleeps before looking again when nothing in this process
     /// wakes it (a settlement in another process frees capacity without telling this one).
-    /// `None`: half the window, from 5 ms to 5 s.
+    /// `None`: an eighth of the window, from 5 ms to 5 s (a dead waiter leaves the queue
+    /// after 1.5 polls + 200 ms, so this also bounds what it holds up).
     pub poll: Option<Duration>,
     /// How long [`RateLimits::reserve`] waits before giving up with
     /// [`RateLimitError::TimedOut`].

@@ -594,7 +594,7 @@ impl RateLimits {
     fn poll(&self, window: Duration) -> Duration {
         self.options
             .poll
-            .unwrap_or_else(|| (window / 2).clamp(Duration::from_millis(5), Duration::from_secs(5)))
+            .unwrap_or_else(|| (window / 8).clamp(Duration::from_millis(5), Duration::from_secs(5)))
     }
 
     /// The shortest window of `limits`.

@@ -3,7 +3,9 @@
 //! Requests` to a call that makes more than `limit` arrivals in an interval of `window` (any
 //! interval, not only aligned ones; rejected calls count, as they do at most real APIs).
 //!
-//! `GET /call` (or `POST /call`) is one call; `GET /report` is the [`Report`] as JSON.
+//! `GET /call` (or `POST /call`) is one call; `GET /report` is the [`Report`] as JSON. A call can
+//! be given a latency, as a real API's calls take time: it is logged when it arrives and
+//! answered that much later.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -49,6 +51,7 @@ struct Log {
 struct Shared {
     limit: u32,
     window: Duration,
+    latency: Duration,
     log: Mutex<Log>,
 }
 
@@ -120,11 +123,21 @@ pub struct Simulator {
 }
 
 impl Simulator {
-    /// Starts one on a free local port, allowing `limit` calls per `window`.
+    /// Starts one on a free local port, allowing `limit` calls per `window`, answering at once.
     pub async fn start(limit: u32, window: Duration) -> std::io::Result<Simulator> {
+        Simulator::start_with_latency(limit, window, Duration::ZERO).await
+    }
+
+    /// Starts one that answers each call `latency` after it arrived.
+    pub async fn start_with_latency(
+        limit: u32,
+        window: Duration,
+        latency: Duration,
+    ) -> std::io::Result<Simulator> {
         let shared = Arc::new(Shared {
             limit,
             window,
+            latency,
             log: Mutex::new(Log {
                 started: Instant::now(),
                 recent: VecDeque::new(),
@@ -171,7 +184,11 @@ impl Simulator {
 }
 
 async fn call(State(shared): State<Arc<Shared>>) -> StatusCode {
-    if shared.arrive() {
+    let within = shared.arrive();
+    if !shared.latency.is_zero() {
+        tokio::time::sleep(shared.latency).await;
+    }
+    if within {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
@@ -190,6 +207,7 @@ mod tests {
         Shared {
             limit,
             window: Duration::from_millis(window_ms),
+            latency: Duration::ZERO,
             log: Mutex::new(Log {
                 started: Instant::now(),
                 recent: VecDeque::new(),

@@ -42,6 +42,9 @@ pub(crate) struct RateWorkerArgs {
     /// High-priority tasks.
     #[arg(long, default_value_t = 1)]
     priority_tasks: usize,
+    /// Calls per high-priority reservation: 1 up to this many.
+    #[arg(long, default_value_t = 2)]
+    priority_calls: u32,
     /// Mean time between two high-priority reservations of one task.
     #[arg(long, value_parser = crate::duration, default_value = "1s")]
     priority_every: Duration,
@@ -82,7 +85,8 @@ pub(crate) async fn rate_worker(args: RateWorkerArgs) -> Result<(), String> {
     for task in 0..args.priority_tasks {
         let (limits, http, args) = (limits.clone(), http.clone(), args.clone());
         tasks.push(tokio::spawn(async move {
-            let mut i = task as u64;
+            // Seeded per process and task: workers started together must not ask together.
+            let mut i = (u64::from(std::process::id()) << 8) | task as u64;
             while Instant::now() < until {
                 // Spread the callers: 0.5 to 1.5 times the mean, varied by a simple sequence.
                 i = i
@@ -90,7 +94,7 @@ pub(crate) async fn rate_worker(args: RateWorkerArgs) -> Result<(), String> {
                     .wrapping_add(1442695040888963407);
                 let spread = 0.5 + (i >> 40) as f64 / (1u64 << 24) as f64;
                 tokio::time::sleep(args.priority_every.mul_f64(spread)).await;
-                let calls = 1 + (i >> 20) as u32 % 2;
+                let calls = 1 + (i >> 20) as u32 % args.priority_calls.max(1);
                 let asked = Instant::now();
                 let r = limits
                     .reserve(&[&args.limiter], calls, Priority::High)
