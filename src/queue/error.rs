@@ -22,6 +22,51 @@ pub enum QueueError {
         /// The service of the stored batch.
         service_id: String,
     },
+    /// No batch has this header.
+    #[error("{collection}/{header}: no such batch")]
+    UnknownBatch {
+        /// The collection of batches.
+        collection: String,
+        /// The header.
+        header: String,
+    },
+    /// The ledger's statuses do not go this way (for example from committed back to pending).
+    #[error("{collection}/{header}: a batch does not go from {from} to {to}")]
+    InvalidTransition {
+        /// The collection of batches.
+        collection: String,
+        /// The header.
+        header: String,
+        /// The stored status (`none`: nothing yet).
+        from: String,
+        /// The status asked for.
+        to: String,
+    },
+    /// The caller does not hold the batch's claim (it expired and another submitter took it,
+    /// or it was never this caller's).
+    #[error("{collection}/{header}: claim {token} is not the batch's claim (held: {held})")]
+    NotClaimant {
+        /// The collection of batches.
+        collection: String,
+        /// The header.
+        header: String,
+        /// The claim presented.
+        token: bson::oid::ObjectId,
+        /// The claim the batch has (`none` if none).
+        held: String,
+    },
+    /// Others kept changing the batch or its service; nothing was left half done.
+    #[error("{collection}/{header}: {what} gave up after {tries} tries under contention")]
+    Contended {
+        /// The collection of batches.
+        collection: String,
+        /// The header.
+        header: String,
+        /// What was being done.
+        what: &'static str,
+        /// Tries made.
+        tries: u32,
+    },
     /// A batch could not be read or written.
     #[error(
         "{collection}/{header}: {op} failed: {}",
@@ -59,6 +104,7 @@ impl QueueError {
         match self {
             QueueError::Database { source, .. } => crate::server::is_transient(source),
             QueueError::Clock(e) => e.is_retryable(),
+            QueueError::Contended { .. } => true,
             _ => false,
         }
     }

@@ -74,3 +74,11 @@ pub struct Batch {
 /// The seed's default delay window: a delayed batch is retried once this long has passed since
 /// its last submission.
 pub const DEFAULT_DELAY: Duration = Duration::from_secs(15);
+
+impl Batch {
+    /// Whether recording `status` would change the batch: another status, or unknown for a
+    /// batch still marked with a submitter (recording it clears the mark).
+    pub fn needs(&self, status: BatchStatus) -> bool {
+        self.status != Some(status) || (status == BatchStatus::Unknown && self.submitted)
+    }
+}

@@ -1,11 +1,15 @@
 //! Batches in the database: adding them (idempotent per header, refused if the header is reused
-//! for another content) and one queuer round over what is stored.
+//! for another content, stamped after everything of their service already taken) and one
+//! queuer round over what is stored.
 
 use std::time::Duration;
 
-use bson::{doc, Document};
+use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
 use mongodb::Collection;
+
+use crate::queue::claim::{Place, Service};
 
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, DEFAULT_DELAY};
@@ -15,6 +19,16 @@ use crate::server::probe;
 
 /// The default collection of batches.
 pub const BATCHES_COLLECTION: &str = "batches";
+
+/// The services collection of a collection of batches is named after it with this suffix.
+pub const SERVICES_SUFFIX: &str = "_services";
+
+/// The JSON Schema of a service document (the project's `schemas/batch_services.json`).
+pub const SERVICES_SCHEMA: &str = include_str!("../../schemas/batch_services.json");
+
+/// How many times adding a batch stamps it again before giving up (each time, a batch of its
+/// service was taken or added in between).
+const STAMPS: u32 = 32;
 
 /// The JSON Schema of a batch document (the project's `schemas/batches.json`).
 pub const BATCHES_SCHEMA: &str = include_str!("../../schemas/batches.json");
@@ -52,8 +66,9 @@ impl NewBatch {
 #[derive(Debug, Clone)]
 pub struct Batches {
     store: Store,
-    coll: Collection<Document>,
-    name: String,
+    pub(crate) coll: Collection<Document>,
+    pub(crate) services: Collection<Document>,
+    pub(crate) name: String,
     delay: Duration,
 }
 
@@ -78,9 +93,14 @@ impl Batches {
             .protocol_collection(collection)
             .await
             .map_err(|e| QueueError::database(collection, "*", "open", e))?;
+        let services = store
+            .protocol_collection(&format!("{collection}{SERVICES_SUFFIX}"))
+            .await
+            .map_err(|e| QueueError::database(collection, "*", "open", e))?;
         Ok(Batches {
             store: store.clone(),
             coll,
+            services,
             name: collection.to_string(),
             delay,
         })
@@ -88,6 +108,10 @@ impl Batches {
 
     /// Adds a batch, created now. Adding the same batch again changes nothing; reusing its
     /// header for another service or content is [`QueueError::HeaderReused`].
+    ///
+    /// Its stamp (`created_at`) comes after every batch of its service already added or taken
+    /// for submission, so the order of stamps is the order of `add` calls that did not overlap,
+    /// and no batch is ever stamped before one that went to the ledger ahead of it.
     pub async fn add(&self, batch: &NewBatch) -> Result<Batch, QueueError> {
         for (what, value) in [("service id", &batch.service_id), ("header", &batch.header)] {
             if value.is_empty() || value.len() > MAX_NAME {
@@ -99,11 +123,7 @@ impl Batches {
                 });
             }
         }
-        let created_at = self
-            .store
-            .now()
-            .await
-            .map_err(|e| QueueError::Clock(Box::new(e)))?;
+        let created_at = self.now().await?;
         let doc = doc! {
             "_id": &batch.header,
             "service_id": &batch.service_id,
@@ -112,21 +132,12 @@ impl Batches {
             "submitted": false,
         };
         match self.coll.insert_one(&doc).await {
-            Ok(_) => return self.parse(&doc),
+            Ok(_) => return self.place_after_the_service(&batch.header).await,
             // Added before (or by someone else): only the stored batch says which.
             Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {}
-            Err(e) => return Err(QueueError::database(&self.name, &batch.header, "add", e)),
+            Err(e) => return Err(self.db_error(&batch.header, "add", e)),
         }
-        let stored = self
-            .coll
-            .find_one(doc! { "_id": &batch.header })
-            .await
-            .map_err(|e| QueueError::database(&self.name, &batch.header, "add", e))?
-            .ok_or_else(|| QueueError::Malformed {
-                collection: self.name.clone(),
-                header: batch.header.clone(),
-                reason: "the batch its header collided with is gone".into(),
-            })?;
+        let stored = self.stored(&batch.header).await?;
         let same = stored.get_str("service_id") == Ok(batch.service_id.as_str())
             && stored.get_str("content") == Ok(batch.content.as_str());
         if !same {
@@ -139,6 +150,73 @@ impl Batches {
         self.parse(&stored)
     }
 
+    /// The adder's half of the ordering: a batch just inserted is stamped again
+    /// while its service has a newer (or equal) stamp, a batch in its slot or a mark at or
+    /// after it.
+    async fn place_after_the_service(&self, header: &str) -> Result<Batch, QueueError> {
+        let mut first = true;
+        for _ in 0..STAMPS {
+            let stored = self.stored(header).await?;
+            let batch = self.parse(&stored)?;
+            // Taken, or settled: its place is fixed now (and was checked by its taker).
+            if batch.submitted || batch.status.is_some() {
+                return Ok(batch);
+            }
+            let at = batch.created_at;
+            let before = self
+                .services
+                .find_one_and_update(
+                    doc! { "_id": &batch.service_id },
+                    doc! { "$max": { "newest": at } },
+                )
+                .upsert(true)
+                .return_document(ReturnDocument::Before)
+                .await
+                .map_err(|e| self.db_error(header, "add", e))?;
+            let service = before.as_ref().map(Service::parse).unwrap_or_default();
+            let place = Place::of(&batch);
+            // After a batch added earlier (first look only: later, the newest stamp may be this
+            // batch's own previous one, or that of an add overlapping this one, unordered).
+            let mut after: Option<i64> = service.newest.filter(|&n| first && n >= place.at);
+            // After the batch in the slot and the mark, strictly.
+            if let Some(bound) = service.bound(header).filter(|b| *b >= place) {
+                after = after.max(Some(bound.at));
+            }
+            first = false;
+            let Some(after) = after else {
+                return Ok(batch);
+            };
+            let now = self.now().await?.timestamp_millis();
+            let again = DateTime::from_millis(after.saturating_add(1).max(now));
+            let claimed_live = doc! { "claim.until": { "$gte": self.now().await? } };
+            let stamped = self
+                .coll
+                .update_one(
+                    doc! {
+                        "_id": header,
+                        "created_at": at,
+                        "submitted": false,
+                        "status": { "$exists": false },
+                        "$nor": [claimed_live],
+                    },
+                    doc! { "$set": { "created_at": again } },
+                )
+                .await
+                .map_err(|e| self.db_error(header, "add", e))?;
+            if stamped.matched_count == 0 {
+                // A submitter has a claim on it: its taking will fail (the slot or the mark is
+                // ahead), and it gives the claim back.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        Err(QueueError::Contended {
+            collection: self.name.clone(),
+            header: header.to_string(),
+            what: "add",
+            tries: STAMPS,
+        })
+    }
+
     /// One queuer round: the batches to submit now, by the seed's one-round serial strategy,
     /// over every stored batch the ledger has not settled, at the server's time.
     pub async fn round(&self) -> Result<Vec<Batch>, QueueError> {
@@ -146,6 +224,7 @@ impl Batches {
         let docs: Vec<Document> = self
             .coll
             .find(open)
+            .projection(doc! { "content": 0 })
             .await
             .map_err(|e| QueueError::database(&self.name, "*", "round", e))?
             .try_collect()
@@ -166,7 +245,53 @@ impl Batches {
             .collect())
     }
 
-    fn parse(&self, d: &Document) -> Result<Batch, QueueError> {
+    /// The stored batch `header`.
+    pub async fn get(&self, header: &str) -> Result<Batch, QueueError> {
+        self.parse(&self.stored(header).await?)
+    }
+
+    /// The server's time, as this process estimates it.
+    pub(crate) async fn now(&self) -> Result<DateTime, QueueError> {
+        self.store
+            .now()
+            .await
+            .map_err(|e| QueueError::Clock(Box::new(e)))
+    }
+
+    pub(crate) fn db_error(
+        &self,
+        header: &str,
+        op: &'static str,
+        e: mongodb::error::Error,
+    ) -> QueueError {
+        QueueError::database(&self.name, header, op, e)
+    }
+
+    /// The stored batch `header`.
+    pub(crate) async fn stored(&self, header: &str) -> Result<Document, QueueError> {
+        self.coll
+            .find_one(doc! { "_id": header })
+            .await
+            .map_err(|e| self.db_error(header, "read", e))?
+            .ok_or_else(|| QueueError::UnknownBatch {
+                collection: self.name.clone(),
+                header: header.to_string(),
+            })
+    }
+
+    /// `service`'s document (empty if it has none yet).
+    pub(crate) async fn service(&self, service: &str) -> Result<Service, QueueError> {
+        Ok(self
+            .services
+            .find_one(doc! { "_id": service })
+            .await
+            .map_err(|e| self.db_error("*", "read the service", e))?
+            .as_ref()
+            .map(Service::parse)
+            .unwrap_or_default())
+    }
+
+    pub(crate) fn parse(&self, d: &Document) -> Result<Batch, QueueError> {
         let header = d.get_str("_id").unwrap_or("?").to_string();
         let malformed = |reason: &str| QueueError::Malformed {
             collection: self.name.clone(),

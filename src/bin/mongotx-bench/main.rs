@@ -1,6 +1,7 @@
 //! Latency benchmarks: mongotx operations against the raw driver baseline, measured in one run.
 
 mod obt;
+mod queue;
 mod quota;
 mod ratelimit;
 
@@ -39,6 +40,8 @@ enum Section {
     Obt,
     /// The rate limiter.
     Ratelimit,
+    /// The batch queue.
+    Queue,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -106,6 +109,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run(Section::Ratelimit) {
         ratelimit::rows(&server, db.name(), args.n)
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    if run(Section::Queue) {
+        queue::rows(&db)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
     }

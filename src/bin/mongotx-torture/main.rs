@@ -17,6 +17,7 @@
 mod chaos;
 mod children;
 mod obt_roles;
+mod queue_worker;
 mod quota_worker;
 mod rate_worker;
 mod roles;
@@ -53,6 +54,8 @@ enum Role {
     ObtContender(obt_roles::ObtContenderArgs),
     /// A rate-limited worker: bulk and high-priority callers of an HTTP API through a limiter.
     RateWorker(rate_worker::RateWorkerArgs),
+    /// A batch-queue worker: a submitter and a monitor of batches bound for a ledger.
+    QueueWorker(queue_worker::QueueWorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
             Role::ObtOwner(args) => obt_roles::obt_owner(args).await,
             Role::ObtContender(args) => obt_roles::obt_contender(args).await,
             Role::RateWorker(args) => rate_worker::rate_worker(args).await,
+            Role::QueueWorker(args) => queue_worker::queue_worker(args).await,
         }
     });
     match result {

@@ -1,0 +1,177 @@
+//! The roles that move batches to the ledger: the submitter (a queuer round, then claim, submit,
+//! record for each queued batch) and the monitor (asks the ledger about batches with a submitter
+//! or at the ledger, and records what it says). Any number of each may run, in any processes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bson::doc;
+use futures::TryStreamExt;
+
+use crate::queue::claim::{Claim, Submission};
+use crate::queue::error::QueueError;
+use crate::queue::ledger::{Answer, Ledger, LedgerStatus};
+use crate::queue::model::{Batch, BatchStatus};
+use crate::queue::store::Batches;
+
+/// The external ledger, as submitters and monitors use it. Errors are the transport's, in
+/// words: a submission that fails is recorded as delayed and retried after the delay window.
+pub trait LedgerApi: Send + Sync {
+    /// Submits one batch.
+    fn submit(
+        &self,
+        service: &str,
+        header: &str,
+        content: &str,
+    ) -> impl Future<Output = Result<Answer, String>> + Send;
+
+    /// What the ledger says about one batch.
+    fn status(&self, header: &str) -> impl Future<Output = Result<LedgerStatus, String>> + Send;
+}
+
+impl LedgerApi for Ledger {
+    async fn submit(&self, service: &str, header: &str, content: &str) -> Result<Answer, String> {
+        Ok(Ledger::submit(self, service, header, content))
+    }
+
+    async fn status(&self, header: &str) -> Result<LedgerStatus, String> {
+        Ok(Ledger::status(self, header))
+    }
+}
+
+/// Takes queued batches and submits them.
+#[derive(Debug, Clone)]
+pub struct Submitter<L> {
+    batches: Batches,
+    ledger: L,
+    name: String,
+    claim_ttl: Duration,
+}
+
+impl<L: LedgerApi> Submitter<L> {
+    /// A submitter named `name` (recorded in its claims) holding each claim for at most
+    /// `claim_ttl`.
+    pub fn new(batches: Batches, ledger: L, name: impl Into<String>, claim_ttl: Duration) -> Self {
+        Submitter {
+            batches,
+            ledger,
+            name: name.into(),
+            claim_ttl,
+        }
+    }
+
+    /// One queuer round, then each queued batch this submitter manages to claim is submitted
+    /// and the answer recorded. Returns the batches it submitted.
+    pub async fn run_once(&self) -> Result<Vec<Batch>, QueueError> {
+        let queued = self.batches.round().await?;
+        let mut submitted = Vec::new();
+        for batch in queued {
+            if let Some(claim) = self.take(&batch).await? {
+                if let Some(batch) = self.send(&claim).await? {
+                    submitted.push(batch);
+                }
+            }
+        }
+        Ok(submitted)
+    }
+
+    /// Claims one queued batch ([`Batches::claim`] with this submitter's name and claim time).
+    pub async fn take(&self, batch: &Batch) -> Result<Option<Claim>, QueueError> {
+        self.batches.claim(batch, &self.name, self.claim_ttl).await
+    }
+
+    /// Submits a claimed batch and records the answer (a failed submission is recorded as
+    /// delayed). `None` if the claim ran out first: the batch is left to the claim's expiry and
+    /// the monitor, since nobody can tell whether a submission sent that late arrived.
+    pub async fn send(&self, claim: &Claim) -> Result<Option<Batch>, QueueError> {
+        if !claim.usable() {
+            return Ok(None);
+        }
+        let b = &claim.batch;
+        let outcome = match self
+            .ledger
+            .submit(&b.service_id, &b.header, &claim.content)
+            .await
+        {
+            Ok(Answer::Accepted) => Submission::Accepted,
+            Ok(Answer::Delayed) => Submission::Delayed,
+            Err(e) => {
+                tracing::debug!(header = %b.header, error = %e, "submission failed; delayed");
+                Submission::Delayed
+            }
+        };
+        match self.batches.record(claim, outcome).await {
+            Ok(batch) => Ok(Some(batch)),
+            // Taken over after our claim expired: the new claimant records it.
+            Err(QueueError::NotClaimant { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Asks the ledger about batches with a submitter or at the ledger and records its answers.
+#[derive(Debug, Clone)]
+pub struct Monitor<L> {
+    batches: Batches,
+    ledger: L,
+}
+
+impl<L: LedgerApi> Monitor<L> {
+    /// A monitor of `batches` asking `ledger`.
+    pub fn new(batches: Batches, ledger: L) -> Self {
+        Monitor { batches, ledger }
+    }
+
+    /// One pass over the batches with a submitter or at the ledger. Returns the batches whose
+    /// status it changed.
+    pub async fn run_once(&self) -> Result<Vec<Batch>, QueueError> {
+        let watched = self.batches.watched().await?;
+        let mut changed = Vec::new();
+        for batch in watched {
+            let said = match self.ledger.status(&batch.header).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(header = %batch.header, error = %e, "the ledger did not answer");
+                    continue;
+                }
+            };
+            let status = match said {
+                LedgerStatus::Committed => BatchStatus::Committed,
+                LedgerStatus::Invalid => BatchStatus::Invalid,
+                LedgerStatus::Pending => BatchStatus::Pending,
+                LedgerStatus::Unknown => BatchStatus::Unknown,
+            };
+            if !batch.needs(status) {
+                continue;
+            }
+            match self.batches.record_status(&batch, status).await {
+                Ok(b) => changed.push(b),
+                // Another monitor or a submitter moved it meanwhile, or its submitter is still
+                // at work: the next pass looks again.
+                Err(QueueError::Contended { .. } | QueueError::InvalidTransition { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(changed)
+    }
+}
+
+impl Batches {
+    /// The batches a monitor asks the ledger about: at the ledger (pending, valid), or with a
+    /// submitter (which may have died after sending) and no answer recorded since.
+    pub async fn watched(&self) -> Result<Vec<Batch>, QueueError> {
+        let docs: Vec<bson::Document> = self
+            .coll
+            .find(doc! { "$or": [
+                { "status": { "$in": ["pending", "valid"] } },
+                { "submitted": true, "status": { "$nin": ["pending", "valid", "committed", "invalid"] } },
+            ] })
+            .projection(doc! { "content": 0 })
+            .await
+            .map_err(|e| self.db_error("*", "watch", e))?
+            .try_collect()
+            .await
+            .map_err(|e| self.db_error("*", "watch", e))?;
+        docs.iter().map(|d| self.parse(d)).collect()
+    }
+}
