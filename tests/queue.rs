@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use bson::{doc, Document};
 use common::TestDb;
-use mongotx::queue::ledger::{Faults, Ledger};
+use mongotx::queue::ledger::{Answer, Fate, Faults, Ledger, LedgerStatus};
 use mongotx::queue::{
-    BatchStatus, Batches, Monitor, NewBatch, QueueError, Submission, Submitter, BATCHES_COLLECTION,
-    BATCHES_SCHEMA, SERVICES_SCHEMA,
+    BatchStatus, Batches, LedgerApi, Monitor, NewBatch, QueueError, Submission, Submitter,
+    BATCHES_COLLECTION, BATCHES_SCHEMA, SERVICES_SCHEMA,
 };
 use mongotx::JsonSchema;
 
@@ -488,4 +488,67 @@ async fn a_ledger_answer_about_an_earlier_state_is_not_recorded() {
     let b = batches.get("b").await.unwrap();
     assert_eq!((b.status, b.submitted), (Some(BatchStatus::Pending), true));
     drop(claim);
+}
+
+/// A ledger whose answers to the submissions of some headers are lost after they arrived.
+#[derive(Clone)]
+struct LosesAnswers {
+    inner: Ledger,
+    lose: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl LedgerApi for LosesAnswers {
+    async fn submit(&self, service: &str, header: &str, content: &str) -> Result<Answer, String> {
+        let answer = self.inner.submit(service, header, content);
+        if self.lose.lock().unwrap().remove(header) {
+            return Err("connection reset after the request was sent".into());
+        }
+        Ok(answer)
+    }
+
+    async fn status(&self, header: &str) -> Result<LedgerStatus, String> {
+        Ok(self.inner.status(header))
+    }
+}
+
+#[tokio::test]
+async fn a_submission_without_an_answer_is_asked_about_not_sent_again() {
+    let t = TestDb::new().await;
+    // A delay window shorter than the claim: a batch taken for delayed would be sent again
+    // well before the claim expires.
+    let batches = Batches::with_collection(&t.store, "batches", Duration::from_millis(10))
+        .await
+        .unwrap();
+    let inner = Ledger::new(Duration::from_millis(5), Faults::NONE, 3);
+    inner.force("b1", Fate::Invalid);
+    let ledger = LosesAnswers {
+        inner: inner.clone(),
+        lose: Arc::new(std::sync::Mutex::new(["b1".to_string()].into())),
+    };
+    batches.add(&NewBatch::new("s", "b1", "x")).await.unwrap();
+    batches.add(&NewBatch::new("s", "b2", "y")).await.unwrap();
+    let submitter = Submitter::new(
+        batches.clone(),
+        ledger.clone(),
+        "me",
+        Duration::from_millis(300),
+    );
+    let monitor = Monitor::new(batches.clone(), ledger);
+    let started = std::time::Instant::now();
+    while batches.get("b2").await.unwrap().status != Some(BatchStatus::Committed) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "b2 never committed"
+        );
+        submitter.run_once().await.unwrap();
+        monitor.run_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        batches.get("b1").await.unwrap().status,
+        Some(BatchStatus::Invalid)
+    );
+    assert!(inner.breaches().is_empty(), "{:?}", inner.breaches());
+    assert_eq!(inner.submissions(), 2, "b1 once, b2 once");
+    assert_eq!(inner.committed()["s"], vec!["b2"]);
 }

@@ -15,7 +15,8 @@ use crate::queue::model::{Batch, BatchStatus};
 use crate::queue::store::Batches;
 
 /// The external ledger, as submitters and monitors use it. Errors are the transport's, in
-/// words: a submission that fails is recorded as delayed and retried after the delay window.
+/// words. A submission without an answer may still have arrived, so it is not taken for
+/// delayed: the batch stays marked submitted until the monitor asks the ledger about it.
 pub trait LedgerApi: Send + Sync {
     /// Submits one batch.
     fn submit(
@@ -80,9 +81,9 @@ impl<L: LedgerApi> Submitter<L> {
         self.batches.claim(batch, &self.name, self.claim_ttl).await
     }
 
-    /// Submits a claimed batch and records the answer (a failed submission is recorded as
-    /// delayed). `None` if the claim ran out first: the batch is left to the claim's expiry and
-    /// the monitor, since nobody can tell whether a submission sent that late arrived.
+    /// Submits a claimed batch and records the answer. `None` if the claim ran out first or the
+    /// ledger did not answer: the batch is left to the claim's expiry and the monitor, which
+    /// asks the ledger whether it arrived.
     pub async fn send(&self, claim: &Claim) -> Result<Option<Batch>, QueueError> {
         if !claim.usable() {
             return Ok(None);
@@ -96,8 +97,11 @@ impl<L: LedgerApi> Submitter<L> {
             Ok(Answer::Accepted) => Submission::Accepted,
             Ok(Answer::Delayed) => Submission::Delayed,
             Err(e) => {
-                tracing::debug!(header = %b.header, error = %e, "submission failed; delayed");
-                Submission::Delayed
+                // It may have arrived (and been found invalid, which must never be sent
+                // again): it stays marked submitted, and the monitor asks the ledger once the
+                // claim has expired.
+                tracing::debug!(header = %b.header, error = %e, "no answer to a submission; left to the monitor");
+                return Ok(None);
             }
         };
         match self.batches.record(claim, outcome).await {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
-use mongodb::Collection;
+use mongodb::{Collection, IndexModel};
 
 use crate::queue::claim::{Place, Service};
 
@@ -97,6 +97,16 @@ impl Batches {
             .protocol_collection(&format!("{collection}{SERVICES_SUFFIX}"))
             .await
             .map_err(|e| QueueError::database(collection, "*", "open", e))?;
+        // The queries of a round, of the monitor and of a taker's check that nothing older of
+        // the service is open.
+        for keys in [
+            doc! { "service_id": 1, "created_at": 1, "_id": 1 },
+            doc! { "status": 1, "submitted": 1 },
+        ] {
+            coll.create_index(IndexModel::builder().keys(keys).build())
+                .await
+                .map_err(|e| QueueError::database(collection, "*", "create an index", e))?;
+        }
         Ok(Batches {
             store: store.clone(),
             coll,
