@@ -54,17 +54,7 @@ impl LedgerServer {
             .route("/submit", post(submit))
             .route("/status", post(status))
             .with_state(ledger.clone());
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            });
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "the ledger server stopped");
-            }
-        });
+        let (addr, stop) = crate::server::http::serve_local(app, "the ledger server").await?;
         Ok(LedgerServer {
             addr,
             ledger,
@@ -122,6 +112,25 @@ impl HttpLedger {
     }
 }
 
+impl HttpLedger {
+    /// Posts `body` as JSON to `path` and reads the JSON answer.
+    async fn post<B: Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<R, String> {
+        self.http
+            .post(format!("{}/{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
 impl LedgerApi for HttpLedger {
     async fn submit(&self, service: &str, header: &str, content: &str) -> Result<Answer, String> {
         let body = SubmitBody {
@@ -129,16 +138,7 @@ impl LedgerApi for HttpLedger {
             header: header.to_string(),
             content: content.to_string(),
         };
-        let reply: AnswerBody = self
-            .http
-            .post(format!("{}/submit", self.base))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+        let reply: AnswerBody = self.post("submit", &body).await?;
         match reply.answer.as_str() {
             "accepted" => Ok(Answer::Accepted),
             "delayed" => Ok(Answer::Delayed),
@@ -148,17 +148,13 @@ impl LedgerApi for HttpLedger {
 
     async fn status(&self, header: &str) -> Result<LedgerStatus, String> {
         let reply: StatusBody = self
-            .http
-            .post(format!("{}/status", self.base))
-            .json(&HeaderBody {
-                header: header.to_string(),
-            })
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
+            .post(
+                "status",
+                &HeaderBody {
+                    header: header.to_string(),
+                },
+            )
+            .await?;
         match reply.status.as_str() {
             "pending" => Ok(LedgerStatus::Pending),
             "invalid" => Ok(LedgerStatus::Invalid),

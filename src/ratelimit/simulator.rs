@@ -149,17 +149,7 @@ impl Simulator {
             .route("/call", get(call).post(call))
             .route("/report", get(report))
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            });
-            if let Err(e) = serve.await {
-                tracing::warn!(error = %e, "the API simulator stopped");
-            }
-        });
+        let (addr, stop) = crate::server::http::serve_local(app, "the API simulator").await?;
         Ok(Simulator {
             addr,
             shared,

@@ -8,6 +8,8 @@
 //! driver error itself as the `source()`.
 
 pub(crate) mod clock;
+#[cfg(feature = "cli")]
+pub(crate) mod http;
 pub mod local;
 pub(crate) mod probe;
 pub mod test_server;
