@@ -119,12 +119,14 @@ fn set_of(update: &Document) -> Option<&Document> {
     update.get_document("$set").ok()
 }
 
+/// The record's write: a findAndModify upsert.
 fn begin_write(c: &Document) -> bool {
-    on(c, "insert", TRANSACTIONS_COLLECTION)
+    on(c, "findAndModify", TRANSACTIONS_COLLECTION)
 }
 
+/// An insert's apply: a findAndModify upsert on the data collection.
 fn insert_apply(c: &Document) -> bool {
-    on(c, "insert", "accounts")
+    on(c, "findAndModify", "accounts")
 }
 
 fn adjust_apply(c: &Document) -> bool {
@@ -190,9 +192,9 @@ fn end_write(c: &Document) -> bool {
     on(c, "delete", TRANSACTIONS_COLLECTION)
 }
 
-/// Any command on the transactions collection but the insert that begins a transaction.
+/// Any command on the transactions collection but the record's write.
 fn after_begin(c: &Document) -> bool {
-    command_name(c) != "insert" && c.get_str(command_name(c)).ok() == Some(TRANSACTIONS_COLLECTION)
+    !begin_write(c) && c.get_str(command_name(c)).ok() == Some(TRANSACTIONS_COLLECTION)
 }
 
 /// A test database seeded with the accounts every case stages against, all at version 1.
@@ -278,11 +280,7 @@ impl Fixture {
     }
 
     /// Nothing applied: every document exactly as it was, version included.
-    async fn assert_untouched(&self, what: &str) {
-        self.assert_untouched_but_e(what, 1).await;
-    }
-
-    /// As `assert_untouched`, with e at `e_version` after outside writes.
+    /// Nothing applied (e at `e_version` after outside writes).
     async fn assert_untouched_but_e(&self, what: &str, e_version: i64) {
         self.assert_clean(what).await;
         for (id, balance) in [("a", 100), ("b", 50), ("c", 10), ("d", 10), ("e", 10)] {
@@ -378,41 +376,54 @@ async fn a_lost_rollback_write_still_rolls_back_exactly_once() {
     }
 }
 
-/// Leaves a pending transaction with every entry applied, as a coordinator that died before its
-/// commit point would.
-async fn dead_coordinator(f: &Fixture, at: &'static str) {
+/// The deadline of the dead coordinators' transactions: an aborted record goes once the server's
+/// clock has passed it.
+const DEAD_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Leaves what a coordinator that died at failpoint `at` leaves, then waits for its deadline.
+/// With `spoil`, an outside write to e makes e's check fail first.
+async fn dead_coordinator(f: &Fixture, at: Failpoint, spoil: bool) {
     let txns = Transactions::with_options(
         &f.t.store,
-        TxnOptions::default().fault_injector(Arc::new(CrashAt(Failpoint { name: at, step: 0 }))),
+        TxnOptions::default()
+            .timeout(DEAD_TIMEOUT)
+            .fault_injector(Arc::new(CrashAt(at))),
     );
     let tx = txns.begin();
     Fixture::stage(&tx, &f.accounts).await.expect("stage");
+    if spoil {
+        f.accounts
+            .update("e", 1, &Update::new().set("owner", "outsider"))
+            .await
+            .expect("outside write");
+    }
     assert!(matches!(tx.commit().await, Err(TxnError::Crashed { .. })));
+    tokio::time::sleep(DEAD_TIMEOUT + Duration::from_millis(100)).await;
 }
 
 #[tokio::test]
 async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
-    let cases: [(&str, &'static str, Matcher, bool); 4] = [
-        ("claim", failpoint::COMMIT_BEFORE, gc_claim, false),
-        (
-            "rollback write",
-            failpoint::COMMIT_BEFORE,
-            rollback_write,
-            false,
-        ),
-        ("finish write", failpoint::COMMIT_AFTER, finish_write, true),
-        (
-            "ActiveTransaction delete",
-            failpoint::COMMIT_AFTER,
-            end_write,
-            true,
-        ),
+    // A coordinator that dies after e's check failed and before aborting leaves a staging
+    // transaction with e's apply missing: the GC must fence e and abort it.
+    let undecided = Failpoint {
+        name: failpoint::ABORT_BEFORE,
+        step: 0,
+    };
+    let committed_point = Failpoint {
+        name: failpoint::COMMIT_AFTER,
+        step: 0,
+    };
+    let cases: [(&str, Failpoint, Matcher, bool); 4] = [
+        ("claim", undecided, gc_claim, false),
+        ("rollback write", undecided, rollback_write, false),
+        ("finish write", committed_point, finish_write, true),
+        ("ActiveTransaction delete", committed_point, end_write, true),
     ];
     for (name, coordinator_dies_at, matcher, committed) in cases {
         for mode in [Mode::LoseReply, Mode::Drop] {
             let what = format!("GC {name}, {mode:?}");
             let f = Fixture::new().await;
-            dead_coordinator(&f, coordinator_dies_at).await;
+            dead_coordinator(&f, coordinator_dies_at, !committed).await;
             let faults = Faults::once(matcher, mode);
             let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
             let gc = Gc::new(
@@ -437,37 +448,43 @@ async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
             if committed {
                 f.assert_committed(&what).await;
             } else {
-                f.assert_untouched(&what).await;
+                // e keeps the outside write; put its owner back so the common checks apply.
+                f.accounts
+                    .update("e", 2, &Update::new().set("owner", "e"))
+                    .await
+                    .expect("undo the outside write");
+                f.assert_untouched_but_e(&what, 3).await;
             }
         }
     }
 }
 
 #[tokio::test]
-async fn a_commit_point_that_never_gets_through_aborts_the_transaction() {
+async fn a_commit_point_that_never_gets_through_leaves_the_implicit_commit_for_others_to_record() {
     let f = Fixture::new().await;
     let faults = Faults::new(vec![(commit_point, Mode::Drop, usize::MAX)]);
     let (_proxy, tx) = f.staged_through(&faults).await;
-    let err = tx
-        .commit()
-        .await
-        .expect_err("no commit point can be written");
-    assert!(matches!(err, TxnError::Aborted { .. }), "{err}");
-    assert!(
-        err.is_retryable(),
-        "an aborted transaction is safe to rerun"
-    );
+    // The record and every apply landed: the transaction is committed, whatever follows.
+    let outcome = tx.commit().await.expect("committed in one round");
+    assert!(!outcome.finished, "{outcome:?}");
     assert!(faults.fired() > 1, "the commit point was only tried once");
-    f.assert_untouched("commit point never written").await;
+    // Readers find every participant in place and take it as committed (and write it so).
+    assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
+    let round = Gc::new(f.t.db.clone(), GcOptions::default())
+        .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
+        .await
+        .expect("GC round");
+    assert_eq!(round.finished, 1, "{round:?}");
+    f.assert_committed("commit point never written").await;
 }
 
 #[tokio::test]
 async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
     let f = Fixture::new().await;
-    // The commit point lands but its reply is lost; after that the transactions collection is
-    // unreachable, so the coordinator can neither read the state back nor abort.
+    // The record lands but no reply to it gets back; after that the rest of the transactions
+    // collection is unreachable, so the coordinator can neither read the state back nor abort.
     let faults = Faults::new(vec![
-        (commit_point, Mode::LoseReply, 1),
+        (begin_write, Mode::LoseReply, usize::MAX),
         (after_begin, Mode::Drop, usize::MAX),
     ]);
     let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
@@ -489,7 +506,8 @@ async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
     assert!(!err.is_retryable());
     assert_eq!(bodies.load(Ordering::SeqCst), 1, "the body was rerun");
 
-    // It did commit: readers already see the new values, and the GC frees the documents.
+    // It did commit (the record and every apply landed): readers see the new values, and the GC
+    // frees the documents.
     faults.off.store(true, Ordering::SeqCst);
     assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
     let round = Gc::new(f.t.db.clone(), GcOptions::default())

@@ -7,7 +7,7 @@ mod common;
 use bson::{doc, Document};
 use common::wire_proxy::{command_name, Action, Rules, WireProxy};
 use common::{Account, TestDb};
-use mongotx::failpoint::COMMIT_BEFORE;
+use mongotx::failpoint::BEGIN_BEFORE;
 use mongotx::{Adjust, Gc, GcOptions, Query, Store, Transactions, Update, TRANSACTIONS_COLLECTION};
 
 const RAW: &str = "E11000-ish raw reply { 0x7f3a9c: 62 61 64 20 72 65 70 6c 79 } driver internals";
@@ -125,7 +125,7 @@ async fn transaction_and_gc_errors_are_clean_sentences_with_the_driver_error_as_
     let (_p, store, accounts) = through(
         &t,
         Fail {
-            name: "insert",
+            name: "findAndModify",
             coll: TRANSACTIONS_COLLECTION,
         },
     )
@@ -139,7 +139,7 @@ async fn transaction_and_gc_errors_are_clean_sentences_with_the_driver_error_as_
 
     // A document held by a stalled transaction whose record cannot be read.
     let repo = direct.clone();
-    let txn = common::stalled_at(&t.store, COMMIT_BEFORE, |tx| async move {
+    let txn = common::stalled_at(&t.store, BEGIN_BEFORE, |tx| async move {
         tx.adjust(&repo, "b", 1, &Adjust::new().by("balance", 1_i64))
             .await
     })

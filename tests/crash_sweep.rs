@@ -21,6 +21,10 @@ use mongotx::{
     TxnOptions, Update,
 };
 
+/// The coordinators' timeout: a GC aborts an undecided transaction, and deletes an aborted record,
+/// only once the server's clock has passed the deadline, so scenarios that need it wait that long.
+const TIMEOUT: Duration = Duration::from_millis(1_000);
+
 /// The five actions a transaction can stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
@@ -44,43 +48,46 @@ const ACTIONS: [Action; 5] = [
 enum Plan {
     /// The coordinator dies during a commit that would otherwise succeed.
     Coordinator(Failpoint),
-    /// One entry conflicts, and the coordinator dies during its active rollback.
+    /// One entry conflicts, and the coordinator dies while aborting or rolling back.
     Rollback(Failpoint),
-    /// The coordinator dies at `coordinator`, then the first GC round dies at `gc`.
+    /// The coordinator dies at `coordinator` (after a conflict in its last entry if `spoil`),
+    /// then the first GC round dies at `gc`.
     Gc {
         coordinator: Failpoint,
+        spoil: bool,
         gc: Failpoint,
     },
-    /// The coordinator dies with every entry applied and its record disappears, as if the holds
-    /// were put back by late applies after the transaction ended; the GC's sweep dies at `gc`.
+    /// The coordinator dies before its record was sent, every entry applied: holds without a
+    /// record. The GC's sweep dies at `gc`.
     Orphan(Failpoint),
 }
 
 impl Plan {
-    /// Whether the transaction must end up committed.
+    /// Whether the transaction must end up committed: it is once its record and every apply
+    /// have been sent (a crash stops every later step, but what was sent lands).
     fn commits(&self) -> bool {
-        let past_commit_point = |p: &Failpoint| {
-            [
-                fp::COMMIT_AFTER,
-                fp::FINISH_BEFORE,
-                fp::FINISH_AFTER,
-                fp::END_BEFORE,
-                fp::END_AFTER,
-            ]
-            .contains(&p.name)
-        };
+        let everything_sent =
+            |p: &Failpoint| ![fp::BEGIN_BEFORE, fp::APPLY_BEFORE].contains(&p.name);
         match self {
-            Plan::Coordinator(p) => past_commit_point(p),
+            Plan::Coordinator(p) => everything_sent(p),
             Plan::Rollback(_) | Plan::Orphan(_) => false,
-            Plan::Gc { coordinator, .. } => past_commit_point(coordinator),
+            Plan::Gc {
+                coordinator, spoil, ..
+            } => !spoil && everything_sent(coordinator),
         }
+    }
+
+    fn spoiled(&self) -> bool {
+        matches!(self, Plan::Rollback(_) | Plan::Gc { spoil: true, .. })
     }
 
     fn points(&self) -> Vec<Failpoint> {
         match *self {
             Plan::Coordinator(p) | Plan::Rollback(p) => vec![p],
-            Plan::Gc { coordinator, gc } => vec![coordinator, gc],
-            Plan::Orphan(gc) => vec![at(fp::COMMIT_BEFORE, 0), gc],
+            Plan::Gc {
+                coordinator, gc, ..
+            } => vec![coordinator, gc],
+            Plan::Orphan(gc) => vec![at(fp::BEGIN_BEFORE, 0), gc],
         }
     }
 }
@@ -89,8 +96,9 @@ fn at(name: &'static str, step: usize) -> Failpoint {
     Failpoint { name, step }
 }
 
-/// Every crash plan for a transaction of `k` documents.
-fn plans(k: usize) -> Vec<Plan> {
+/// Every crash plan for a transaction of `k` documents whose spoiled (last staged) entry is at
+/// `spoiled` in lock order.
+fn plans(k: usize, spoiled: usize) -> Vec<Plan> {
     let each = |name: &'static str| (0..k).map(move |i| at(name, i));
     let mut plans = Vec::new();
     let coordinator = [at(fp::BEGIN_BEFORE, 0), at(fp::BEGIN_AFTER, 0)]
@@ -102,28 +110,49 @@ fn plans(k: usize) -> Vec<Plan> {
         .chain(each(fp::FINISH_AFTER))
         .chain([at(fp::END_BEFORE, 0), at(fp::END_AFTER, 0)]);
     plans.extend(coordinator.map(Plan::Coordinator));
-    let rollback = each(fp::ROLLBACK_BEFORE)
+    let rollback = [at(fp::ABORT_BEFORE, 0), at(fp::ABORT_AFTER, 0)]
+        .into_iter()
+        .chain(each(fp::ROLLBACK_BEFORE))
         .chain(each(fp::ROLLBACK_AFTER))
         .chain([
             at(fp::ROLLBACK_END_BEFORE, 0),
             at(fp::ROLLBACK_END_AFTER, 0),
         ]);
     plans.extend(rollback.map(Plan::Rollback));
-    // Pending with every entry applied, and pending with the last entry not applied.
-    for coordinator in [at(fp::COMMIT_BEFORE, 0), at(fp::APPLY_BEFORE, k - 1)] {
-        let gc = [at(fp::GC_CLAIM_BEFORE, 0), at(fp::GC_CLAIM_AFTER, 0)]
-            .into_iter()
-            .chain(each(fp::GC_ROLLBACK_BEFORE))
-            .chain(each(fp::GC_ROLLBACK_AFTER))
-            .chain([at(fp::GC_END_BEFORE, 0), at(fp::GC_END_AFTER, 0)]);
-        plans.extend(gc.map(|gc| Plan::Gc { coordinator, gc }));
-    }
+    // Staging with the spoiled entry missing: the GC fences it, aborts and rolls back.
+    let undecided = [
+        at(fp::GC_FENCE_BEFORE, spoiled),
+        at(fp::GC_FENCE_AFTER, spoiled),
+        at(fp::GC_CLAIM_BEFORE, 0),
+        at(fp::GC_CLAIM_AFTER, 0),
+    ]
+    .into_iter()
+    .chain(each(fp::GC_ROLLBACK_BEFORE))
+    .chain(each(fp::GC_ROLLBACK_AFTER))
+    .chain([at(fp::GC_END_BEFORE, 0), at(fp::GC_END_AFTER, 0)]);
+    plans.extend(undecided.map(|gc| Plan::Gc {
+        coordinator: at(fp::ABORT_BEFORE, 0),
+        spoil: true,
+        gc,
+    }));
+    // Staging with every entry applied (committed, not yet written so): the GC commits it.
+    let implicit = [at(fp::GC_CLAIM_BEFORE, 0), at(fp::GC_CLAIM_AFTER, 0)]
+        .into_iter()
+        .chain(each(fp::GC_FINISH_BEFORE))
+        .chain(each(fp::GC_FINISH_AFTER))
+        .chain([at(fp::GC_END_BEFORE, 0), at(fp::GC_END_AFTER, 0)]);
+    plans.extend(implicit.map(|gc| Plan::Gc {
+        coordinator: at(fp::COMMIT_BEFORE, 0),
+        spoil: false,
+        gc,
+    }));
     // Committed but not finished.
     let gc = each(fp::GC_FINISH_BEFORE)
         .chain(each(fp::GC_FINISH_AFTER))
         .chain([at(fp::GC_END_BEFORE, 0), at(fp::GC_END_AFTER, 0)]);
     plans.extend(gc.map(|gc| Plan::Gc {
         coordinator: at(fp::COMMIT_AFTER, 0),
+        spoil: false,
         gc,
     }));
     // Holds without a record: the sweep undoes them one by one.
@@ -189,7 +218,7 @@ impl Worker {
     }
 
     fn txns(&self, injector: Option<Failpoint>) -> Transactions {
-        let options = TxnOptions::default().timeout(Duration::from_secs(60));
+        let options = TxnOptions::default().timeout(TIMEOUT);
         let options = match injector {
             Some(point) => options.fault_injector(Arc::new(CrashAt(point))),
             None => options,
@@ -307,7 +336,13 @@ impl Worker {
 
     /// Asserts the all-or-nothing end state of one scenario.
     async fn verify(&self, what: &str, staged: &[Staged], committed: bool, spoiled: bool) {
-        let txns = raw_snapshot(&self.t.db, self.t.store.transactions_collection()).await;
+        // An aborted record may wait for the server's clock to pass its deadline; nothing else
+        // may remain.
+        let txns: Vec<_> = raw_snapshot(&self.t.db, self.t.store.transactions_collection())
+            .await
+            .into_iter()
+            .filter(|r| r.get_str("state") != Ok("aborted"))
+            .collect();
         assert!(
             txns.is_empty(),
             "{what}: ActiveTransaction documents remain: {txns:?}"
@@ -380,29 +415,31 @@ async fn scenario(w: &Worker, n: usize, shape: &[(Action, usize)], plan: Plan) -
     let what = format!("scenario {n} {shape:?} {plan:?}");
     let (coordinator_point, gc_point) = match plan {
         Plan::Coordinator(p) | Plan::Rollback(p) => (p, None),
-        Plan::Gc { coordinator, gc } => (coordinator, Some(gc)),
-        Plan::Orphan(gc) => (at(fp::COMMIT_BEFORE, 0), Some(gc)),
+        Plan::Gc {
+            coordinator, gc, ..
+        } => (coordinator, Some(gc)),
+        Plan::Orphan(gc) => (at(fp::BEGIN_BEFORE, 0), Some(gc)),
     };
     let tx = w.txns(Some(coordinator_point)).begin();
     let mut staged = w.stage(n, shape, &tx).await;
-    let spoiled = matches!(plan, Plan::Rollback(_));
+    let spoiled = plan.spoiled();
     if spoiled {
         let last = staged.len() - 1;
         w.spoil(&mut staged[last]).await;
     }
 
+    let begun = Instant::now();
     match tx.commit().await {
         Err(TxnError::Crashed { at, .. }) if at == coordinator_point => {}
         other => {
             panic!("{what}: the coordinator should crash at {coordinator_point}, got {other:?}")
         }
     }
-    if matches!(plan, Plan::Orphan(_)) {
-        w.t.db
-            .collection::<bson::Document>(w.t.store.transactions_collection())
-            .delete_many(bson::doc! {})
-            .await
-            .expect("drop the records");
+    // Aborting an undecided transaction waits for the server's clock to pass its deadline.
+    let records = raw_snapshot(&w.t.db, w.t.store.transactions_collection()).await;
+    if !plan.commits() && records.iter().any(|r| r.get_str("state") == Ok("staging")) {
+        tokio::time::sleep((TIMEOUT + Duration::from_millis(100)).saturating_sub(begun.elapsed()))
+            .await;
     }
     if let Some(gc_point) = gc_point {
         match w.gc_round(Some(gc_point)).await {
@@ -417,12 +454,21 @@ async fn scenario(w: &Worker, n: usize, shape: &[(Action, usize)], plan: Plan) -
     plan.points()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+/// Where the last staged entry of `shape` stands in lock order (collection name, then id).
+fn last_in_lock_order(shape: &[(Action, usize)]) -> usize {
+    const NAMES: [&str; 2] = ["accounts", "ledger"];
+    let last = shape.len() - 1;
+    let mut order: Vec<usize> = (0..shape.len()).collect();
+    order.sort_by_key(|&i| (NAMES[shape[i].1], i));
+    order.iter().position(|&i| i == last).unwrap_or(last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn a_crash_at_every_failpoint_leaves_every_transaction_all_or_nothing() {
-    const WORKERS: usize = 4;
+    const WORKERS: usize = 8;
     let mut work: Vec<(usize, Shape, Plan)> = Vec::new();
     for shape in shapes() {
-        for plan in plans(shape.len()) {
+        for plan in plans(shape.len(), last_in_lock_order(&shape)) {
             work.push((work.len(), shape.clone(), plan));
         }
     }
@@ -437,12 +483,28 @@ async fn a_crash_at_every_failpoint_leaves_every_transaction_all_or_nothing() {
             for (n, shape, plan) in mine {
                 reached.extend(scenario(&worker, n, &shape, plan).await);
             }
-            reached
+            (worker, reached)
         }));
     }
     let mut reached = BTreeSet::new();
+    let mut workers = Vec::new();
     for task in tasks {
-        reached.extend(task.await.expect("sweep worker"));
+        let (worker, points) = task.await.expect("sweep worker");
+        reached.extend(points);
+        workers.push(worker);
+    }
+    // The aborted records left waiting for their deadline are gone after it, in one round.
+    tokio::time::sleep(TIMEOUT + Duration::from_millis(100)).await;
+    for worker in &workers {
+        worker
+            .gc_round(None)
+            .await
+            .expect("the last round after every deadline");
+        let left = raw_snapshot(&worker.t.db, worker.t.store.transactions_collection()).await;
+        assert!(
+            left.is_empty(),
+            "records left after every deadline: {left:?}"
+        );
     }
 
     let names: BTreeSet<&str> = reached.iter().map(|p| p.name).collect();

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use bson::Document;
 use common::wire_proxy::{command_name, Action, Rules, WireProxy};
 use common::TestDb;
-use mongotx::failpoint::COMMIT_BEFORE;
+use mongotx::failpoint::BEGIN_BEFORE;
 use mongotx::{Adjust, Durability, Store, Topology, Transactions, TRANSACTIONS_COLLECTION};
 
 /// Records every command; optionally answers `hello` / `isMaster` as a replica-set member.
@@ -101,7 +101,7 @@ async fn exercise(
     let commit = recorder.take();
 
     let repo = accounts.clone();
-    common::stalled_at(&store, COMMIT_BEFORE, |tx| async move {
+    common::stalled_at(&store, BEGIN_BEFORE, |tx| async move {
         tx.adjust(&repo, "c", 1, &Adjust::new().by("balance", 1_i64))
             .await
     })
@@ -131,15 +131,15 @@ async fn on_a_replica_set_every_protocol_write_and_deciding_read_is_majority() {
 
     let (seeding, commit, reading) = exercise(&t, &proxy, &recorder, Durability::Auto).await;
     let majority = Some("\"majority\"".to_string());
-    let record_inserts = on(&commit, "insert", TRANSACTIONS_COLLECTION);
+    let record_writes = on(&commit, "findAndModify", TRANSACTIONS_COLLECTION);
     let record_updates = on(&commit, "update", TRANSACTIONS_COLLECTION);
     let record_deletes = on(&commit, "delete", TRANSACTIONS_COLLECTION);
     let document_writes = on(&commit, "update", "accounts");
-    assert_eq!(record_inserts.len(), 1, "the record");
+    assert_eq!(record_writes.len(), 1, "the record");
     assert_eq!(record_updates.len(), 1, "the commit point");
     assert_eq!(record_deletes.len(), 1, "the end");
     assert_eq!(document_writes.len(), 4, "two applies and two finishes");
-    for command in record_inserts
+    for command in record_writes
         .iter()
         .chain(&record_updates)
         .chain(&record_deletes)
@@ -171,7 +171,9 @@ async fn on_a_standalone_server_the_client_defaults_apply_unless_majority_is_ask
     let recorder = Recorder::new(false);
     let proxy = WireProxy::start(&common::server_uri(), recorder.clone()).await;
     let (_, commit, _) = exercise(&t, &proxy, &recorder, Durability::Auto).await;
-    for command in on(&commit, "insert", TRANSACTIONS_COLLECTION) {
+    let record_writes = on(&commit, "findAndModify", TRANSACTIONS_COLLECTION);
+    assert_eq!(record_writes.len(), 1, "the record");
+    for command in record_writes {
         assert_eq!(write_concern(command), None, "{command}");
     }
 

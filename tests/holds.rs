@@ -243,7 +243,7 @@ async fn an_expired_holder_is_aborted_and_undone_instead_of_waited_on() {
     let before = raw_snapshot(&t.db, "accounts").await;
     let txn = ObjectId::new();
     let deadline = millis_from_now(-1_000);
-    put_record(&t.db, txn, "pending", deadline).await;
+    put_record(&t.db, txn, "staging", deadline).await;
     apply_pending_change(&t, txn, deadline).await;
 
     // The hold alone gives back the document exactly as it was, version included.
@@ -283,7 +283,7 @@ async fn an_expired_holder_is_aborted_and_undone_instead_of_waited_on() {
 }
 
 #[tokio::test]
-async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_at_once() {
+async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_after_its_deadline() {
     let t = TestDb::new().await;
     let store = Store::builder(t.db.clone())
         .lock_wait(short_wait(10_000))
@@ -293,9 +293,10 @@ async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_at_once(
         .insert(&Account::new("acc", "Before", 10))
         .await
         .unwrap();
-    // A late apply: its transaction ended long ago and has no record, and its deadline is far
-    // in the future. Nothing but the document itself says what to do.
-    apply_pending_change(&t, ObjectId::new(), millis_from_now(3_600_000)).await;
+    // A late apply: its transaction ended and has no record, and its deadline has passed.
+    // Nothing but the document itself says what to do.
+    let txn = ObjectId::new();
+    apply_pending_change(&t, txn, millis_from_now(-1_000)).await;
 
     let read = accounts.get("acc").await.unwrap();
     assert_eq!(
@@ -323,6 +324,38 @@ async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_at_once(
         (read.owner.as_str(), read.balance, read.version),
         ("Before", 15, 2)
     );
+    // The writer put an aborted record in the missing one's place before undoing the hold, so
+    // that no copy of the record still on its way could arrive as staging.
+    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].get_object_id("_id").ok(), Some(txn));
+    assert_eq!(records[0].get_str("state").ok(), Some("aborted"));
+}
+
+#[tokio::test]
+async fn a_hold_whose_record_has_not_arrived_is_waited_on_until_its_deadline() {
+    let t = TestDb::new().await;
+    let store = Store::builder(t.db.clone())
+        .lock_wait(short_wait(300))
+        .build();
+    let accounts = accounts_on(&store).await;
+    accounts
+        .insert(&Account::new("acc", "Before", 10))
+        .await
+        .unwrap();
+    // The record of a live transaction may still be on its way: its hold is not undone early.
+    let txn = ObjectId::new();
+    apply_pending_change(&t, txn, millis_from_now(3_600_000)).await;
+    let held = raw_snapshot(&t.db, "accounts").await;
+
+    let read = accounts.get("acc").await.unwrap();
+    assert_eq!((read.owner.as_str(), read.version), ("Before", 1));
+    let err = accounts
+        .adjust("acc", 1, &Adjust::new().by("balance", 5_i64))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RepoError::Locked { .. }), "{err:?}");
+    assert_eq!(raw_snapshot(&t.db, "accounts").await, held);
     assert!(raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION)
         .await
         .is_empty());
@@ -337,7 +370,7 @@ async fn readers_see_the_pre_image_until_the_commit_point_and_the_change_after()
         .await
         .unwrap();
     let txn = ObjectId::new();
-    put_record(&t.db, txn, "pending", millis_from_now(3_600_000)).await;
+    put_record(&t.db, txn, "staging", millis_from_now(3_600_000)).await;
     apply_pending_change(&t, txn, millis_from_now(3_600_000)).await;
 
     let read = accounts.get("acc").await.unwrap();
@@ -374,7 +407,7 @@ async fn an_uncommitted_insert_is_invisible_and_a_committed_delete_is_deleted() 
         .await
         .unwrap();
     let inserting = ObjectId::new();
-    put_record(&t.db, inserting, "pending", millis_from_now(3_600_000)).await;
+    put_record(&t.db, inserting, "staging", millis_from_now(3_600_000)).await;
     let mut pending = bson::to_document(&Account::new("pending", "P", 1)).unwrap();
     pending.insert(fields::SCHEMA_VERSION, 1_i64);
     pending.insert(fields::VERSION, 1_i64);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bson::Bson;
 use common::{stalled_at, Account, TestDb};
-use mongotx::failpoint::{COMMIT_AFTER, COMMIT_BEFORE};
+use mongotx::failpoint::{BEGIN_BEFORE, COMMIT_AFTER};
 use mongotx::{
     Adjust, CollectionSpec, Gc, GcOptions, LockWait, RepoError, Repository, Store, Transactions,
     TxnError,
@@ -149,7 +149,7 @@ async fn an_insert_waits_for_a_pending_insert_and_takes_the_id_if_it_rolls_back(
     let store = patient(&t);
     let accounts = common::open_accounts(&store).await;
     let repo = accounts.clone();
-    stalled_at(&store, COMMIT_BEFORE, |tx| async move {
+    stalled_at(&store, BEGIN_BEFORE, |tx| async move {
         tx.insert(&repo, &Account::new("x", "pending", 1))
             .await
             .map(|_| ())

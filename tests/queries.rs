@@ -5,7 +5,7 @@ mod common;
 
 use bson::doc;
 use common::{stalled_at, Account, TestDb};
-use mongotx::failpoint::{COMMIT_AFTER, COMMIT_BEFORE};
+use mongotx::failpoint::{BEGIN_BEFORE, COMMIT_AFTER};
 use mongotx::{Adjust, Query, RepoError, Update};
 
 fn ids(found: &[mongotx::Stamped<Account>]) -> Vec<(&str, i64)> {
@@ -23,7 +23,7 @@ async fn filter_sort_and_limit_see_committed_values_while_a_transaction_is_pendi
 
     // A pending transaction drains a, fills c and inserts a rich d: none of it is committed.
     let repo = accounts.clone();
-    stalled_at(&t.store, COMMIT_BEFORE, |tx| async move {
+    stalled_at(&t.store, BEGIN_BEFORE, |tx| async move {
         tx.adjust(&repo, "a", 1, &Adjust::new().by("balance", -95_i64))
             .await?;
         tx.adjust(&repo, "c", 1, &Adjust::new().by("balance", 490_i64))

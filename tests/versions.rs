@@ -117,7 +117,7 @@ async fn a_rolled_back_transaction_leaves_versions_exactly_as_they_were() {
     let repo = accounts.clone();
     common::stalled_at(
         &t.store,
-        mongotx::failpoint::COMMIT_BEFORE,
+        mongotx::failpoint::BEGIN_BEFORE,
         |tx| async move {
             tx.update(&repo, "a", 1, &Update::new().set("owner", "never"))
                 .await?;

@@ -16,20 +16,30 @@
 //!
 //! # Who decides
 //!
-//! A transaction's outcome is whatever its record (the ActiveTransaction document) says first:
-//! `committed` (the coordinator's commit point) or `aborted` (the coordinator giving up, or anyone
-//! who finds it pending past its deadline). Both are writes conditional on the record still being
-//! `pending`, so exactly one wins. The record is written before any document is held and deleted
-//! only after every hold it knows of is resolved, so a hold whose record is absent belongs to a
-//! transaction that has ended, and can only be one that did not commit: either it was rolled back,
-//! or the hold was put there by one of its writes that the server executed after its sender had
-//! given up (a late delivery). **An absent record means "not committed"**, and the hold is undone.
+//! A transaction's outcome is decided by its record (the ActiveTransaction document), written in
+//! the same round as the applies, in state `staging`, listing its participants. It is committed as
+//! soon as the record and every participant's apply are in place (an *implicit* commit: nobody has
+//! to write anything more for it to be final). Anyone who meets a staging record decides it for
+//! good with one write conditional on the record still being `staging`: `committed` when every
+//! participant is held by the transaction, or, once its deadline has passed, `aborted` after
+//! putting a *fence* on every participant whose apply is missing, so that it can never land (see
+//! `repo::staging`). Exactly one conditional write wins.
+//!
+//! A hold whose record is absent is not committed (an implicit commit needs the record): either
+//! its record has not arrived yet, or its transaction ended and this hold was put back by a late
+//! copy of an apply. Nobody undoes it before its deadline; after that, a resolver first writes an
+//! `aborted` record in its place (so that no late copy of the record can still arrive as
+//! `staging`), then undoes the hold. A record can only be created as `staging` while the server's
+//! clock is before its deadline, and an aborted record is deleted only once that has passed (or
+//! by a coordinator that knows no copy of its record is still in flight), so a transaction that
+//! was aborted can never come back.
 //!
 //! # What readers see
 //!
-//! The committed value: for a holder that is pending, aborted or gone, the undo applied to the
+//! The committed value: for a holder that is undecided, aborted or gone, the undo applied to the
 //! stored document (an insert reads as absent); for a committed holder, the stored document (a
-//! delete reads as deleted). Queries evaluate filter, sort and limit on the same committed values
+//! delete reads as deleted). A fence reads as the document it sits on (a placeholder as absent),
+//! whatever its holder's state. Queries evaluate filter, sort and limit on the same committed values
 //! (see `query`).
 //!
 //! # Why every resolution step is safe to repeat, race or arrive late
@@ -46,6 +56,7 @@ use mongodb::Collection;
 use serde::{Deserialize, Serialize};
 
 use crate::repo::fields;
+use crate::repo::staging;
 use crate::repo::store::Store;
 use crate::repo::write::Write;
 
@@ -76,6 +87,15 @@ pub(crate) struct Hold {
     /// Top-level fields to remove to undo the change (besides `_txn`, `_hold`, `_deleting`).
     #[serde(default)]
     pub(crate) unset: Vec<String>,
+    /// Set on a fence: a hold a resolver put on a participant of a staging transaction whose apply
+    /// had not landed, so that it never can (see `repo::staging`). A fence changes nothing: on an
+    /// existing document its op is `check`, on an absent one `insert` (a placeholder).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) fence: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Fields every undo removes: the hold itself and a pending delete's flag.
@@ -96,11 +116,31 @@ impl HoldKind {
 impl Hold {
     /// The stored form of the hold (what serde would write, built without a fallible encoder).
     pub(crate) fn to_document(&self) -> Document {
-        doc! {
+        let mut stored = doc! {
             "exp": self.exp,
             "op": self.op.as_str(),
             "restore": self.restore.clone(),
             "unset": self.unset.clone(),
+        };
+        if self.fence {
+            stored.insert("fence", true);
+        }
+        stored
+    }
+
+    /// The fence a resolver puts on a participant of `txn`'s: `placeholder` when the document does
+    /// not exist (the fence is then a document of its own, removed when the fence is).
+    pub(crate) fn fence(exp: DateTime, placeholder: bool) -> Hold {
+        Hold {
+            exp,
+            op: if placeholder {
+                HoldKind::Insert
+            } else {
+                HoldKind::Check
+            },
+            restore: Document::new(),
+            unset: Vec::new(),
+            fence: true,
         }
     }
 
@@ -121,7 +161,17 @@ impl Hold {
 
     /// The write that undoes the change on document `id` held by `txn`.
     pub(crate) fn undo(&self, id: &Bson, txn: ObjectId) -> Write {
-        let held = held_by(id, txn);
+        // A fence and the transaction's own hold never sit on a document at once, but one can
+        // follow the other: each undo matches only its own kind.
+        let mut held = held_by(id, txn);
+        held.insert(
+            FENCE,
+            if self.fence {
+                Bson::Boolean(true)
+            } else {
+                doc! { "$ne": true }.into()
+            },
+        );
         if self.op == HoldKind::Insert {
             return Write::Delete(held);
         }
@@ -140,16 +190,24 @@ impl Hold {
     }
 }
 
-/// The filter matching document `id` while `txn` holds it.
+/// The stored path of a hold's fence flag.
+pub(crate) const FENCE: &str = "_hold.fence";
+
+/// The filter matching document `id` while `txn` holds it (with its own change or a fence).
 pub(crate) fn held_by(id: &Bson, txn: ObjectId) -> Document {
     doc! { "_id": id.clone(), fields::ACTIVE_TXN: txn }
+}
+
+/// The filter matching document `id` while `txn` holds it with its own change (not a fence).
+pub(crate) fn applied_by(id: &Bson, txn: ObjectId) -> Document {
+    doc! { "_id": id.clone(), fields::ACTIVE_TXN: txn, FENCE: { "$ne": true } }
 }
 
 /// The write that makes a committed change (other than a delete, which becomes a tombstone) final
 /// on document `id` held by `txn`: the hold is dropped.
 pub(crate) fn finish(id: &Bson, txn: ObjectId) -> Write {
     Write::Update(
-        held_by(id, txn),
+        applied_by(id, txn),
         doc! { "$unset": { fields::ACTIVE_TXN: "", fields::HOLD: "" } },
     )
 }
@@ -158,9 +216,11 @@ pub(crate) fn finish(id: &Bson, txn: ObjectId) -> Write {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TxnState {
-    /// Written; its changes may be in flight and are not visible.
-    Pending,
-    /// Past the commit point: its changes are the committed state.
+    /// Written together with its changes. It is committed once the record and every participant's
+    /// change are in place (an implicit commit), whether or not anyone has said so yet; anyone who
+    /// meets it decides it by checking the participants (see `repo::staging`).
+    Staging,
+    /// Explicitly committed: its changes are the committed state.
     Committed,
     /// Decided not to commit: its changes are to be undone.
     Aborted,
@@ -170,7 +230,7 @@ impl TxnState {
     /// The value stored in the record's `state` field.
     pub fn as_str(self) -> &'static str {
         match self {
-            TxnState::Pending => "pending",
+            TxnState::Staging => "staging",
             TxnState::Committed => "committed",
             TxnState::Aborted => "aborted",
         }
@@ -179,8 +239,10 @@ impl TxnState {
 
 /// Stored names of the record fields a hold's resolver reads.
 pub(crate) mod record {
-    /// `pending`, `committed` or `aborted`.
+    /// `staging`, `committed` or `aborted`.
     pub(crate) const STATE: &str = "state";
+    /// The participants, in lock order (the transaction layer's entries).
+    pub(crate) const ENTRIES: &str = "entries";
     /// The deadline, in server time.
     pub(crate) const DEADLINE: &str = "deadline";
 }
@@ -188,7 +250,8 @@ pub(crate) mod record {
 /// What a transaction's record says about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxnStatus {
-    /// Still undecided; anyone may abort it once `deadline` (server time) has passed.
+    /// Still undecided (staging, with a participant not in place); anyone may decide it once
+    /// `deadline` (server time) has passed.
     Pending {
         /// The deadline.
         deadline: DateTime,
@@ -239,11 +302,13 @@ impl HoldError {
 /// the transaction layer (whose records these are). [`RecordResolver`] is the standard one.
 #[async_trait]
 pub trait HoldResolver: Send + Sync + 'static {
-    /// What the record of `txn` says now.
+    /// What the record of `txn` says now (a staging record whose participants are all in place
+    /// is committed, and is written so).
     async fn status(&self, store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError>;
 
-    /// Aborts `txn` if it is still pending with a deadline at or before `now` (server time);
-    /// returns the status after the attempt.
+    /// Decides `txn` if it is still undecided with a deadline at or before `now` (server time):
+    /// commits it if every participant is in place, else fences the missing ones and aborts it.
+    /// Returns the status after the attempt.
     async fn abort_expired(
         &self,
         store: &Store,
@@ -259,19 +324,7 @@ pub struct RecordResolver;
 #[async_trait]
 impl HoldResolver for RecordResolver {
     async fn status(&self, store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError> {
-        let records = store
-            .protocol_collection(store.transactions_collection())
-            .await
-            .map_err(|e| HoldError::database("reading the transaction record", e))?;
-        let found = records
-            .find_one(doc! { "_id": txn })
-            .projection(doc! { record::STATE: 1, record::DEADLINE: 1 })
-            .await
-            .map_err(|e| HoldError::database("reading the transaction record", e))?;
-        Ok(match found {
-            None => TxnStatus::Absent,
-            Some(found) => status_of(&found).map_err(HoldError::new)?,
-        })
+        staging::status(store, txn).await
     }
 
     async fn abort_expired(
@@ -280,33 +333,29 @@ impl HoldResolver for RecordResolver {
         txn: ObjectId,
         now: DateTime,
     ) -> Result<TxnStatus, HoldError> {
-        let records = store
-            .protocol_collection(store.transactions_collection())
-            .await
-            .map_err(|e| HoldError::database("aborting the transaction", e))?;
-        leave_pending(
-            &records,
-            txn,
-            TxnState::Aborted,
-            doc! { record::DEADLINE: { "$lte": now } },
-        )
-        .await
-        .map_err(|e| HoldError::database("aborting the transaction", e))?;
-        self.status(store, txn).await
+        let Some(record) = staging::load(store, txn).await? else {
+            return Ok(TxnStatus::Absent);
+        };
+        match status_of(&record).map_err(HoldError::new)? {
+            TxnStatus::Pending { deadline } if deadline <= now => {
+                staging::decide_expired(store, txn, &record, &|_, _| Ok(()), &|e| e).await
+            }
+            other => Ok(other),
+        }
     }
 }
 
-/// Moves transaction `txn` out of the pending state to `to`, conditionally on its record still
-/// being pending (and on `extra`): the one kind of write that decides a transaction's outcome, so
-/// the commit point and every abort race on the same condition and exactly one wins. Returns
+/// Moves transaction `txn` out of the staging state to `to`, conditionally on its record still
+/// being staging (and on `extra`): the one kind of write that decides a transaction's outcome, so
+/// the explicit commit and every abort race on the same condition and exactly one wins. Returns
 /// whether this write was the one.
-pub(crate) async fn leave_pending(
+pub(crate) async fn leave_staging(
     records: &Collection<Document>,
     txn: ObjectId,
     to: TxnState,
     extra: Document,
 ) -> mongodb::error::Result<bool> {
-    let mut filter = doc! { "_id": txn, record::STATE: TxnState::Pending.as_str() };
+    let mut filter = doc! { "_id": txn, record::STATE: TxnState::Staging.as_str() };
     filter.extend(extra);
     let result = records
         .update_one(filter, doc! { "$set": { record::STATE: to.as_str() } })
@@ -314,7 +363,8 @@ pub(crate) async fn leave_pending(
     Ok(result.matched_count == 1)
 }
 
-/// Reads the status of a stored record.
+/// Reads the status of a stored record (a staging record reads as undecided; whether its
+/// participants are in place is `repo::staging`'s question).
 pub(crate) fn status_of(found: &Document) -> Result<TxnStatus, String> {
     let state = found
         .get(record::STATE)
@@ -325,10 +375,10 @@ pub(crate) fn status_of(found: &Document) -> Result<TxnStatus, String> {
     Ok(match state {
         Some(TxnState::Committed) => TxnStatus::Committed,
         Some(TxnState::Aborted) => TxnStatus::Aborted,
-        Some(TxnState::Pending) => TxnStatus::Pending {
+        Some(TxnState::Staging) => TxnStatus::Pending {
             deadline: *found
                 .get_datetime(record::DEADLINE)
-                .map_err(|_| "the pending transaction record has no deadline".to_string())?,
+                .map_err(|_| "the staging transaction record has no deadline".to_string())?,
         },
         None => return Err("the transaction record has no state".to_string()),
     })
@@ -373,6 +423,7 @@ mod tests {
             op,
             restore,
             unset: unset.iter().map(|s| s.to_string()).collect(),
+            fence: false,
         }
     }
 
@@ -405,12 +456,13 @@ mod tests {
     }
 
     #[test]
-    fn undo_writes_match_only_the_holder() {
+    fn undo_writes_match_only_the_holder_and_its_kind_of_hold() {
         let t = ObjectId::new();
         let id = Bson::from("a");
+        let own = doc! { "_id": "a", "_txn": t, "_hold.fence": { "$ne": true } };
         assert_eq!(
             hold(HoldKind::Insert, doc! {}, &[]).undo(&id, t),
-            Write::Delete(doc! { "_id": "a", "_txn": t })
+            Write::Delete(own.clone())
         );
         let update = hold(
             HoldKind::Update,
@@ -420,7 +472,7 @@ mod tests {
         assert_eq!(
             update.undo(&id, t),
             Write::Update(
-                doc! { "_id": "a", "_txn": t },
+                own.clone(),
                 doc! {
                     "$unset": { "new": "", "_txn": "", "_hold": "", "_deleting": "" },
                     "$set": { "n": 3, "_version": 4_i64 },
@@ -430,10 +482,30 @@ mod tests {
         assert_eq!(
             hold(HoldKind::Check, doc! {}, &[]).undo(&id, t),
             Write::Update(
-                doc! { "_id": "a", "_txn": t },
+                own,
                 doc! { "$unset": { "_txn": "", "_hold": "", "_deleting": "" } }
             )
         );
+        let fenced = doc! { "_id": "a", "_txn": t, "_hold.fence": true };
+        let exp = DateTime::from_millis(5);
+        assert_eq!(
+            Hold::fence(exp, true).undo(&id, t),
+            Write::Delete(fenced.clone())
+        );
+        assert_eq!(
+            Hold::fence(exp, false).undo(&id, t),
+            Write::Update(
+                fenced,
+                doc! { "$unset": { "_txn": "", "_hold": "", "_deleting": "" } }
+            )
+        );
+        let stored = doc! { "_id": "a", "_schema": 1_i64, "_version": 2_i64, "n": 1 };
+        assert_eq!(Hold::fence(exp, false).pre_image(&stored), Some(stored));
+        assert_eq!(
+            Hold::fence(exp, true).to_document().get_bool("fence"),
+            Ok(true)
+        );
+        assert!(!update.to_document().contains_key("fence"));
     }
 
     #[test]
@@ -449,7 +521,7 @@ mod tests {
     fn record_states_read_as_statuses() {
         let d = DateTime::from_millis(9);
         assert_eq!(
-            status_of(&doc! { "state": "pending", "deadline": d }),
+            status_of(&doc! { "state": "staging", "deadline": d }),
             Ok(TxnStatus::Pending { deadline: d })
         );
         assert_eq!(
@@ -460,7 +532,8 @@ mod tests {
             status_of(&doc! { "state": "aborted" }),
             Ok(TxnStatus::Aborted)
         );
-        assert!(status_of(&doc! { "state": "pending" }).is_err());
+        assert!(status_of(&doc! { "state": "staging" }).is_err());
+        assert!(status_of(&doc! { "state": "pending", "deadline": d }).is_err());
         assert!(status_of(&doc! { "state": "weird" }).is_err());
     }
 }

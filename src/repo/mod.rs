@@ -25,5 +25,6 @@ pub(crate) mod query;
 pub(crate) mod repository;
 pub(crate) mod resolve;
 pub(crate) mod schema;
+pub(crate) mod staging;
 pub(crate) mod store;
 pub(crate) mod write;

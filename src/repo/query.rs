@@ -124,7 +124,15 @@ pub(crate) fn pipeline(
             { fields::ACTIVE_TXN: { "$exists": true } },
         ] } },
         doc! { "$replaceRoot": { "newRoot": {
-            "$cond": [{ "$in": [holder.clone(), pending] }, pre_image, "$$ROOT"]
+            // A fence never carries a change: it reads as the document it sits on, or as nothing.
+            "$cond": [
+                { "$or": [
+                    { "$in": [holder.clone(), pending] },
+                    { "$eq": [format!("${}.fence", fields::HOLD), true] },
+                ] },
+                pre_image,
+                "$$ROOT",
+            ]
         } } },
         doc! { "$match": { "$or": [
             { "$and": [

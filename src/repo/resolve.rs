@@ -2,11 +2,12 @@
 //! out of the way. Everything here works from the document's own hold and the holder's record
 //! status (see `hold` for why that suffices); whole transactions are the transaction layer's.
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::Collection;
 
 use crate::repo::fields::{self, SystemFields};
 use crate::repo::hold::{self, Hold, HoldError, HoldKind, TxnStatus};
+use crate::repo::staging;
 use crate::repo::store::Store;
 use crate::repo::write;
 
@@ -39,6 +40,9 @@ pub(crate) async fn committed(
             return Ok(Committed::Live(stored));
         };
         let hold = fields::read_hold(&stored).map_err(HoldError::new)?;
+        if hold.fence {
+            return Ok(pre(&hold, &stored));
+        }
         match store.inner.resolver.status(store, holder).await? {
             TxnStatus::Committed if sys.deleting => return Ok(Committed::Deleted(sys.version)),
             TxnStatus::Committed => {
@@ -95,6 +99,11 @@ pub(crate) enum Settled {
     Live,
 }
 
+/// How long a writer waits for the record of a hold whose record is absent before deciding that
+/// it is not coming. A record sent with its applies arrives within milliseconds; one this late
+/// was delayed in the network, and its transaction is aborted rather than waited on.
+pub(crate) const ABSENT_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Resolves the hold of `holder` on document `id` of `coll` if its outcome is decided or its
 /// deadline (server time) has passed; otherwise says to wait.
 pub(crate) async fn settle(
@@ -103,25 +112,67 @@ pub(crate) async fn settle(
     id: &Bson,
     holder: ObjectId,
 ) -> Result<Settled, HoldError> {
+    settle_at(store, coll, id, holder, None).await
+}
+
+/// [`settle`] as if the server's time were `now` (`None`: ask the clock).
+///
+/// - A hold of an undecided transaction waits until its deadline; after it, the transaction is
+///   decided (committed if every participant is in place, else fenced and aborted).
+/// - A hold of a committed transaction is finished, one of an aborted transaction undone.
+/// - A hold whose record is absent may belong to a transaction whose record is still on its way
+///   (the record and the applies are sent together). It is waited on for [`ABSENT_GRACE`] of this
+///   process's own time (a GC, which passes `now`, does not wait), or until the hold's deadline;
+///   then an aborted record is put in the missing one's place, so that no copy of the record can
+///   arrive as staging any more (a coordinator whose record was that late then finds it aborted
+///   and rolls back), and the hold is undone.
+/// - A fence is removed once its transaction is decided or gone.
+pub(crate) async fn settle_at(
+    store: &Store,
+    coll: &str,
+    id: &Bson,
+    holder: ObjectId,
+    now: Option<DateTime>,
+) -> Result<Settled, HoldError> {
+    let Some((_, stored)) = held(store, coll, id, holder).await? else {
+        return Ok(Settled::Freed);
+    };
+    let hold = fields::read_hold(&stored).map_err(HoldError::new)?;
     let resolver = &store.inner.resolver;
     let mut status = resolver.status(store, holder).await?;
-    if let TxnStatus::Pending { deadline } = status {
-        let now = store
-            .now()
-            .await
-            .map_err(|e| HoldError::new(e.to_string()))?;
-        if deadline > now {
-            return Ok(Settled::Live);
+    let expired = |deadline: DateTime| async move {
+        let now = match now {
+            Some(now) => now,
+            None => store
+                .now()
+                .await
+                .map_err(|e| HoldError::new(e.to_string()))?,
+        };
+        Ok::<_, HoldError>((deadline <= now).then_some(now))
+    };
+    match status {
+        TxnStatus::Pending { deadline } => {
+            let Some(now) = expired(deadline).await? else {
+                return Ok(Settled::Live);
+            };
+            status = resolver.abort_expired(store, holder, now).await?;
         }
-        status = resolver.abort_expired(store, holder, now).await?;
+        TxnStatus::Absent if !hold.fence => {
+            let patient = now.is_none() && store.absent_for(holder) < ABSENT_GRACE;
+            if patient && expired(hold.exp).await?.is_none() {
+                return Ok(Settled::Live);
+            }
+            status = staging::fence_record(store, holder, hold.exp).await?;
+        }
+        _ => {}
     }
     match status {
         TxnStatus::Pending { .. } => Ok(Settled::Live),
-        TxnStatus::Committed => {
+        TxnStatus::Committed if !hold.fence => {
             roll_forward(store, coll, id, holder).await?;
             Ok(Settled::Freed)
         }
-        TxnStatus::Aborted | TxnStatus::Absent => {
+        TxnStatus::Committed | TxnStatus::Aborted | TxnStatus::Absent => {
             roll_back(store, coll, id, holder).await?;
             Ok(Settled::Freed)
         }
@@ -178,12 +229,17 @@ pub(crate) async fn roll_forward(
         return Ok(());
     };
     let sys = SystemFields::read(&held).map_err(HoldError::new)?;
-    let op = fields::read_hold(&held).map_err(HoldError::new)?.op;
-    let finished = if op == HoldKind::Delete {
+    let hold = fields::read_hold(&held).map_err(HoldError::new)?;
+    if hold.fence {
+        // A fence carries no change to make final; it only goes.
+        roll_back(store, coll, id, holder).await?;
+        return Ok(());
+    }
+    let finished = if hold.op == HoldKind::Delete {
         store
             .write_tombstone(
                 &collection,
-                hold::held_by(id, holder),
+                hold::applied_by(id, holder),
                 id,
                 sys.schema_version,
                 sys.version,

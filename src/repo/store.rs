@@ -18,7 +18,7 @@ use crate::repo::changes::set_path;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
-use crate::repo::hold::{HoldResolver, RecordResolver};
+use crate::repo::hold::{self, HoldResolver, RecordResolver};
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
 use crate::repo::repository::Repository;
 use crate::server::clock::{self, ClockError, Durability, ServerClock, Topology};
@@ -115,6 +115,8 @@ pub(crate) struct StoreInner {
     floor_grace: Duration,
     floors: Mutex<HashMap<String, CachedFloor>>,
     markers: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    /// When this process first met a hold of each transaction whose record was absent.
+    absent_since: Mutex<HashMap<bson::oid::ObjectId, Instant>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -203,6 +205,7 @@ impl StoreBuilder {
                 floor_grace: self.floor_grace,
                 floors: Mutex::new(HashMap::new()),
                 markers: Mutex::new(HashMap::new()),
+                absent_since: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -512,6 +515,57 @@ impl Store {
         ))
     }
 
+    /// How long (on this process's monotonic clock) transaction `txn` has been seen holding a
+    /// document without a record; the first call starts the count.
+    pub(crate) fn absent_for(&self, txn: bson::oid::ObjectId) -> Duration {
+        let mut seen = self
+            .inner
+            .absent_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        // Entries are only useful for a few seconds; keep the map small.
+        if seen.len() > 4_096 {
+            seen.retain(|_, at| now.duration_since(*at) < Duration::from_secs(60));
+        }
+        now.duration_since(*seen.entry(txn).or_insert(now))
+    }
+
+    /// Inserts the placeholder fence of transaction `txn` for the absent document `id` of `coll`:
+    /// system fields, the fence hold and, at each unique-index path, a per-id marker (as a
+    /// tombstone has), so that no unique index refuses it. Returns whether it was inserted (`false`:
+    /// the id is taken).
+    pub(crate) async fn write_placeholder(
+        &self,
+        coll: &Collection<Document>,
+        id: &Bson,
+        schema_version: i64,
+        txn: bson::oid::ObjectId,
+        hold: Document,
+    ) -> mongodb::error::Result<bool> {
+        let name = coll.name().to_string();
+        let mut paths = self.markers(&name);
+        for attempt in 0..2 {
+            let mut placeholder = tombstone(id, schema_version, 0, DateTime::MIN, &paths);
+            placeholder.remove(fields::DELETED);
+            placeholder.insert(fields::ACTIVE_TXN, txn);
+            placeholder.insert(fields::HOLD, hold.clone());
+            match coll.insert_one(placeholder).await {
+                Ok(_) => return Ok(true),
+                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
+                    if probe::duplicate_key_index(&e).is_none_or(|index| index == "_id_")
+                        || attempt > 0
+                    {
+                        return Ok(false);
+                    }
+                    paths = self.refresh_markers(&name).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
     async fn installs_validator(&self) -> bool {
         match self.inner.validation {
             ServerValidation::Always => true,
@@ -534,10 +588,12 @@ impl Store {
                 properties.insert(fields::HOLD, doc! { "bsonType": "object" });
             }
         }
-        // Tombstones have their user fields cleared, so the schema applies to live documents only.
+        // Tombstones have their user fields cleared, and a fence's placeholder never had any, so
+        // the schema applies to live documents only.
         let validator = doc! {
             "$or": [
                 { fields::DELETED: { "$exists": true } },
+                { hold::FENCE: true, fields::VERSION: 0_i64 },
                 { "$jsonSchema": schema },
             ]
         };

@@ -3,25 +3,26 @@
 //! decisions be unit-tested without a server and lets every party send exactly the same write.
 
 use bson::Document;
+use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
 /// A filter and the write to run with it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Write {
-    /// `insert_one` of this document.
-    Insert(Document),
     /// `update_one(filter, update)`.
     Update(Document, Document),
     /// `replace_one(filter, replacement)`.
     Replace(Document, Document),
     /// `delete_one(filter)`.
     Delete(Document),
+    /// `findAndModify(filter, update, upsert)` whose filter matches no existing document: it
+    /// creates one, or fails with a duplicate key when the id is taken.
+    Create(Document, Document),
 }
 
-/// Runs `write` on `coll`; the result is how many documents it matched (1 for an insert).
+/// Runs `write` on `coll`; the result is how many documents it matched (1 for a create).
 pub(crate) async fn run(coll: &Collection<Document>, write: &Write) -> mongodb::error::Result<u64> {
     match write {
-        Write::Insert(doc) => coll.insert_one(doc).await.map(|_| 1),
         Write::Update(filter, update) => coll
             .update_one(filter.clone(), update.clone())
             .await
@@ -34,5 +35,20 @@ pub(crate) async fn run(coll: &Collection<Document>, write: &Write) -> mongodb::
             .delete_one(filter.clone())
             .await
             .map(|r| r.deleted_count),
+        Write::Create(..) => create(coll, write).await.map(|_| 1),
     }
+}
+
+/// Runs a [`Write::Create`] and returns the document it created.
+pub(crate) async fn create(
+    coll: &Collection<Document>,
+    write: &Write,
+) -> mongodb::error::Result<Option<Document>> {
+    let Write::Create(filter, update) = write else {
+        return Err(mongodb::error::Error::custom("not a create"));
+    };
+    coll.find_one_and_update(filter.clone(), update.clone())
+        .upsert(true)
+        .return_document(ReturnDocument::After)
+        .await
 }

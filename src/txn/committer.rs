@@ -1,49 +1,59 @@
-//! The commit protocol: how a staged transaction becomes all-or-nothing on single-document writes.
+//! The commit protocol: how a staged transaction becomes all-or-nothing on single-document writes,
+//! in one round of writes (a parallel commit).
 //!
-//! 1. **Record.** Write the ActiveTransaction record: the worklist, a deadline (server time plus
-//!    the timeout), state `pending`, and a fresh random nonce per send.
-//! 2. **Apply.** Apply every entry concurrently, each conditional on the expected version and a
-//!    free document; each leaves the document *held*: `_txn` names the transaction and `_hold`
-//!    carries the deadline and the entry's own undo (see `repo::hold`).
-//! 3. **Commit point.** Set the state to `committed` with one write conditional on the record
-//!    still being `pending` with our nonce. This write decides the transaction.
-//! 4. **Finish.** Free every document concurrently (a delete becomes a tombstone).
-//! 5. **End.** Delete the record. 2k + 3 writes for k documents.
+//! 1. **Round.** Concurrently: write the ActiveTransaction record in state `staging` (its
+//!    participants, a deadline: server time plus the timeout), and apply every entry, each
+//!    conditional on the expected version and a free document. An apply leaves the document
+//!    *held*: `_txn` names the transaction and `_hold` carries the deadline and the entry's own
+//!    undo (see `repo::hold`).
+//! 2. **Return.** Once the record and every apply are acknowledged, the transaction is committed
+//!    (implicitly: see `repo::staging`), and `commit` can return.
+//! 3. **Commit point.** Write `committed` (conditional on `staging`) so that readers need not check
+//!    the participants, ...
+//! 4. **Finish.** ... free every document concurrently (a delete becomes a tombstone), ...
+//! 5. **End.** ... and delete the record. With [`Finish::InBackground`] steps 3 to 5 run after
+//!    returning; with [`Finish::BeforeReturning`] before. 2k + 3 writes for k documents.
 //!
-//! A failure before the commit point rolls back what was applied and deletes the record; a
-//! document held by another live transaction makes the attempt roll back and run again in lock
-//! order, waiting (bounded) for holders, so that waits never form a cycle: a transaction that waits
-//! only waits for documents later in the order than all it holds, and one that holds out of order
-//! never waits.
+//! A failure in the round (a conflict, a document held by a live transaction) aborts the record
+//! (conditional on `staging`), undoes what was applied and, when a document was held, runs the
+//! attempt again in lock order, waiting (bounded) for holders, so that waits never form a cycle: a
+//! transaction that waits only waits for documents later in the order than all it holds, and one
+//! that holds out of order never waits.
 //!
 //! # Why each step is safe when repeated, late or interrupted
 //!
-//! - The record is written before any apply is sent, and deleted only after every entry is
-//!   finished or undone, so a hold whose record is absent belongs to an ended transaction and did
-//!   not commit. Every hold describes its own undo, so anyone can resolve it.
-//! - An apply delivered after the coordinator gave up can only match the document at the version
-//!   the transaction read: it puts the same hold back, which any reader ignores and any writer or
-//!   GC undoes. Rollback restores the version too, so a transaction that did not commit leaves no
-//!   trace, not even a spurious version conflict.
-//! - The commit point and every abort are conditional on `pending`: exactly one wins. A send of the
-//!   record delivered after the record was deleted would create a new `pending` record, but with
-//!   another nonce, so no late commit point can commit it.
+//! - The record is written by an upsert that keeps a record already there and creates a missing
+//!   one `staging` only while the server's clock is at or before the deadline (`aborted` after),
+//!   and it returns the state it left. A copy of it delivered late can never bring back an
+//!   undecided transaction whose record was already decided and deleted.
+//! - No apply takes effect after the deadline on the server's clock: changes of existing
+//!   documents are conditional on `$$NOW`, and a created document carries the server's time of
+//!   creation in its hold, which the coordinator checks. A resolver aborts a staging transaction
+//!   only after the deadline (again by `$$NOW`) and only after fencing a participant whose apply had
+//!   not landed; so when the record came back `staging` and every apply took effect in time, no
+//!   resolver can have aborted it, and the coordinator returns committed without another write.
+//! - An apply delivered after the transaction was decided can only match the document at the
+//!   version the transaction read: it puts the same hold back, which any reader ignores and any
+//!   writer or GC undoes. Rollback restores the version too, so a transaction that did not commit
+//!   leaves no trace, not even a spurious version conflict.
+//! - The commit point and every abort are conditional on `staging`: exactly one wins.
 //! - Finish, undo and end are conditional on the hold (or the record) still being there, and are
 //!   simply resent after a transient error.
 
-use bson::{doc, oid::ObjectId, DateTime};
+use bson::{doc, oid::ObjectId, Bson, DateTime};
 use futures::future::join_all;
-use rand::Rng;
+use mongodb::options::ReturnDocument;
 
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
-use crate::repo::hold::{HoldKind, TxnState};
+use crate::repo::hold::{record, HoldKind, TxnState, TxnStatus};
 use crate::repo::resolve::{self, Settled};
+use crate::repo::staging;
 use crate::repo::write;
 use crate::server::{clock, is_transient, probe};
 use crate::txn::error::TxnError;
 use crate::txn::failpoint;
-use crate::txn::recovery::{self, COORDINATOR};
+use crate::txn::recovery::{self, Deletion, Env, COORDINATOR};
 use crate::txn::transaction::{Finish, Outcome, Transactions, Written};
 use crate::txn::worklist::{ActiveTransaction, Entry, Op};
 
@@ -69,12 +79,32 @@ enum Attempt {
     Blocked,
 }
 
-/// How often the coordinator tries to write its commit point before aborting instead.
-const COMMIT_POINT_ATTEMPTS: u32 = 6;
+/// How the record's write went.
+struct RecordSent {
+    /// Whether the record was `staging` as the write left it (else it was created too late, or a
+    /// resolver had put an aborted one in its place); or why it could not be written.
+    staging: Result<bool, TxnError>,
+    /// Some send got no answer, so a copy of it may still arrive.
+    ambiguous: bool,
+}
+
+/// What became of the record of an attempt that did not get every write in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// Written, and every send of it answered.
+    Written,
+    /// Every send was refused outright: there is none, and none can arrive.
+    Never,
+    /// Some send got no answer: a copy may still arrive.
+    MayArriveLate,
+}
+
 /// How often the record is sent before giving up.
 const RECORD_SENDS: u32 = 5;
 /// How often an apply is retried when the document changes under it without a holder.
 const APPLY_RETRIES: u32 = 8;
+/// How often the coordinator tries to abort its own transaction.
+const ABORT_ATTEMPTS: u32 = 6;
 
 impl Transactions {
     /// Commits `entries`: all of them become visible together, or none does.
@@ -105,42 +135,57 @@ impl Transactions {
         let env = &self.env;
         let now = env.now(None).await?;
         let t = ObjectId::new();
-        let mut txn = ActiveTransaction {
+        let txn = ActiveTransaction {
             id: t,
-            state: TxnState::Pending,
-            nonce: 0,
+            state: TxnState::Staging,
             created: now,
             deadline: clock::plus(now, self.options.timeout),
             entries: entries.to_vec(),
         };
 
-        env.point(Some(t), failpoint::BEGIN_BEFORE, 0)?;
-        self.write_record(&mut txn).await?;
-        env.point(Some(t), failpoint::BEGIN_AFTER, 0)?;
-
-        let results: Vec<Result<Applied, TxnError>> = if ordered {
+        let (sent, results): (RecordSent, Vec<Result<Applied, TxnError>>) = if ordered {
+            // The contended path: the record first, then one document at a time in lock order.
+            let sent = self.write_record(&txn).await;
             let mut results = Vec::with_capacity(txn.entries.len());
-            for (i, entry) in txn.entries.iter().enumerate() {
-                let result = self.apply(t, txn.deadline, i, entry, true).await;
-                let stop = !matches!(result, Ok(Applied::Yes));
-                results.push(result);
-                if stop {
-                    break;
+            if sent.staging.is_ok() {
+                for (i, entry) in txn.entries.iter().enumerate() {
+                    let result = self.apply(t, txn.deadline, i, entry, true).await;
+                    let stop = !matches!(result, Ok(Applied::Yes));
+                    results.push(result);
+                    if stop {
+                        break;
+                    }
                 }
             }
-            results
+            (sent, results)
         } else {
-            join_all(
-                txn.entries
-                    .iter()
-                    .enumerate()
-                    .map(|(i, entry)| self.apply(t, txn.deadline, i, entry, false)),
-            )
-            .await
+            // The applies are sent first (a crash before the record leaves holds without
+            // one: not committed).
+            let (results, sent) = futures::join!(
+                join_all(txn.entries.iter().enumerate().map(|(i, entry)| self.apply(
+                    t,
+                    txn.deadline,
+                    i,
+                    entry,
+                    false
+                )),),
+                self.write_record(&txn),
+            );
+            (sent, results)
         };
 
         let mut failure: Option<TxnError> = None;
         let mut blocked = false;
+        let record_ambiguous = sent.ambiguous;
+        let staging = match sent.staging {
+            Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+            Err(e) => {
+                failure = Some(e);
+                None
+            }
+            Ok(staging) => Some(staging),
+        };
+        let answered = results.len();
         for result in results {
             match result {
                 Ok(Applied::Yes) => {}
@@ -157,33 +202,23 @@ impl Transactions {
                 }
             }
         }
-        if failure.is_some() || blocked {
-            // Someone may have aborted this transaction past its deadline; say so rather than
-            // report whatever that did to the applies.
-            let aborted = failure.is_some()
-                && matches!(
-                    recovery::load(env, t).await,
-                    Ok(None)
-                        | Ok(Some(ActiveTransaction {
-                            state: TxnState::Aborted,
-                            ..
-                        }))
-                );
-            recovery::rollback_all(env, &txn, COORDINATOR).await?;
-            if aborted {
-                tracing::debug!(txn = %t, "aborted by another party before its commit point; rolled back");
-                return Err(TxnError::Expired { txn: t });
-            }
-            if let Some(error) = failure {
-                tracing::debug!(txn = %t, error = %error, "rolled back");
-                return Err(error);
-            }
-            tracing::debug!(txn = %t, "blocked by another transaction; retrying in lock order");
-            return Ok(Attempt::Blocked);
+        let all_applied = failure.is_none() && !blocked && answered == txn.entries.len();
+
+        if staging != Some(true) || !all_applied {
+            // A record refused outright by every send does not exist and never will.
+            let record = if staging.is_none() && !record_ambiguous {
+                Record::Never
+            } else if record_ambiguous {
+                Record::MayArriveLate
+            } else {
+                Record::Written
+            };
+            return self.give_up(&txn, failure, blocked, record).await;
         }
 
-        self.commit_point(&txn).await?;
-
+        // The record was staging when written and every apply took effect before the deadline:
+        // the transaction is committed. No resolver can have aborted it, because aborting needs a
+        // fence on a participant whose apply had not landed, and after the deadline.
         let outcome = Outcome {
             txn: Some(t),
             written: txn
@@ -199,7 +234,7 @@ impl Transactions {
             finished: self.options.finish == Finish::BeforeReturning,
         };
         match self.options.finish {
-            Finish::BeforeReturning => match recovery::finish_all(env, &txn, COORDINATOR).await {
+            Finish::BeforeReturning => match complete(env, &txn).await {
                 Ok(()) => {}
                 Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
                 Err(e) => {
@@ -214,7 +249,7 @@ impl Transactions {
             Finish::InBackground => {
                 let env = env.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = recovery::finish_all(&env, &txn, COORDINATOR).await {
+                    if let Err(e) = complete(&env, &txn).await {
                         tracing::warn!(txn = %t, error = %e, "background finish failed; the GC will finish it");
                     }
                 });
@@ -223,37 +258,161 @@ impl Transactions {
         Ok(Attempt::Committed(outcome))
     }
 
-    /// Writes the record. Every send carries a fresh nonce; when a reply is lost and a resend
-    /// finds the record already there, the stored nonce is read back and adopted.
-    async fn write_record(&self, txn: &mut ActiveTransaction) -> Result<(), TxnError> {
+    /// Ends an attempt that did not get every write in: aborts the record and rolls back. If the
+    /// record turns out committed (an apply whose reply was lost had landed, and a resolver saw
+    /// every participant in place), the transaction committed after all.
+    async fn give_up(
+        &self,
+        txn: &ActiveTransaction,
+        failure: Option<TxnError>,
+        blocked: bool,
+        record: Record,
+    ) -> Result<Attempt, TxnError> {
         let env = &self.env;
         let t = txn.id;
-        let records = env.records(Some(t)).await?;
+        env.point(Some(t), failpoint::ABORT_BEFORE, 0)?;
+        let status = if record == Record::Never {
+            TxnStatus::Absent
+        } else {
+            self.abort(txn).await?
+        };
+        env.point(Some(t), failpoint::ABORT_AFTER, 0)?;
+        match status {
+            TxnStatus::Committed => {
+                // Finished by whoever committed it, or by the GC.
+                tracing::debug!(txn = %t, "committed by a resolver although an apply seemed to fail");
+                return Ok(Attempt::Committed(Outcome {
+                    txn: Some(t),
+                    written: txn
+                        .entries
+                        .iter()
+                        .filter(|e| !e.is_guard())
+                        .map(|e| Written {
+                            collection: e.coll.clone(),
+                            id: e.id.clone(),
+                            version: e.applied,
+                        })
+                        .collect(),
+                    finished: false,
+                }));
+            }
+            TxnStatus::Pending { .. } => {
+                return Err(TxnError::CommitUnknown {
+                    txn: t,
+                    cause: "the transaction could not be aborted".into(),
+                })
+            }
+            TxnStatus::Aborted | TxnStatus::Absent => {}
+        }
+        // No copy of the record can arrive later if every send of it was answered.
+        let deletion = if record == Record::MayArriveLate {
+            Deletion::AfterDeadline
+        } else {
+            Deletion::Now
+        };
+        recovery::rollback_all(env, txn, COORDINATOR, deletion).await?;
+        if let Some(error) = failure {
+            tracing::debug!(txn = %t, error = %error, "rolled back");
+            return Err(error);
+        }
+        if blocked {
+            tracing::debug!(txn = %t, "blocked by another transaction; retrying in lock order");
+            return Ok(Attempt::Blocked);
+        }
+        Err(TxnError::Expired { txn: t })
+    }
+
+    /// Aborts the coordinator's own transaction (conditional on `staging`), writing an aborted
+    /// record if its record never arrived; returns the status it ends with.
+    async fn abort(&self, txn: &ActiveTransaction) -> Result<TxnStatus, TxnError> {
+        let env = &self.env;
+        let t = txn.id;
+        let mut last = String::new();
+        for attempt in 0..ABORT_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+            }
+            match recovery::leave_staging(env, t, TxnState::Aborted, doc! {}).await {
+                Ok(true) => return Ok(TxnStatus::Aborted),
+                Ok(false) => {}
+                Err(e) => {
+                    last = crate::server::summarize(&e);
+                    continue;
+                }
+            }
+            let status = match staging::load(&env.store, t).await {
+                Ok(None) => staging::fence_record(&env.store, t, txn.deadline).await,
+                Ok(Some(found)) => {
+                    crate::repo::hold::status_of(&found).map_err(crate::repo::hold::HoldError::new)
+                }
+                Err(e) => Err(e),
+            };
+            match status {
+                Ok(TxnStatus::Pending { .. }) => {}
+                Ok(status) => return Ok(status),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(TxnError::CommitUnknown {
+            txn: t,
+            cause: format!("the transaction could not be aborted: {last}"),
+        })
+    }
+
+    /// Writes the record: an upsert that keeps a record already there and creates a missing one
+    /// `staging` while the server's clock is before the deadline, `aborted` after (so a late copy
+    /// of it is harmless). Resent after a transient error.
+    async fn write_record(&self, txn: &ActiveTransaction) -> RecordSent {
         let mut ambiguous = false;
+        let staging = self.send_record(txn, &mut ambiguous).await;
+        RecordSent { staging, ambiguous }
+    }
+
+    async fn send_record(
+        &self,
+        txn: &ActiveTransaction,
+        ambiguous: &mut bool,
+    ) -> Result<bool, TxnError> {
+        let env = &self.env;
+        let t = txn.id;
+        env.point(Some(t), failpoint::BEGIN_BEFORE, 0)?;
+        let records = env.records(Some(t)).await?;
+        let entries = bson::to_bson(&txn.entries).map_err(|e| TxnError::Malformed {
+            txn: t,
+            reason: e.to_string(),
+        })?;
+        let keep_or = |field: &str, value: Bson| doc! { "$ifNull": [format!("${field}"), value] };
+        let state = doc! { "$cond": [
+            { "$lte": ["$$NOW", txn.deadline] },
+            TxnState::Staging.as_str(),
+            TxnState::Aborted.as_str(),
+        ] };
+        let update = vec![doc! { "$addFields": {
+            record::STATE: keep_or(record::STATE, state.into()),
+            "created": keep_or("created", txn.created.into()),
+            record::DEADLINE: keep_or(record::DEADLINE, txn.deadline.into()),
+            // Literal: user values in the entries must not be read as expressions.
+            record::ENTRIES: keep_or(record::ENTRIES, doc! { "$literal": entries }.into()),
+        } }];
         let mut last = None;
         for send in 0..RECORD_SENDS {
             if send > 0 {
                 tokio::time::sleep(self.options.retry.backoff(send)).await;
             }
-            txn.nonce = rand::rng().random();
-            let stored = bson::to_document(&*txn).map_err(|e| TxnError::Malformed {
-                txn: t,
-                reason: e.to_string(),
-            })?;
-            match records.insert_one(stored).await {
-                Ok(_) => return Ok(()),
-                Err(e) if ambiguous && probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                    return match recovery::load(env, t).await? {
-                        Some(found) if found.state == TxnState::Pending => {
-                            txn.nonce = found.nonce;
-                            Ok(())
-                        }
-                        // Aborted (or already resolved) past its deadline before anything applied.
-                        _ => Err(TxnError::Expired { txn: t }),
-                    };
+            match records
+                .find_one_and_update(doc! { "_id": t }, update.clone())
+                .upsert(true)
+                .return_document(ReturnDocument::After)
+                .projection(doc! { record::STATE: 1 })
+                .await
+            {
+                Ok(stored) => {
+                    env.point(Some(t), failpoint::BEGIN_AFTER, 0)?;
+                    let state = stored.as_ref().and_then(|s| s.get_str(record::STATE).ok());
+                    return Ok(state == Some(TxnState::Staging.as_str()));
                 }
                 Err(e) if is_transient(&e) => {
-                    ambiguous = true;
+                    *ambiguous = true;
                     last = Some(e);
                 }
                 Err(e) => return Err(TxnError::database(Some(t), "write the record", e)),
@@ -266,96 +425,6 @@ impl Transactions {
                 reason: "the record could not be written".into(),
             },
         })
-    }
-
-    /// Writes the commit point. A write whose reply is lost is settled by reading the state back;
-    /// when no attempt gets through, the coordinator aborts its own transaction (a write
-    /// conditional on it still being pending) so that the caller learns a definite outcome.
-    async fn commit_point(&self, txn: &ActiveTransaction) -> Result<(), TxnError> {
-        let env = &self.env;
-        let t = txn.id;
-        env.point(Some(t), failpoint::COMMIT_BEFORE, 0)?;
-        // Whether an attempt may have landed without its reply reaching us.
-        let mut maybe_landed = false;
-        let mut last_error = None;
-        for attempt in 0..COMMIT_POINT_ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-            }
-            match recovery::leave_pending(env, t, TxnState::Committed, doc! { "nonce": txn.nonce })
-                .await
-            {
-                Ok(true) => return env.point(Some(t), failpoint::COMMIT_AFTER, 0),
-                Ok(false) => {}
-                Err(e) if is_transient(&e) => {
-                    maybe_landed = true;
-                    last_error = Some(crate::server::summarize(&e));
-                    continue;
-                }
-                Err(e) => {
-                    last_error = Some(crate::server::summarize(&e));
-                    break;
-                }
-            }
-            // It matched nothing: it is no longer pending. The stored state says who decided.
-            match recovery::load(env, t).await {
-                Ok(stored) => {
-                    if let Some(decided) = self.decided(txn, stored, maybe_landed).await {
-                        return decided;
-                    }
-                }
-                Err(e) => last_error = Some(e.to_string()),
-            }
-        }
-        let cause = last_error.unwrap_or_else(|| "no attempt got through".to_string());
-        let aborted = recovery::leave_pending(env, t, TxnState::Aborted, doc! {}).await;
-        if matches!(aborted, Ok(true)) {
-            recovery::rollback_all(env, txn, COORDINATOR).await?;
-            return Err(TxnError::Aborted { txn: t, cause });
-        }
-        match recovery::load(env, t).await {
-            Ok(stored) => self.decided(txn, stored, maybe_landed).await,
-            Err(_) => None,
-        }
-        .unwrap_or_else(|| {
-            Err(TxnError::CommitUnknown {
-                txn: t,
-                cause: cause.clone(),
-            })
-        })
-    }
-
-    /// What the stored record of `txn` (read back after the commit-point write matched nothing)
-    /// says about its outcome; `None` while it is still pending.
-    async fn decided(
-        &self,
-        txn: &ActiveTransaction,
-        stored: Option<ActiveTransaction>,
-        maybe_landed: bool,
-    ) -> Option<Result<(), TxnError>> {
-        let t = txn.id;
-        // A record with another nonce is a late send of ours, not the record we applied under.
-        let stored = stored.filter(|s| s.nonce == txn.nonce);
-        match stored.map(|s| s.state) {
-            Some(TxnState::Committed) => Some(self.env.point(Some(t), failpoint::COMMIT_AFTER, 0)),
-            Some(TxnState::Pending) => None,
-            Some(TxnState::Aborted) => Some(self.expired(txn).await),
-            // Gone: resolved by someone else after its deadline. Rolled back, unless our own commit
-            // point may have landed first (then it was finished instead).
-            None if maybe_landed => Some(Err(TxnError::CommitUnknown {
-                txn: t,
-                cause:
-                    "the record was resolved by another party after a commit-point reply was lost"
-                        .into(),
-            })),
-            None => Some(self.expired(txn).await),
-        }
-    }
-
-    /// Undoes what is still ours of a transaction someone else aborted, and says so.
-    async fn expired(&self, txn: &ActiveTransaction) -> Result<(), TxnError> {
-        recovery::rollback_all(&self.env, txn, COORDINATOR).await?;
-        Err(TxnError::Expired { txn: txn.id })
     }
 
     /// Applies entry `i` of transaction `t`; with `wait`, waits (bounded) for documents held by
@@ -384,9 +453,21 @@ impl Transactions {
             waited: started.elapsed(),
         };
         let applied = loop {
-            let diagnosis = match write::run(&coll, &write).await {
+            let sent = match &write {
+                write::Write::Create(..) => match write::create(&coll, &write).await {
+                    // A copy that ran after the deadline counts for nothing: resolvers may have
+                    // decided without it. The document it made is this transaction's to undo.
+                    Ok(Some(created)) if !created_in_time(&created, deadline) => {
+                        return Err(TxnError::Expired { txn: t })
+                    }
+                    Ok(created) => Ok(u64::from(created.is_some())),
+                    Err(e) => Err(e),
+                },
+                other => write::run(&coll, other).await,
+            };
+            let diagnosis = match sent {
                 Ok(1) => break Applied::Yes,
-                Ok(_) => self.diagnose(t, entry).await?,
+                Ok(_) => self.diagnose(t, deadline, entry).await?,
                 Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
                     match probe::duplicate_key_index(&e).filter(|index| index != "_id_") {
                         Some(index) => {
@@ -396,11 +477,11 @@ impl Transactions {
                                 index,
                             })
                         }
-                        None => self.diagnose(t, entry).await?,
+                        None => self.diagnose(t, deadline, entry).await?,
                     }
                 }
                 // The write may or may not have landed: the document says which.
-                Err(e) if is_transient(&e) => self.diagnose(t, entry).await?,
+                Err(e) if is_transient(&e) => self.diagnose(t, deadline, entry).await?,
                 Err(e) => return Err(TxnError::database(Some(t), "apply", e)),
             };
             match diagnosis {
@@ -439,7 +520,12 @@ impl Transactions {
     }
 
     /// Reads the document after an apply that did not (visibly) land and says what happened.
-    async fn diagnose(&self, t: ObjectId, entry: &Entry) -> Result<Diagnosis, TxnError> {
+    async fn diagnose(
+        &self,
+        t: ObjectId,
+        deadline: DateTime,
+        entry: &Entry,
+    ) -> Result<Diagnosis, TxnError> {
         let shown = show_id(&entry.id);
         let stored = self
             .env
@@ -477,6 +563,13 @@ impl Transactions {
         };
         let sys = SystemFields::read(&stored).map_err(malformed)?;
         if sys.active_txn == Some(t) {
+            if fields::read_hold(&stored).map_err(malformed)?.fence {
+                // A resolver fenced it after our deadline and is aborting us.
+                return Err(TxnError::Expired { txn: t });
+            }
+            if is_insert && !created_in_time(&stored, deadline) {
+                return Err(TxnError::Expired { txn: t });
+            }
             return Ok(Diagnosis::Landed);
         }
         if let Some(holder) = sys.active_txn {
@@ -524,6 +617,43 @@ impl Transactions {
                 actual: sys.version,
             }));
         }
+        self.past_deadline(t, deadline).await?;
         Ok(Diagnosis::Retry)
     }
+
+    /// `Expired` once the deadline has passed (this process's estimate of server time): a free
+    /// document at the expected version then refused the apply for its time guard.
+    async fn past_deadline(&self, t: ObjectId, deadline: DateTime) -> Result<(), TxnError> {
+        if self.env.now(Some(t)).await? >= deadline {
+            return Err(TxnError::Expired { txn: t });
+        }
+        Ok(())
+    }
+}
+
+/// What follows an implicit commit: the commit point (so that readers need not check the
+/// participants), then every document freed and the record deleted.
+async fn complete(env: &Env, txn: &ActiveTransaction) -> Result<(), TxnError> {
+    let t = txn.id;
+    env.point(Some(t), failpoint::COMMIT_BEFORE, 0)?;
+    let written = recovery::retry_transient("write the commit point", || {
+        recovery::leave_staging(env, t, TxnState::Committed, doc! {})
+    })
+    .await
+    .map_err(|e| TxnError::database(Some(t), "write the commit point", e))?;
+    if !written {
+        // Someone who met it decided it first; every participant was in place, so committed.
+        tracing::debug!(txn = %t, "commit point written by a resolver");
+    }
+    env.point(Some(t), failpoint::COMMIT_AFTER, 0)?;
+    recovery::finish_all(env, txn, COORDINATOR).await
+}
+
+/// Whether a document created by an apply was created at or before `deadline` (server time).
+fn created_in_time(created: &bson::Document, deadline: DateTime) -> bool {
+    created
+        .get_document(fields::HOLD)
+        .ok()
+        .and_then(|hold| hold.get_datetime("at").ok())
+        .is_some_and(|at| *at <= deadline)
 }

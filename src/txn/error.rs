@@ -111,6 +111,15 @@ pub enum TxnError {
         #[source]
         source: ClockError,
     },
+    /// Deciding an expired staging transaction (checking or fencing its participants) failed.
+    #[error("transaction {txn}: deciding it failed: {source}")]
+    Resolve {
+        /// The transaction.
+        txn: ObjectId,
+        /// What went wrong.
+        #[source]
+        source: crate::repo::hold::HoldError,
+    },
     /// The server or the connection failed during a protocol step.
     #[error("transaction {}: {step} failed: {}", show_txn(txn), summarize(source))]
     Database {
@@ -132,6 +141,7 @@ impl TxnError {
             TxnError::Expired { .. } | TxnError::Aborted { .. } => true,
             TxnError::Database { source, .. } => crate::server::is_transient(source),
             TxnError::Clock { source, .. } => source.is_retryable(),
+            TxnError::Resolve { source, .. } => source.is_retryable(),
             _ => false,
         }
     }

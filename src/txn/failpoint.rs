@@ -6,7 +6,7 @@
 //! inject faults can run in parallel with tests that do not.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A point in the protocol: its name and, for per-document steps, the entry index in lock order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,6 +59,10 @@ pub const FINISH_AFTER: &str = "finish.after";
 pub const END_BEFORE: &str = "end.before";
 /// Coordinator: after deleting the ActiveTransaction document.
 pub const END_AFTER: &str = "end.after";
+/// Coordinator, after an apply failed: before aborting its own transaction.
+pub const ABORT_BEFORE: &str = "abort.before";
+/// Coordinator: after aborting its own transaction.
+pub const ABORT_AFTER: &str = "abort.after";
 /// Coordinator's active rollback: before undoing an entry.
 pub const ROLLBACK_BEFORE: &str = "rollback.before";
 /// Coordinator's active rollback: after undoing an entry.
@@ -67,10 +71,14 @@ pub const ROLLBACK_AFTER: &str = "rollback.after";
 pub const ROLLBACK_END_BEFORE: &str = "rollback.end.before";
 /// Coordinator's active rollback: after deleting the ActiveTransaction document.
 pub const ROLLBACK_END_AFTER: &str = "rollback.end.after";
-/// GC: before claiming an expired pending transaction.
+/// GC: before deciding an expired staging transaction (the write that commits or aborts it).
 pub const GC_CLAIM_BEFORE: &str = "gc.claim.before";
-/// GC: after claiming it.
+/// GC: after deciding it.
 pub const GC_CLAIM_AFTER: &str = "gc.claim.after";
+/// GC: before fencing a participant of an expired staging transaction whose apply is missing.
+pub const GC_FENCE_BEFORE: &str = "gc.fence.before";
+/// GC: after fencing it.
+pub const GC_FENCE_AFTER: &str = "gc.fence.after";
 /// GC: before finishing an entry of a committed transaction.
 pub const GC_FINISH_BEFORE: &str = "gc.finish.before";
 /// GC: after finishing an entry.
@@ -100,12 +108,16 @@ pub const ALL: &[&str] = &[
     FINISH_AFTER,
     END_BEFORE,
     END_AFTER,
+    ABORT_BEFORE,
+    ABORT_AFTER,
     ROLLBACK_BEFORE,
     ROLLBACK_AFTER,
     ROLLBACK_END_BEFORE,
     ROLLBACK_END_AFTER,
     GC_CLAIM_BEFORE,
     GC_CLAIM_AFTER,
+    GC_FENCE_BEFORE,
+    GC_FENCE_AFTER,
     GC_FINISH_BEFORE,
     GC_FINISH_AFTER,
     GC_ROLLBACK_BEFORE,
@@ -117,24 +129,37 @@ pub const ALL: &[&str] = &[
 ];
 
 /// An optional injector, cheap to clone and to consult.
+///
+/// A crash is for good: once the injector has stopped one step, every later failpoint of the same
+/// handle stops too, the way nothing runs in a dead process. Writes already sent (the other
+/// entries of a round in flight) still land, as they would.
 #[derive(Clone, Default)]
-pub(crate) struct Faults(Option<Arc<dyn FaultInjector>>);
+pub(crate) struct Faults(Option<(Arc<dyn FaultInjector>, Dead)>);
+
+/// Where the handle crashed, once it has.
+type Dead = Arc<Mutex<Option<Failpoint>>>;
 
 impl Faults {
     pub(crate) fn new(injector: Option<Arc<dyn FaultInjector>>) -> Faults {
-        Faults(injector)
+        Faults(injector.map(|i| (i, Arc::new(Mutex::new(None)))))
     }
 
-    /// `Err(point)` when the injector wants a crash here.
+    /// `Err(point)` when the injector wants a crash here (or already crashed at `point`).
     pub(crate) fn check(&self, name: &'static str, step: usize) -> Result<(), Failpoint> {
-        let point = Failpoint { name, step };
-        match &self.0 {
-            Some(injector) if injector.crash_at(point) => {
-                tracing::warn!(failpoint = %point, "injected crash");
-                Err(point)
-            }
-            _ => Ok(()),
+        let Some((injector, dead)) = &self.0 else {
+            return Ok(());
+        };
+        let mut dead = dead.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(at) = *dead {
+            return Err(at);
         }
+        let point = Failpoint { name, step };
+        if injector.crash_at(point) {
+            tracing::warn!(failpoint = %point, "injected crash");
+            *dead = Some(point);
+            return Err(point);
+        }
+        Ok(())
     }
 }
 

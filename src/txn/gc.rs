@@ -168,7 +168,7 @@ impl Gc {
             if stop.load(Ordering::SeqCst) {
                 break;
             }
-            self.sweep(collection, stop, &mut summary).await?;
+            self.sweep(collection, now, stop, &mut summary).await?;
         }
         if let Some(retention) = self.options.tombstone_retention {
             for collection in &collections {
@@ -251,6 +251,7 @@ impl Gc {
     async fn sweep(
         &self,
         collection: &str,
+        now: DateTime,
         stop: &AtomicBool,
         summary: &mut RoundSummary,
     ) -> Result<(), TxnError> {
@@ -275,7 +276,7 @@ impl Gc {
             else {
                 continue;
             };
-            match self.undo_orphan(collection, id, holder).await {
+            match self.undo_orphan(collection, id, holder, now).await {
                 Ok(true) => {
                     summary.swept += 1;
                     tracing::info!(collection, txn = %holder, "undid a hold whose transaction had ended");
@@ -291,13 +292,15 @@ impl Gc {
         Ok(())
     }
 
-    /// Undoes the hold of `holder` on `id` if `holder` has no record; says whether it did (the hold
-    /// may have been finished in between: a record goes only after its holds).
+    /// Resolves the hold of `holder` on `id` unless `holder` is undecided: a hold whose record is
+    /// absent is taken for abandoned (an aborted record is put in place of the missing one first);
+    /// says whether the document was freed.
     async fn undo_orphan(
         &self,
         collection: &str,
         id: &Bson,
         holder: ObjectId,
+        now: DateTime,
     ) -> Result<bool, TxnError> {
         let store = &self.env.store;
         let hold_error = |source| TxnError::hold(Some(holder), collection, id, holder, source);
@@ -306,16 +309,19 @@ impl Gc {
             .status(store, holder)
             .await
             .map_err(hold_error)?;
-        if status != TxnStatus::Absent {
+        // Holds of an undecided transaction are the record pass's business (once it expires);
+        // any other is resolved here, including holds left of a transaction whose record is an
+        // aborted one put in place of a missing record (it lists no entries).
+        if matches!(status, TxnStatus::Pending { .. }) {
             return Ok(false);
         }
         self.env
             .point(Some(holder), failpoint::GC_SWEEP_BEFORE, 0)?;
-        let undone = resolve::roll_back(store, collection, id, holder)
+        let settled = resolve::settle_at(store, collection, id, holder, Some(now))
             .await
             .map_err(hold_error)?;
         self.env.point(Some(holder), failpoint::GC_SWEEP_AFTER, 0)?;
-        Ok(undone)
+        Ok(settled == resolve::Settled::Freed)
     }
 
     /// Resolves one transaction now if it has expired (used by tools and tests).

@@ -12,7 +12,9 @@ use bson::{doc, oid::ObjectId, DateTime, Document};
 use futures::future::try_join_all;
 use mongodb::Collection;
 
-use crate::repo::hold::{self, TxnState};
+use crate::repo::hold::{self, TxnState, TxnStatus};
+use crate::repo::resolve;
+use crate::repo::staging;
 use crate::repo::store::Store;
 use crate::repo::write::{self, Write};
 use crate::server::is_transient;
@@ -124,7 +126,7 @@ where
 /// Makes entry `entry` of committed transaction `txn` final (idempotent).
 pub(crate) async fn finish_entry(env: &Env, txn: ObjectId, entry: &Entry) -> Result<(), TxnError> {
     let coll = env.collection(Some(txn), &entry.coll).await?;
-    let filter = hold::held_by(&entry.id, txn);
+    let filter = hold::applied_by(&entry.id, txn);
     retry_transient("finish", || async {
         if entry.deletes() {
             env.store
@@ -155,20 +157,33 @@ pub(crate) async fn finish_all(
         finish_entry(env, txn.id, entry)
     })
     .await?;
-    end(env, txn.id, role.end).await
+    end(env, txn.id, role.end, Deletion::Now).await.map(|_| ())
 }
 
-/// Undoes every applied entry of a transaction that did not commit, then deletes its record.
+/// When the record of a transaction that did not commit may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deletion {
+    /// Right away: no copy of the record can still be on its way (its coordinator got an answer
+    /// to every send), or it committed.
+    Now,
+    /// Once the server's clock has passed its deadline, after which no late copy of it can be
+    /// created as staging; until then it stays, aborted, and a GC round deletes it later.
+    AfterDeadline,
+}
+
+/// Undoes every applied entry (and any fence) of a transaction that did not commit, then deletes
+/// its record as `deletion` allows; says whether the record is gone.
 pub(crate) async fn rollback_all(
     env: &Env,
     txn: &ActiveTransaction,
     role: Role,
-) -> Result<(), TxnError> {
+    deletion: Deletion,
+) -> Result<bool, TxnError> {
     each_entry(env, txn, role.rollback, |entry| {
         undo_entry(env, txn.id, txn.deadline, entry)
     })
     .await?;
-    end(env, txn.id, role.rollback_end).await
+    end(env, txn.id, role.rollback_end, deletion).await
 }
 
 /// Runs `step` on every entry concurrently, between the failpoints `(before, after)`.
@@ -195,7 +210,9 @@ where
     .map(|_| ())
 }
 
-/// Undoes one entry if the transaction holds its document.
+/// Undoes one entry if the transaction holds its document: its own apply from the entry, or else
+/// whatever hold of the transaction is there (a fence, or a late copy of the apply) from the hold
+/// the document carries.
 async fn undo_entry(
     env: &Env,
     t: ObjectId,
@@ -204,9 +221,14 @@ async fn undo_entry(
 ) -> Result<(), TxnError> {
     let coll = env.collection(Some(t), &entry.coll).await?;
     let undo: Write = entry.rollback(t, deadline);
-    retry_transient("rollback", || write::run(&coll, &undo))
+    let undone = retry_transient("rollback", || write::run(&coll, &undo))
         .await
         .map_err(|e| TxnError::database(Some(t), "rollback", e))?;
+    if undone == 0 {
+        resolve::roll_back(&env.store, &entry.coll, &entry.id, t)
+            .await
+            .map_err(|source| TxnError::hold(Some(t), &entry.coll, &entry.id, t, source))?;
+    }
     Ok(())
 }
 
@@ -214,19 +236,32 @@ async fn end(
     env: &Env,
     t: ObjectId,
     (before, after): (&'static str, &'static str),
-) -> Result<(), TxnError> {
+    deletion: Deletion,
+) -> Result<bool, TxnError> {
     env.point(Some(t), before, 0)?;
     let records = env.records(Some(t)).await?;
+    let filter = match deletion {
+        Deletion::Now => doc! { "_id": t },
+        Deletion::AfterDeadline => doc! {
+            "_id": t,
+            "$expr": { "$gt": ["$$NOW", format!("${}", hold::record::DEADLINE)] },
+        },
+    };
     retry_transient("delete the record", || async {
-        records.delete_one(doc! { "_id": t }).await
+        records.delete_one(filter.clone()).await
     })
     .await
     .map_err(|e| TxnError::database(Some(t), "delete the record", e))?;
-    env.point(Some(t), after, 0)
+    env.point(Some(t), after, 0)?;
+    match deletion {
+        Deletion::Now => Ok(true),
+        // A lost reply of a delete that landed reads as "not deleted" on the resend: ask.
+        Deletion::AfterDeadline => Ok(load(env, t).await?.is_none()),
+    }
 }
 
-/// Moves transaction `t` out of the pending state to `to` (see [`hold::leave_pending`]).
-pub(crate) async fn leave_pending(
+/// Moves staging transaction `t` to `to` (see [`hold::leave_staging`]).
+pub(crate) async fn leave_staging(
     env: &Env,
     t: ObjectId,
     to: TxnState,
@@ -236,7 +271,7 @@ pub(crate) async fn leave_pending(
         .store
         .protocol_collection(env.store.transactions_collection())
         .await?;
-    hold::leave_pending(&records, t, to, extra).await
+    hold::leave_staging(&records, t, to, extra).await
 }
 
 /// Reads a record.
@@ -272,8 +307,9 @@ pub(crate) enum Resolution {
 
 /// Finishes or rolls back transaction `t` if its deadline is at or before `now` (server time).
 ///
-/// A pending transaction is first aborted with a write conditional on it being still pending:
-/// the coordinator's commit point is conditional on the same thing, so exactly one of the two wins.
+/// A staging transaction is first decided: committed if every participant is in place, else a
+/// missing one is fenced and it is aborted (see `repo::staging`). An aborted record stays until
+/// the server's clock passes its deadline.
 pub(crate) async fn resolve_expired(
     env: &Env,
     t: ObjectId,
@@ -293,28 +329,38 @@ pub(crate) async fn resolve_expired(
                 return Ok(Resolution::Finished);
             }
             TxnState::Aborted => {
-                rollback_all(env, &txn, COLLECTOR).await?;
+                if !rollback_all(env, &txn, COLLECTOR, Deletion::AfterDeadline).await? {
+                    // Undone; the record waits for the server's clock to pass its deadline.
+                    return Ok(Resolution::NotExpired);
+                }
                 tracing::info!(txn = %t, entries = txn.entries.len(), "rolled back aborted transaction");
                 return Ok(Resolution::RolledBack);
             }
-            TxnState::Pending => {
-                env.point(Some(t), failpoint::GC_CLAIM_BEFORE, 0)?;
-                let aborted = leave_pending(
-                    env,
-                    t,
-                    TxnState::Aborted,
-                    doc! { hold::record::DEADLINE: { "$lte": now } },
-                )
-                .await
-                .map_err(|e| TxnError::database(Some(t), "abort the expired transaction", e))?;
-                env.point(Some(t), failpoint::GC_CLAIM_AFTER, 0)?;
-                if aborted {
-                    rollback_all(env, &txn, COLLECTOR).await?;
-                    tracing::info!(txn = %t, entries = txn.entries.len(), "aborted and rolled back expired transaction");
-                    return Ok(Resolution::RolledBack);
+            TxnState::Staging => {
+                let Some(found) = staging::load(&env.store, t)
+                    .await
+                    .map_err(|source| TxnError::Resolve { txn: t, source })?
+                else {
+                    return Ok(Resolution::Gone);
+                };
+                let point = |name: &'static str, step: usize| {
+                    let name = match name {
+                        staging::FENCE_BEFORE => failpoint::GC_FENCE_BEFORE,
+                        staging::FENCE_AFTER => failpoint::GC_FENCE_AFTER,
+                        staging::DECIDE_BEFORE => failpoint::GC_CLAIM_BEFORE,
+                        _ => failpoint::GC_CLAIM_AFTER,
+                    };
+                    env.point(Some(t), name, step)
+                };
+                let decided = staging::decide_expired(&env.store, t, &found, &point, &|source| {
+                    TxnError::Resolve { txn: t, source }
+                })
+                .await?;
+                if matches!(decided, TxnStatus::Pending { .. }) {
+                    // A participant is held by another live transaction: next round.
+                    return Ok(Resolution::NotExpired);
                 }
-                // The coordinator reached its commit point (or another party aborted it) in
-                // between: look again.
+                // Decided (by us or meanwhile): look again and act on it.
             }
         }
     }

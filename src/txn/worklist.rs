@@ -20,10 +20,8 @@ pub(crate) struct ActiveTransaction {
     /// The transaction id, stored in `_txn` of every document it holds.
     #[serde(rename = "_id")]
     pub(crate) id: ObjectId,
-    /// Pending, committed or aborted: the only field that changes after the record is written.
+    /// Staging, committed or aborted: the only field that changes after the record is written.
     pub(crate) state: TxnState,
-    /// Tells this coordinator's write of the record from any other send of it (see `committer`).
-    pub(crate) nonce: i64,
     /// When it was written (server time).
     pub(crate) created: DateTime,
     /// After this instant (server time) anyone may abort it (pending) or finish it (committed).
@@ -31,6 +29,9 @@ pub(crate) struct ActiveTransaction {
     /// One entry per document, in lock order.
     pub(crate) entries: Vec<Entry>,
 }
+
+/// Where a created document's hold records the server's time of its creation.
+pub(crate) const HOLD_AT: &str = "_hold.at";
 
 /// A path and a value (dotted paths cannot be field names of a stored document).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,10 +145,15 @@ impl Entry {
             op,
             restore,
             unset,
+            fence: false,
         }
     }
 
     /// The conditional write that applies this entry for transaction `txn` (deadline `deadline`).
+    ///
+    /// No apply can take effect after the deadline on the server's clock: a change of an existing
+    /// document is conditional on `$$NOW` being at or before it, and a new document records in its
+    /// hold when the server created it (`_hold.at`), which the coordinator checks.
     pub(crate) fn apply(&self, txn: ObjectId, deadline: DateTime) -> Write {
         let free = |schema: Bson| {
             doc! {
@@ -156,18 +162,39 @@ impl Entry {
                 fields::ACTIVE_TXN: null,
                 fields::DELETED: null,
                 fields::SCHEMA_VERSION: schema,
+                "$expr": { "$lte": ["$$NOW", deadline] },
             }
         };
         let mut held =
             doc! { fields::ACTIVE_TXN: txn, fields::HOLD: self.hold(deadline).to_document() };
         match &self.op {
             Op::Insert { doc } => {
-                let mut full = doc.clone();
-                full.insert("_id", self.id.clone());
-                full.insert(fields::SCHEMA_VERSION, self.schema);
-                full.insert(fields::VERSION, self.applied);
-                full.extend(held);
-                Write::Insert(full)
+                let mut created = doc.clone();
+                created.remove("_id");
+                created.insert(fields::SCHEMA_VERSION, self.schema);
+                created.insert(fields::VERSION, self.applied);
+                created.insert(fields::ACTIVE_TXN, txn);
+                // The hold field by field, so that `$currentDate` can stamp `_hold.at` beside it.
+                let hold: Document = self
+                    .hold(deadline)
+                    .to_document()
+                    .into_iter()
+                    .map(|(k, v)| (format!("{}.{k}", fields::HOLD), v))
+                    .collect();
+                // The filter can match no stored document (none has `_version` missing and a
+                // `_mongotx_absent` field), so the upsert creates one or meets a duplicate id.
+                Write::Create(
+                    doc! {
+                        "_id": self.id.clone(),
+                        fields::VERSION: { "$exists": false },
+                        "_mongotx_absent": { "$exists": true },
+                    },
+                    doc! {
+                        "$setOnInsert": created,
+                        "$set": hold,
+                        "$currentDate": { HOLD_AT: true },
+                    },
+                )
             }
             Op::Update { set, unset, .. } => {
                 held.insert(fields::VERSION, self.applied);
@@ -422,6 +449,34 @@ mod tests {
             !set.contains_key("_version"),
             "a check does not change the version"
         );
+        assert_eq!(
+            filter.get_document("$expr").ok(),
+            Some(&doc! { "$lte": ["$$NOW", at()] }),
+            "nothing applies after the deadline"
+        );
+    }
+
+    #[test]
+    fn an_insert_creates_the_held_document_and_stamps_when() {
+        let t = ObjectId::new();
+        let insert = entry(Op::Insert {
+            doc: doc! { "_id": "a", "owner": "$not_a_path" },
+        });
+        let Write::Create(filter, update) = insert.apply(t, at()) else {
+            panic!("an insert is a create");
+        };
+        assert_eq!(filter.get_str("_id").ok(), Some("a"));
+        let created = update.get_document("$setOnInsert").expect("$setOnInsert");
+        assert_eq!(created.get_str("owner").ok(), Some("$not_a_path"));
+        assert_eq!(created.get_object_id("_txn").ok(), Some(t));
+        assert!(!created.contains_key("_id"));
+        let set = update.get_document("$set").expect("$set");
+        assert_eq!(set.get_str("_hold.op").ok(), Some("insert"));
+        assert_eq!(set.get_datetime("_hold.exp").ok(), Some(&at()));
+        assert_eq!(
+            update.get_document("$currentDate").ok(),
+            Some(&doc! { "_hold.at": true })
+        );
     }
 
     #[test]
@@ -437,8 +492,7 @@ mod tests {
     fn the_worklist_round_trips_through_bson() {
         let txn = ActiveTransaction {
             id: ObjectId::new(),
-            state: TxnState::Pending,
-            nonce: 42,
+            state: TxnState::Staging,
             created: DateTime::now(),
             deadline: DateTime::now(),
             entries: vec![
@@ -466,9 +520,8 @@ mod tests {
             ],
         };
         let stored = bson::to_document(&txn).expect("encode");
-        assert_eq!(stored.get_str("state").ok(), Some("pending"));
+        assert_eq!(stored.get_str("state").ok(), Some("staging"));
         let back: ActiveTransaction = bson::from_document(stored).expect("decode");
         assert_eq!(back.entries, txn.entries);
-        assert_eq!(back.nonce, 42);
     }
 }

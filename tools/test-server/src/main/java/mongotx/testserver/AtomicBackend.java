@@ -14,7 +14,7 @@ import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
 import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
 import de.bwaldvogel.mongo.backend.memory.MemoryDatabase;
 import de.bwaldvogel.mongo.bson.Document;
-import de.bwaldvogel.mongo.exception.MongoServerException;
+import de.bwaldvogel.mongo.exception.MongoServerError;
 import de.bwaldvogel.mongo.oplog.Oplog;
 import io.netty.channel.Channel;
 
@@ -32,7 +32,8 @@ import io.netty.channel.Channel;
  * given as an aggregation pipeline (MongoDB 4.2+), which the stock server refuses: the matching
  * document is found and transformed by the pipeline with the aggregation engine (so {@code $$NOW}
  * is the server's clock), then stored in its place, all under the collection's lock. Only
- * single-document pipeline updates without upsert are supported.
+ * single-document pipeline updates are supported. An upsert that matches nothing runs the pipeline
+ * over the document the filter's plain equalities describe (as MongoDB does) and inserts the result.
  */
 final class AtomicBackend extends MemoryBackend {
 
@@ -68,6 +69,9 @@ final class AtomicBackend extends MemoryBackend {
             if (command.equalsIgnoreCase("update") && hasPipeline(query)) {
                 return pipelineUpdate(channel, query, resolver, oplog);
             }
+            if (command.equalsIgnoreCase("findAndModify") && query.get("update") instanceof List<?> stages) {
+                return pipelineFindAndModify(channel, query, stages, resolver, oplog);
+            }
             return super.handleCommand(channel, command, query, resolver, oplog);
         }
 
@@ -87,17 +91,22 @@ final class AtomicBackend extends MemoryBackend {
             String name = String.valueOf(query.get("update"));
             int matched = 0;
             int modified = 0;
+            List<Object> upserted = new ArrayList<>();
+            List<Object> errors = new ArrayList<>();
+            int index = -1;
             for (Object item : (List<?>) query.get("updates")) {
+                index += 1;
                 Document statement = (Document) item;
                 Document reply;
                 if (!(statement.get("u") instanceof List<?> stages)) {
                     reply = super.handleCommand(channel, "update", single(name, statement), resolver, oplog);
                 } else {
-                    if (Boolean.TRUE.equals(statement.get("upsert")) || Boolean.TRUE.equals(statement.get("multi"))) {
-                        throw new MongoServerException(
-                                "the mongotx test server runs pipeline updates of one document without upsert only");
+                    if (Boolean.TRUE.equals(statement.get("multi"))) {
+                        throw new MongoServerError(2,
+                                "the mongotx test server runs pipeline updates of one document only");
                     }
-                    MongoCollection<?> collection = resolveCollection(name, false);
+                    boolean upsert = Boolean.TRUE.equals(statement.get("upsert"));
+                    MongoCollection<?> collection = upsert ? resolveOrCreateCollection(name) : resolveCollection(name, false);
                     if (collection == null) {
                         continue;
                     }
@@ -115,6 +124,15 @@ final class AtomicBackend extends MemoryBackend {
                         Document result = super.handleCommand(channel, "aggregate", aggregate, resolver, oplog);
                         List<?> batch = (List<?>) ((Document) result.get("cursor")).get("firstBatch");
                         if (batch.isEmpty()) {
+                            if (upsert) {
+                                Object outcome = upsertPipeline(channel, name, statement, stages, resolver, oplog);
+                                if (outcome instanceof Document error) {
+                                    errors.add(error.append("index", index));
+                                } else {
+                                    upserted.add(new Document("index", index).append("_id", outcome));
+                                    matched += 1;
+                                }
+                            }
                             continue;
                         }
                         Document next = ((Document) batch.get(0)).cloneDeeply();
@@ -125,7 +143,115 @@ final class AtomicBackend extends MemoryBackend {
                 matched += ((Number) reply.getOrDefault("n", 0)).intValue();
                 modified += ((Number) reply.getOrDefault("nModified", 0)).intValue();
             }
-            return new Document("n", matched).append("nModified", modified).append("ok", 1.0);
+            Document reply = new Document("n", matched).append("nModified", modified);
+            if (!upserted.isEmpty()) {
+                reply.append("upserted", upserted);
+            }
+            if (!errors.isEmpty()) {
+                reply.append("writeErrors", errors);
+            }
+            return reply.append("ok", 1.0);
+        }
+
+        /**
+         * The insert half of a pipeline upsert, run under the collection's lock: the seed is the
+         * filter's top-level equalities on plain values; it is inserted, transformed in place by the
+         * pipeline, and replaced by the result. Returns the new document's {@code _id}, or the write
+     * error (a duplicate key) that refused the insert.
+         */
+        private Object upsertPipeline(Channel channel, String name, Document statement, List<?> stages,
+                DatabaseResolver resolver, Oplog oplog) {
+            Document seed = new Document();
+            if (statement.get("q") instanceof Document filter) {
+                for (String key : filter.keySet()) {
+                    Object value = filter.get(key);
+                    boolean operator = value instanceof Document d
+                            && d.keySet().stream().anyMatch(k -> k.startsWith("$"));
+                    if (!key.startsWith("$") && !key.contains(".") && !operator) {
+                        seed.put(key, value);
+                    }
+                }
+            }
+            if (!seed.containsKey("_id")) {
+                seed.put("_id", new de.bwaldvogel.mongo.bson.ObjectId());
+            }
+            List<Object> documents = new ArrayList<>();
+            documents.add(seed);
+            Document insert = new Document("insert", name).append("documents", documents).append("ordered", Boolean.TRUE);
+            Document inserted = super.handleCommand(channel, "insert", insert, resolver, oplog);
+            if (inserted.get("writeErrors") instanceof List<?> refused && !refused.isEmpty()) {
+                Document error = (Document) refused.get(0);
+                return new Document("code", error.get("code")).append("errmsg", error.get("errmsg"));
+            }
+            List<Object> pipeline = new ArrayList<>();
+            pipeline.add(new Document("$match", new Document("_id", seed.get("_id"))));
+            pipeline.addAll(stages);
+            Document aggregate = new Document("aggregate", name).append("pipeline", pipeline).append("cursor", new Document());
+            Document result = super.handleCommand(channel, "aggregate", aggregate, resolver, oplog);
+            List<?> batch = (List<?>) ((Document) result.get("cursor")).get("firstBatch");
+            Document next = ((Document) batch.get(0)).cloneDeeply();
+            Document replacement = new Document("q", new Document("_id", seed.get("_id"))).append("u", next);
+            super.handleCommand(channel, "update", single(name, replacement), resolver, oplog);
+            return seed.get("_id");
+        }
+
+        /**
+         * findAndModify with a pipeline update: the matching document (the first by natural order)
+         * is transformed as in {@link #pipelineUpdate}, or, with {@code upsert}, a new one is made
+         * from the filter's equalities; the reply carries the document before or after.
+         */
+        private Document pipelineFindAndModify(Channel channel, Document query, List<?> stages,
+                DatabaseResolver resolver, Oplog oplog) {
+            String name = String.valueOf(query.containsKey("findAndModify") ? query.get("findAndModify")
+                    : query.get("findandmodify"));
+            boolean upsert = Boolean.TRUE.equals(query.get("upsert"));
+            boolean returnNew = Boolean.TRUE.equals(query.get("new"));
+            Document filter = query.get("query") instanceof Document q ? q : new Document();
+            MongoCollection<?> collection = upsert ? resolveOrCreateCollection(name) : resolveCollection(name, false);
+            Document lastError = new Document("n", 0).append("updatedExisting", Boolean.FALSE);
+            Object value = null;
+            if (collection != null) {
+                synchronized (collection) {
+                    List<Object> find = new ArrayList<>();
+                    find.add(new Document("$match", filter));
+                    find.add(new Document("$limit", 1));
+                    List<?> before = aggregate(channel, name, find, resolver, oplog);
+                    if (!before.isEmpty()) {
+                        Document pre = ((Document) before.get(0)).cloneDeeply();
+                        List<Object> pipeline = new ArrayList<>();
+                        pipeline.add(new Document("$match", new Document("_id", pre.get("_id"))));
+                        pipeline.addAll(stages);
+                        Document next = ((Document) aggregate(channel, name, pipeline, resolver, oplog).get(0)).cloneDeeply();
+                        Document replacement = new Document("q", new Document("_id", pre.get("_id"))).append("u", next);
+                        super.handleCommand(channel, "update", single(name, replacement), resolver, oplog);
+                        lastError = new Document("n", 1).append("updatedExisting", Boolean.TRUE);
+                        value = returnNew ? next : pre;
+                    } else if (upsert) {
+                        Document statement = new Document("q", filter);
+                        Object outcome = upsertPipeline(channel, name, statement, stages, resolver, oplog);
+                        if (outcome instanceof Document error) {
+                            throw new MongoServerError(((Number) error.get("code")).intValue(),
+                                    String.valueOf(error.get("errmsg")));
+                        }
+                        lastError = new Document("n", 1).append("updatedExisting", Boolean.FALSE)
+                                .append("upserted", outcome);
+                        if (returnNew) {
+                            List<Object> created = new ArrayList<>();
+                            created.add(new Document("$match", new Document("_id", outcome)));
+                            value = ((Document) aggregate(channel, name, created, resolver, oplog).get(0)).cloneDeeply();
+                        }
+                    }
+                }
+            }
+            return new Document("lastErrorObject", lastError).append("value", value).append("ok", 1.0);
+        }
+
+        private List<?> aggregate(Channel channel, String name, List<Object> pipeline, DatabaseResolver resolver,
+                Oplog oplog) {
+            Document aggregate = new Document("aggregate", name).append("pipeline", pipeline)
+                    .append("cursor", new Document());
+            Document result = super.handleCommand(channel, "aggregate", aggregate, resolver, oplog);
+            return (List<?>) ((Document) result.get("cursor")).get("firstBatch");
         }
 
         private static Document single(String collection, Document statement) {

@@ -1,0 +1,372 @@
+//! Deciding a staging transaction: checking its participants, and fences.
+//!
+//! A staging record is committed once every participant it lists is held by its transaction's own
+//! apply. Whoever meets it and finds that true writes `committed` (conditional on `staging`), so
+//! that later readers need not look again. A participant that is not held may still be on its way:
+//! before the deadline nobody may take that for "not committed", because the coordinator returns
+//! as soon as its writes are acknowledged and never writes the commit point first. After the
+//! deadline, a resolver *fences* each missing participant: it holds the document for the
+//! transaction itself with a hold marked `fence` (or, when the document does not exist, inserts a
+//! placeholder carrying that hold), so the apply, which needs a free document or a free id, can no
+//! longer land. Only then does it write `aborted`. A fence changes no field and reads as the
+//! document under it; it goes with the rest of the transaction's holds once it is decided.
+//!
+//! The coordinator returns committed only when its record and every apply were acknowledged well
+//! before the deadline, so a resolver that fences after the deadline always finds every
+//! participant in place for such a transaction and commits it: the two never disagree.
+
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use futures::future::join_all;
+use mongodb::Collection;
+
+use crate::repo::fields;
+use crate::repo::hold::{self, record, status_of, Hold, HoldError, TxnState, TxnStatus};
+use crate::repo::resolve;
+use crate::repo::store::Store;
+
+/// One document a transaction changes, as its record lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Participant {
+    /// Collection name.
+    pub(crate) coll: String,
+    /// Document id.
+    pub(crate) id: Bson,
+    /// The collection's schema version (stamped on a placeholder).
+    pub(crate) schema: i64,
+}
+
+/// Where a participant stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Held by the transaction's own apply.
+    Applied,
+    /// Held by the transaction's fence.
+    Fenced,
+    /// Free, or absent: the apply could still land.
+    Open,
+    /// Held by another transaction.
+    Other(ObjectId),
+}
+
+/// The participants a record lists.
+pub(crate) fn participants(found: &Document) -> Result<Vec<Participant>, HoldError> {
+    let entries = found
+        .get_array(record::ENTRIES)
+        .map_err(|_| HoldError::new("the transaction record lists no participants"))?;
+    entries
+        .iter()
+        .map(|entry| {
+            let entry = entry
+                .as_document()
+                .ok_or_else(|| HoldError::new("a participant of the record is not a document"))?;
+            let coll = entry
+                .get_str("coll")
+                .map_err(|_| HoldError::new("a participant of the record names no collection"))?;
+            let id = entry
+                .get("id")
+                .ok_or_else(|| HoldError::new("a participant of the record has no id"))?;
+            let schema = match entry.get("schema") {
+                Some(Bson::Int64(n)) => *n,
+                Some(Bson::Int32(n)) => i64::from(*n),
+                _ => 1,
+            };
+            Ok(Participant {
+                coll: coll.to_string(),
+                id: id.clone(),
+                schema,
+            })
+        })
+        .collect()
+}
+
+/// The records collection with the protocol's concerns.
+pub(crate) async fn records(store: &Store) -> Result<Collection<Document>, HoldError> {
+    store
+        .protocol_collection(store.transactions_collection())
+        .await
+        .map_err(|e| HoldError::database("opening the transaction records", e))
+}
+
+/// Reads the record of `txn`.
+pub(crate) async fn load(store: &Store, txn: ObjectId) -> Result<Option<Document>, HoldError> {
+    records(store)
+        .await?
+        .find_one(doc! { "_id": txn })
+        .await
+        .map_err(|e| HoldError::database("reading the transaction record", e))
+}
+
+/// What the record of `txn` says, a staging record whose participants are all applied being
+/// committed (and written so).
+pub(crate) async fn status(store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError> {
+    let Some(found) = load(store, txn).await? else {
+        return Ok(TxnStatus::Absent);
+    };
+    match status_of(&found).map_err(HoldError::new)? {
+        TxnStatus::Pending { deadline } => {
+            let places = places(store, txn, &participants(&found)?).await?;
+            if places.iter().all(|p| *p == Place::Applied) {
+                return decide(store, txn, TxnState::Committed, doc! {}).await;
+            }
+            Ok(TxnStatus::Pending { deadline })
+        }
+        other => Ok(other),
+    }
+}
+
+/// Decides the staging transaction `txn` (record `found`) whose deadline has passed: commits it if
+/// every participant is applied; otherwise fences every open one and aborts it. A participant held
+/// by another transaction leaves it undecided for now. `point(name, step)` is consulted before and
+/// after each fence and around the deciding write (the GC's failpoints); `hold_error` maps this
+/// module's errors into the caller's.
+pub(crate) async fn decide_expired<E>(
+    store: &Store,
+    txn: ObjectId,
+    found: &Document,
+    point: &(dyn Fn(&'static str, usize) -> Result<(), E> + Sync),
+    hold_error: &(dyn Fn(HoldError) -> E + Sync),
+) -> Result<TxnStatus, E> {
+    let deadline = match status_of(found).map_err(|e| hold_error(HoldError::new(e)))? {
+        TxnStatus::Pending { deadline } => deadline,
+        decided => return Ok(decided),
+    };
+    let all = participants(found).map_err(hold_error)?;
+    // One fenced participant is enough: the transaction can then never commit.
+    let mut fenced = None;
+    let mut undecidable = false;
+    for (step, participant) in all.iter().enumerate() {
+        let mut place = place(store, txn, participant).await.map_err(hold_error)?;
+        // A fence that lost a race is read again; the document settles within a few tries.
+        for _ in 0..4 {
+            if place != Place::Open {
+                break;
+            }
+            point(FENCE_BEFORE, step)?;
+            let placed = fence(store, txn, participant, deadline)
+                .await
+                .map_err(hold_error)?;
+            point(FENCE_AFTER, step)?;
+            place = if placed {
+                Place::Fenced
+            } else {
+                self::place(store, txn, participant)
+                    .await
+                    .map_err(hold_error)?
+            };
+        }
+        match place {
+            Place::Applied => {}
+            Place::Fenced => {
+                fenced = Some(participant);
+                break;
+            }
+            Place::Open | Place::Other(_) => undecidable = true,
+        }
+    }
+    if undecidable && fenced.is_none() {
+        return Ok(TxnStatus::Pending { deadline });
+    }
+    let to = if fenced.is_none() {
+        TxnState::Committed
+    } else {
+        TxnState::Aborted
+    };
+    point(DECIDE_BEFORE, 0)?;
+    // An abort waits for the server's clock to pass the deadline: only then can no late copy of
+    // an apply take effect, nor a late copy of the record be created staging.
+    let extra = match to {
+        TxnState::Aborted => {
+            doc! { "$expr": { "$gt": ["$$NOW", format!("${}", record::DEADLINE)] } }
+        }
+        _ => doc! {},
+    };
+    let decided = decide(store, txn, to, extra).await.map_err(hold_error)?;
+    point(DECIDE_AFTER, 0)?;
+    if decided == TxnStatus::Committed {
+        // Someone committed it before the fences went up and has freed those documents since:
+        // the fences sit on finished documents and must go.
+        if let Some(participant) = fenced {
+            resolve::roll_back(store, &participant.coll, &participant.id, txn)
+                .await
+                .map_err(hold_error)?;
+        }
+    }
+    Ok(decided)
+}
+
+/// The failpoint names `decide_expired` hands to its caller.
+pub(crate) const FENCE_BEFORE: &str = "fence.before";
+/// After a fence.
+pub(crate) const FENCE_AFTER: &str = "fence.after";
+/// Before the deciding write.
+pub(crate) const DECIDE_BEFORE: &str = "decide.before";
+/// After the deciding write.
+pub(crate) const DECIDE_AFTER: &str = "decide.after";
+
+/// Writes the outcome `to` of staging transaction `txn` (if it is still staging) and returns the
+/// status the record has afterwards, whoever decided it.
+pub(crate) async fn decide(
+    store: &Store,
+    txn: ObjectId,
+    to: TxnState,
+    extra: Document,
+) -> Result<TxnStatus, HoldError> {
+    let records = records(store).await?;
+    hold::leave_staging(&records, txn, to, extra)
+        .await
+        .map_err(|e| HoldError::database("deciding the transaction", e))?;
+    match load(store, txn).await? {
+        None => Ok(TxnStatus::Absent),
+        Some(found) => status_of(&found).map_err(HoldError::new),
+    }
+}
+
+/// Makes sure transaction `txn` has a record, writing an `aborted` one (deadline `deadline`,
+/// no participants) if it has none, so that no copy of its record still on its way can arrive as
+/// `staging`; then returns what the record says.
+pub(crate) async fn fence_record(
+    store: &Store,
+    txn: ObjectId,
+    deadline: DateTime,
+) -> Result<TxnStatus, HoldError> {
+    let records = records(store).await?;
+    let keep_or = |field: &str, value: Bson| doc! { "$ifNull": [format!("${field}"), value] };
+    let update = vec![doc! { "$addFields": {
+        record::STATE: keep_or(record::STATE, TxnState::Aborted.as_str().into()),
+        "created": keep_or("created", "$$NOW".into()),
+        record::DEADLINE: keep_or(record::DEADLINE, deadline.into()),
+        record::ENTRIES: keep_or(record::ENTRIES, doc! { "$literal": [] }.into()),
+    } }];
+    records
+        .update_one(doc! { "_id": txn }, update)
+        .upsert(true)
+        .await
+        .map_err(|e| {
+            HoldError::database("writing an aborted record in place of a missing one", e)
+        })?;
+    match load(store, txn).await? {
+        None => Ok(TxnStatus::Absent),
+        Some(found) => status_of(&found).map_err(HoldError::new),
+    }
+}
+
+async fn places(
+    store: &Store,
+    txn: ObjectId,
+    all: &[Participant],
+) -> Result<Vec<Place>, HoldError> {
+    join_all(all.iter().map(|p| place(store, txn, p)))
+        .await
+        .into_iter()
+        .collect()
+}
+
+async fn place(
+    store: &Store,
+    txn: ObjectId,
+    participant: &Participant,
+) -> Result<Place, HoldError> {
+    let found = store
+        .protocol_collection(&participant.coll)
+        .await
+        .map_err(|e| HoldError::database("reading a participant", e))?
+        .find_one(doc! { "_id": participant.id.clone() })
+        .projection(doc! { fields::ACTIVE_TXN: 1, hold::FENCE: 1 })
+        .await
+        .map_err(|e| HoldError::database("reading a participant", e))?;
+    let Some(found) = found else {
+        return Ok(Place::Open);
+    };
+    Ok(match found.get(fields::ACTIVE_TXN) {
+        Some(Bson::ObjectId(holder)) if *holder == txn => {
+            let fence = found
+                .get_document(fields::HOLD)
+                .ok()
+                .and_then(|h| h.get_bool("fence").ok())
+                .unwrap_or(false);
+            if fence {
+                Place::Fenced
+            } else {
+                Place::Applied
+            }
+        }
+        Some(Bson::ObjectId(holder)) => Place::Other(*holder),
+        _ => Place::Open,
+    })
+}
+
+/// Puts `txn`'s fence on `participant`: a fence hold on the document if it exists and is free,
+/// a placeholder if it does not exist. Returns whether a fence was put.
+async fn fence(
+    store: &Store,
+    txn: ObjectId,
+    participant: &Participant,
+    deadline: DateTime,
+) -> Result<bool, HoldError> {
+    let coll = store
+        .protocol_collection(&participant.coll)
+        .await
+        .map_err(|e| HoldError::database("fencing a participant", e))?;
+    let held = coll
+        .update_one(
+            doc! { "_id": participant.id.clone(), fields::ACTIVE_TXN: null },
+            doc! { "$set": {
+                fields::ACTIVE_TXN: txn,
+                fields::HOLD: Hold::fence(deadline, false).to_document(),
+            } },
+        )
+        .await
+        .map_err(|e| HoldError::database("fencing a participant", e))?;
+    if held.matched_count == 1 {
+        tracing::debug!(collection = %participant.coll, txn = %txn, "fenced a participant");
+        return Ok(true);
+    }
+    let placed = store
+        .write_placeholder(
+            &coll,
+            &participant.id,
+            participant.schema,
+            txn,
+            Hold::fence(deadline, true).to_document(),
+        )
+        .await
+        .map_err(|e| HoldError::database("fencing an absent participant", e))?;
+    if placed {
+        tracing::debug!(collection = %participant.coll, txn = %txn, "fenced an absent participant");
+    }
+    Ok(placed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_list_their_participants() {
+        let found = doc! {
+            "_id": ObjectId::new(),
+            "state": "staging",
+            "entries": [
+                { "coll": "a", "id": "x", "schema": 2_i64, "op": { "kind": "check" } },
+                { "coll": "b", "id": 7, "op": { "kind": "delete" } },
+            ],
+        };
+        assert_eq!(
+            participants(&found).expect("participants"),
+            vec![
+                Participant {
+                    coll: "a".into(),
+                    id: Bson::from("x"),
+                    schema: 2
+                },
+                Participant {
+                    coll: "b".into(),
+                    id: Bson::Int32(7),
+                    schema: 1
+                },
+            ]
+        );
+        assert!(participants(&doc! { "state": "staging" }).is_err());
+        assert!(participants(&doc! { "entries": [{ "id": 1 }] }).is_err());
+    }
+}
