@@ -45,6 +45,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod explore;
 pub mod obt;
 pub mod queue;
 pub mod quota;

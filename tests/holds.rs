@@ -333,17 +333,17 @@ async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_after_it
 }
 
 #[tokio::test]
-async fn a_hold_whose_record_has_not_arrived_is_waited_on_until_its_deadline() {
+async fn a_hold_whose_record_has_not_arrived_is_waited_on_for_a_grace_then_aborted() {
     let t = TestDb::new().await;
-    let store = Store::builder(t.db.clone())
-        .lock_wait(short_wait(300))
+    let impatient = Store::builder(t.db.clone())
+        .lock_wait(short_wait(120))
         .build();
-    let accounts = accounts_on(&store).await;
+    let accounts = accounts_on(&impatient).await;
     accounts
         .insert(&Account::new("acc", "Before", 10))
         .await
         .unwrap();
-    // The record of a live transaction may still be on its way: its hold is not undone early.
+    // The record of a live transaction may still be on its way: its hold is not undone at once.
     let txn = ObjectId::new();
     apply_pending_change(&t, txn, millis_from_now(3_600_000)).await;
     let held = raw_snapshot(&t.db, "accounts").await;
@@ -359,6 +359,31 @@ async fn a_hold_whose_record_has_not_arrived_is_waited_on_until_its_deadline() {
     assert!(raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION)
         .await
         .is_empty());
+
+    // A writer that waits longer than the grace puts an aborted record in the missing one's
+    // place (no late copy of it can then arrive as staging) and goes ahead.
+    let patient = Store::builder(t.db.clone())
+        .lock_wait(short_wait(5_000))
+        .build();
+    let accounts = accounts_on(&patient).await;
+    let started = Instant::now();
+    accounts
+        .adjust("acc", 1, &Adjust::new().by("balance", 5_i64))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].get_str("state").ok(), Some("aborted"));
+    let read = accounts.get("acc").await.unwrap();
+    assert_eq!(
+        (read.owner.as_str(), read.balance, read.version),
+        ("Before", 15, 2)
+    );
 }
 
 #[tokio::test]

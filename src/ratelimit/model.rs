@@ -7,76 +7,7 @@
 //! clock (the limiter's time comes from the server). A window is `window` consecutive ticks; the
 //! property is that **every** window, not only aligned ones, holds at most `limit` calls.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::Hash;
-
-/// A system explored state by state.
-pub trait Model {
-    /// One state of the whole system.
-    type State: Clone + Eq + Hash + std::fmt::Debug;
-    /// The initial states.
-    fn init(&self) -> Vec<Self::State>;
-    /// Every state one step from `state`.
-    fn next(&self, state: &Self::State) -> Vec<Self::State>;
-    /// Whether `state` is acceptable; otherwise why not.
-    fn check(&self, state: &Self::State) -> Result<(), String>;
-}
-
-/// What an exploration found.
-#[derive(Debug, Clone)]
-pub struct Explored<S> {
-    /// Distinct states visited.
-    pub states: usize,
-    /// The first property violation, with the path from an initial state to it.
-    pub violation: Option<(String, Vec<S>)>,
-    /// Whether the state limit stopped the exploration before it was complete.
-    pub truncated: bool,
-}
-
-/// Visits every state reachable from the model's initial states (at most `max_states`).
-pub fn explore<M: Model>(model: &M, max_states: usize) -> Explored<M::State> {
-    let mut parent: HashMap<M::State, Option<M::State>> = HashMap::new();
-    let mut queue = VecDeque::new();
-    for s in model.init() {
-        if parent.insert(s.clone(), None).is_none() {
-            queue.push_back(s);
-        }
-    }
-    while let Some(state) = queue.pop_front() {
-        if let Err(why) = model.check(&state) {
-            let mut path = vec![state.clone()];
-            let mut at = state;
-            while let Some(Some(p)) = parent.get(&at) {
-                path.push(p.clone());
-                at = p.clone();
-            }
-            path.reverse();
-            return Explored {
-                states: parent.len(),
-                violation: Some((why, path)),
-                truncated: false,
-            };
-        }
-        for n in model.next(&state) {
-            if parent.len() >= max_states {
-                return Explored {
-                    states: parent.len(),
-                    violation: None,
-                    truncated: true,
-                };
-            }
-            if !parent.contains_key(&n) {
-                parent.insert(n.clone(), Some(state.clone()));
-                queue.push_back(n);
-            }
-        }
-    }
-    Explored {
-        states: parent.len(),
-        violation: None,
-        truncated: false,
-    }
-}
+pub use crate::explore::{explore, Explored, Model};
 
 /// The sizes of a model: `limit` calls per `window` ticks, of which `reserved` are kept for
 /// high-priority callers, one bulk process (one call at a time, any number of times) and

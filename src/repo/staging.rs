@@ -194,6 +194,46 @@ pub(crate) async fn decide_expired<E>(
     Ok(decided)
 }
 
+/// What [`fence_one`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Missing {
+    /// Every participant is held by the transaction's apply.
+    None,
+    /// A participant is fenced: the transaction can never commit.
+    Fenced,
+    /// No participant could be fenced: the missing ones are held by other transactions.
+    Held,
+}
+
+/// Fences the first participant of `txn` whose apply is not in place (see the module doc).
+pub(crate) async fn fence_one(
+    store: &Store,
+    txn: ObjectId,
+    all: &[Participant],
+    deadline: DateTime,
+) -> Result<Missing, HoldError> {
+    let mut held = false;
+    for participant in all {
+        let mut place = place(store, txn, participant).await?;
+        for _ in 0..4 {
+            if place != Place::Open {
+                break;
+            }
+            place = if fence(store, txn, participant, deadline).await? {
+                Place::Fenced
+            } else {
+                self::place(store, txn, participant).await?
+            };
+        }
+        match place {
+            Place::Applied => {}
+            Place::Fenced => return Ok(Missing::Fenced),
+            Place::Open | Place::Other(_) => held = true,
+        }
+    }
+    Ok(if held { Missing::Held } else { Missing::None })
+}
+
 /// The failpoint names `decide_expired` hands to its caller.
 pub(crate) const FENCE_BEFORE: &str = "fence.before";
 /// After a fence.

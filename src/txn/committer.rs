@@ -60,8 +60,12 @@ use crate::txn::worklist::{ActiveTransaction, Entry, Op};
 /// How an apply ended.
 enum Applied {
     Yes,
-    Blocked(ObjectId),
-    Failed(RepoError),
+    /// Held by this live transaction; `true`: an earlier send of the apply may still land.
+    Blocked(ObjectId, bool),
+    /// Refused for this reason; `true` as for `Blocked`.
+    Failed(RepoError, bool),
+    /// Too late: refused after the deadline, fenced, or created after it; `true` as for `Blocked`.
+    Late(bool),
 }
 
 /// What the document says about an apply that did not (visibly) land.
@@ -81,9 +85,10 @@ enum Attempt {
 
 /// How the record's write went.
 struct RecordSent {
-    /// Whether the record was `staging` as the write left it (else it was created too late, or a
+    /// The state the write left the record in: `staging`, or already decided (committed by a
+    /// resolver who found every participant in place; aborted when created too late or when a
     /// resolver had put an aborted one in its place); or why it could not be written.
-    staging: Result<bool, TxnError>,
+    staging: Result<TxnState, TxnError>,
     /// Some send got no answer, so a copy of it may still arrive.
     ambiguous: bool,
 }
@@ -176,6 +181,8 @@ impl Transactions {
 
         let mut failure: Option<TxnError> = None;
         let mut blocked = false;
+        // Some write of the round was refused for good: the transaction can never be in place.
+        let mut refused = false;
         let record_ambiguous = sent.ambiguous;
         let staging = match sent.staging {
             Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
@@ -183,18 +190,29 @@ impl Transactions {
                 failure = Some(e);
                 None
             }
-            Ok(staging) => Some(staging),
+            Ok(state) => {
+                // An aborted record answers only if no copy of it can have been created anew
+                // after the transaction ended (which needs an unanswered send).
+                refused |= state == TxnState::Aborted && !record_ambiguous;
+                Some(state)
+            }
         };
         let answered = results.len();
         for result in results {
             match result {
                 Ok(Applied::Yes) => {}
-                Ok(Applied::Blocked(holder)) => {
+                Ok(Applied::Blocked(holder, ambiguous)) => {
                     tracing::debug!(txn = %t, holder = %holder, "document held by another transaction");
                     blocked = true;
+                    refused |= !ambiguous;
                 }
-                Ok(Applied::Failed(e)) => {
+                Ok(Applied::Failed(e, ambiguous)) => {
                     failure.get_or_insert(TxnError::document(Some(t), e));
+                    refused |= !ambiguous;
+                }
+                Ok(Applied::Late(ambiguous)) => {
+                    failure.get_or_insert(TxnError::Expired { txn: t });
+                    refused |= !ambiguous;
                 }
                 Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
                 Err(e) => {
@@ -204,7 +222,8 @@ impl Transactions {
         }
         let all_applied = failure.is_none() && !blocked && answered == txn.entries.len();
 
-        if staging != Some(true) || !all_applied {
+        let decided_committed = staging == Some(TxnState::Committed);
+        if !decided_committed && (staging != Some(TxnState::Staging) || !all_applied) {
             // A record refused outright by every send does not exist and never will.
             let record = if staging.is_none() && !record_ambiguous {
                 Record::Never
@@ -213,7 +232,7 @@ impl Transactions {
             } else {
                 Record::Written
             };
-            return self.give_up(&txn, failure, blocked, record).await;
+            return self.give_up(&txn, failure, blocked, record, refused).await;
         }
 
         // The record was staging when written and every apply took effect before the deadline:
@@ -267,6 +286,7 @@ impl Transactions {
         failure: Option<TxnError>,
         blocked: bool,
         record: Record,
+        refused: bool,
     ) -> Result<Attempt, TxnError> {
         let env = &self.env;
         let t = txn.id;
@@ -274,7 +294,8 @@ impl Transactions {
         let status = if record == Record::Never {
             TxnStatus::Absent
         } else {
-            self.abort(txn).await?
+            self.abort(txn, refused, record == Record::MayArriveLate)
+                .await?
         };
         env.point(Some(t), failpoint::ABORT_AFTER, 0)?;
         match status {
@@ -324,13 +345,73 @@ impl Transactions {
 
     /// Aborts the coordinator's own transaction (conditional on `staging`), writing an aborted
     /// record if its record never arrived; returns the status it ends with.
-    async fn abort(&self, txn: &ActiveTransaction) -> Result<TxnStatus, TxnError> {
+    ///
+    /// Unless one of its writes was `refused` outright, an apply whose reply was lost may still
+    /// land and complete the set of participants, which would commit the transaction: so first a
+    /// missing participant is fenced, as any resolver would (and if none is missing, it has
+    /// committed).
+    ///
+    /// With no refusal and a send of the record unanswered, nothing it finds can be trusted: the
+    /// transaction may have committed, been finished and ended before a late copy of its record
+    /// created it anew. Unless the record says committed, the outcome is then unknown.
+    async fn abort(
+        &self,
+        txn: &ActiveTransaction,
+        refused: bool,
+        record_ambiguous: bool,
+    ) -> Result<TxnStatus, TxnError> {
         let env = &self.env;
         let t = txn.id;
+        if !refused && record_ambiguous {
+            return match staging::load(&env.store, t).await {
+                Ok(Some(found))
+                    if crate::repo::hold::status_of(&found) == Ok(TxnStatus::Committed) =>
+                {
+                    Ok(TxnStatus::Committed)
+                }
+                _ => Err(TxnError::CommitUnknown {
+                    txn: t,
+                    cause: "a send of its record went unanswered and no write was refused".into(),
+                }),
+            };
+        }
         let mut last = String::new();
+        let parts: Vec<staging::Participant> = txn
+            .entries
+            .iter()
+            .map(|e| staging::Participant {
+                coll: e.coll.clone(),
+                id: e.id.clone(),
+                schema: e.schema,
+            })
+            .collect();
+        let mut fenced = refused;
         for attempt in 0..ABORT_ATTEMPTS {
             if attempt > 0 {
                 tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+            }
+            if !fenced {
+                match staging::fence_one(&env.store, t, &parts, txn.deadline).await {
+                    Ok(staging::Missing::Fenced) => fenced = true,
+                    Ok(staging::Missing::None) => {
+                        // Every participant is in place: committed, if the record is staging.
+                        match staging::status(&env.store, t).await {
+                            Ok(TxnStatus::Pending { .. }) => {}
+                            Ok(TxnStatus::Absent) => fenced = true,
+                            Ok(status) => return Ok(status),
+                            Err(e) => last = e.to_string(),
+                        }
+                        continue;
+                    }
+                    Ok(staging::Missing::Held) => {
+                        last = "a participant is held by another transaction".into();
+                        continue;
+                    }
+                    Err(e) => {
+                        last = e.to_string();
+                        continue;
+                    }
+                }
             }
             match recovery::leave_staging(env, t, TxnState::Aborted, doc! {}).await {
                 Ok(true) => return Ok(TxnStatus::Aborted),
@@ -341,7 +422,16 @@ impl Transactions {
                 }
             }
             let status = match staging::load(&env.store, t).await {
-                Ok(None) => staging::fence_record(&env.store, t, txn.deadline).await,
+                // Refused for good: it never committed, whatever became of its record.
+                Ok(None) if refused => staging::fence_record(&env.store, t, txn.deadline).await,
+                Ok(None) => {
+                    // Its record may have arrived staging, been committed by a resolver who found
+                    // every participant in place, been finished and deleted.
+                    return Err(TxnError::CommitUnknown {
+                        txn: t,
+                        cause: "its record is gone and an apply's reply was lost".into(),
+                    });
+                }
                 Ok(Some(found)) => {
                     crate::repo::hold::status_of(&found).map_err(crate::repo::hold::HoldError::new)
                 }
@@ -372,7 +462,7 @@ impl Transactions {
         &self,
         txn: &ActiveTransaction,
         ambiguous: &mut bool,
-    ) -> Result<bool, TxnError> {
+    ) -> Result<TxnState, TxnError> {
         let env = &self.env;
         let t = txn.id;
         env.point(Some(t), failpoint::BEGIN_BEFORE, 0)?;
@@ -408,8 +498,14 @@ impl Transactions {
             {
                 Ok(stored) => {
                     env.point(Some(t), failpoint::BEGIN_AFTER, 0)?;
-                    let state = stored.as_ref().and_then(|s| s.get_str(record::STATE).ok());
-                    return Ok(state == Some(TxnState::Staging.as_str()));
+                    let state = stored
+                        .as_ref()
+                        .and_then(|s| s.get(record::STATE).cloned())
+                        .and_then(|state| bson::from_bson::<TxnState>(state).ok());
+                    return state.ok_or_else(|| TxnError::Malformed {
+                        txn: t,
+                        reason: "the record's write returned no state".into(),
+                    });
                 }
                 Err(e) if is_transient(&e) => {
                     *ambiguous = true;
@@ -445,6 +541,8 @@ impl Transactions {
         let started = std::time::Instant::now();
         let mut pauses = 0_u32;
         let mut last_holder = None;
+        // A send without an answer may still run later: then a refusal is not final.
+        let mut ambiguous = false;
         let mut retries = 0;
         let locked = |holder| RepoError::Locked {
             collection: entry.coll.clone(),
@@ -458,7 +556,7 @@ impl Transactions {
                     // A copy that ran after the deadline counts for nothing: resolvers may have
                     // decided without it. The document it made is this transaction's to undo.
                     Ok(Some(created)) if !created_in_time(&created, deadline) => {
-                        return Err(TxnError::Expired { txn: t })
+                        break Applied::Late(false)
                     }
                     Ok(created) => Ok(u64::from(created.is_some())),
                     Err(e) => Err(e),
@@ -467,30 +565,41 @@ impl Transactions {
             };
             let diagnosis = match sent {
                 Ok(1) => break Applied::Yes,
-                Ok(_) => self.diagnose(t, deadline, entry).await?,
+                Ok(_) => match self.diagnose(t, deadline, entry).await {
+                    // Refused after the deadline (or fenced): final, unless an earlier send
+                    // of it is still on its way.
+                    Err(TxnError::Expired { .. }) => break Applied::Late(false),
+                    other => other?,
+                },
                 Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
                     match probe::duplicate_key_index(&e).filter(|index| index != "_id_") {
                         Some(index) => {
-                            break Applied::Failed(RepoError::DuplicateKey {
-                                collection: entry.coll.clone(),
-                                id: show_id(&entry.id),
-                                index,
-                            })
+                            break Applied::Failed(
+                                RepoError::DuplicateKey {
+                                    collection: entry.coll.clone(),
+                                    id: show_id(&entry.id),
+                                    index,
+                                },
+                                false,
+                            )
                         }
                         None => self.diagnose(t, deadline, entry).await?,
                     }
                 }
                 // The write may or may not have landed: the document says which.
-                Err(e) if is_transient(&e) => self.diagnose(t, deadline, entry).await?,
+                Err(e) if is_transient(&e) => {
+                    ambiguous = true;
+                    self.diagnose(t, deadline, entry).await?
+                }
                 Err(e) => return Err(TxnError::database(Some(t), "apply", e)),
             };
             match diagnosis {
                 Diagnosis::Landed => break Applied::Yes,
-                Diagnosis::Fail(e) => break Applied::Failed(e),
+                Diagnosis::Fail(e) => break Applied::Failed(e, false),
                 Diagnosis::Retry => {
                     retries += 1;
                     if retries > APPLY_RETRIES {
-                        break Applied::Failed(locked(last_holder));
+                        break Applied::Failed(locked(last_holder), false);
                     }
                 }
                 Diagnosis::Held(holder) => {
@@ -505,10 +614,10 @@ impl Transactions {
                         continue;
                     }
                     if settled == Settled::Live && !wait {
-                        break Applied::Blocked(holder);
+                        break Applied::Blocked(holder, false);
                     }
                     if started.elapsed() >= lock_wait.max_wait {
-                        break Applied::Failed(locked(Some(holder)));
+                        break Applied::Failed(locked(Some(holder)), false);
                     }
                     tokio::time::sleep(lock_wait.backoff(pauses)).await;
                     pauses += 1;
@@ -516,7 +625,12 @@ impl Transactions {
             }
         };
         env.point(Some(t), failpoint::APPLY_AFTER, i)?;
-        Ok(applied)
+        Ok(match applied {
+            Applied::Failed(e, _) => Applied::Failed(e, ambiguous),
+            Applied::Blocked(holder, _) => Applied::Blocked(holder, ambiguous),
+            Applied::Late(_) => Applied::Late(ambiguous),
+            yes => yes,
+        })
     }
 
     /// Reads the document after an apply that did not (visibly) land and says what happened.

@@ -13,6 +13,8 @@ pub(crate) mod committer;
 pub(crate) mod error;
 pub mod failpoint;
 pub(crate) mod gc;
+#[cfg(test)]
+mod model;
 pub(crate) mod recovery;
 pub(crate) mod transaction;
 pub(crate) mod worklist;

@@ -27,11 +27,12 @@ use crate::txn::worklist::{undo_for, Entry, Op, PathValue};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Finish {
-    /// Free every document before `commit` returns.
+    /// Write the commit point and free every document before `commit` returns.
     #[default]
     BeforeReturning,
-    /// Return once the commit point is written and free the documents in a background task
-    /// (readers already see the committed values; a GC finishes the job if the process dies).
+    /// Return after the one round of writes (the record and the applies), which commits the
+    /// transaction; write the commit point and free the documents in a background task (readers
+    /// already see the committed values; a GC finishes the job if the process dies).
     InBackground,
 }
 
