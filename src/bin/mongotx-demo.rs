@@ -98,7 +98,7 @@ async fn run(args: Args) -> DemoResult {
 
     let store = Store::builder(db.clone())
         .lock_wait(LockWait {
-            max_wait: Duration::from_millis(300),
+            max_wait: Duration::from_millis(800),
             ..LockWait::default()
         })
         // Purged tombstones wait for this long under a raised version floor (20 s by default).
@@ -362,13 +362,16 @@ async fn tour_bad_input(accounts: &Repository<Account>, db: &mongodb::Database) 
 async fn tour_locked(store: &Store, accounts: &Repository<Account>) -> DemoResult {
     step("A document held by a live transaction makes writers wait, then fail Locked");
     let alice = accounts.get("alice").await?;
-    // A coordinator that stops for good right before its commit point, with a minute to go.
+    let bob = accounts.get("bob").await?;
+    // A coordinator that stops for good after bob changed under it and before it could abort:
+    // alice is held, bob's apply is missing, so the transaction is undecided until its deadline.
+    let timeout = Duration::from_secs(2);
     let stalled = Transactions::with_options(
         store,
         TxnOptions::default()
-            .timeout(Duration::from_secs(60))
+            .timeout(timeout)
             .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
-                name: failpoint::COMMIT_BEFORE,
+                name: failpoint::ABORT_BEFORE,
                 step: 0,
             }))),
     );
@@ -380,6 +383,21 @@ async fn tour_locked(store: &Store, accounts: &Repository<Account>) -> DemoResul
         &Update::new().set("owner", "Uncommitted"),
     )
     .await?;
+    tx.update(
+        accounts,
+        "bob",
+        bob.version,
+        &Update::new().set("note", "x"),
+    )
+    .await?;
+    let begun = Instant::now();
+    accounts
+        .update(
+            "bob",
+            bob.version,
+            &Update::new().set("note", "changed meanwhile"),
+        )
+        .await?;
     expect(
         matches!(tx.commit().await, Err(TxnError::Crashed { .. })),
         "a stalled coordinator",
@@ -403,10 +421,12 @@ async fn tour_locked(store: &Store, accounts: &Repository<Account>) -> DemoResul
         }
         other => return Err(format!("expected Locked, got {other:?}").into()),
     }
-    // Past its deadline anyone may abort it; a GC round does so for every such transaction.
-    let later = bson::DateTime::from_millis(store.server_time().await?.timestamp_millis() + 61_000);
+    // Past its deadline (on the server's clock) anyone may fence the missing participant and
+    // abort it; a GC round does so for every such transaction.
+    tokio::time::sleep((timeout + Duration::from_millis(100)).saturating_sub(begun.elapsed()))
+        .await;
     let round = Gc::with_store(store, GcOptions::default())
-        .run_round_at(later, &std::sync::atomic::AtomicBool::new(false))
+        .run_round()
         .await?;
     expect(
         round.rolled_back == 1,
@@ -529,15 +549,12 @@ async fn tour_crash_recovery(
 ) -> DemoResult {
     step("A coordinator dies mid-commit; the GC (what mongotx-gc runs each round) recovers it");
     let timeout = Duration::from_millis(300);
-    let dying = |at: &'static str| {
+    let dying = |at: &'static str, step: usize| {
         Transactions::with_options(
             store,
             TxnOptions::default()
                 .timeout(timeout)
-                .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
-                    name: at,
-                    step: 0,
-                }))),
+                .fault_injector(std::sync::Arc::new(CrashAt(Failpoint { name: at, step }))),
         )
     };
     let transfer = |txns: Transactions, amount: i64| {
@@ -552,7 +569,8 @@ async fn tour_crash_recovery(
     };
 
     let before = balances(accounts, &["dave", "erin"]).await?;
-    match transfer(dying(failpoint::COMMIT_BEFORE), 50).await {
+    // It dies mid-round: dave's apply went out, erin's and the record never did.
+    match transfer(dying(failpoint::APPLY_BEFORE, 1), 50).await {
         Err(error @ TxnError::Crashed { .. }) => println!("  first coordinator: {error}"),
         other => return Err(format!("expected a crash, got {other:?}").into()),
     }
@@ -562,7 +580,7 @@ async fn tour_crash_recovery(
         "  {held} documents are left held; readers still see the committed balances {} and {}",
         seen[0].0, seen[1].0
     );
-    expect(held == 2, "two held documents")?;
+    expect(held == 1, "one held document")?;
     expect(
         seen[0].0 == before[0].0 && seen[1].0 == before[1].0,
         "pre-images",
@@ -572,8 +590,15 @@ async fn tour_crash_recovery(
     let gc = Gc::new(db.clone(), GcOptions::default());
     let round = gc.run_round().await?;
     println!(
-        "  GC round past the deadline: finished={} rolled_back={} skipped={}",
-        round.finished, round.rolled_back, round.skipped
+        "  GC round past the deadline: a hold without a record undone (swept={}), an aborted record written in the missing one's place",
+        round.swept
+    );
+    expect(round.swept >= 1, "a hold undone")?;
+    // The next round deletes that aborted record: its deadline has passed on the server.
+    let round = gc.run_round().await?;
+    println!(
+        "  next GC round: rolled_back={} (the aborted record goes)",
+        round.rolled_back
     );
     let after = balances(accounts, &["dave", "erin"]).await?;
     let left = db
@@ -592,7 +617,7 @@ async fn tour_crash_recovery(
     expect(left == 0, "no ActiveTransaction left")?;
 
     // The same crash after the commit point: the GC rolls it forward instead.
-    match transfer(dying(failpoint::COMMIT_AFTER), 40).await {
+    match transfer(dying(failpoint::COMMIT_AFTER, 0), 40).await {
         Err(error @ TxnError::Crashed { .. }) => println!("  second coordinator: {error}"),
         other => return Err(format!("expected a crash, got {other:?}").into()),
     }
@@ -648,7 +673,7 @@ async fn tour_orphan(
         TxnOptions::default()
             .timeout(Duration::from_secs(3600))
             .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
-                name: failpoint::COMMIT_BEFORE,
+                name: failpoint::BEGIN_BEFORE,
                 step: 0,
             }))),
     );
@@ -664,10 +689,8 @@ async fn tour_orphan(
         matches!(tx.commit().await, Err(TxnError::Crashed { .. })),
         "a crash",
     )?;
-    // As if the transaction had ended long ago and this apply had arrived afterwards.
-    db.collection::<Document>(store.transactions_collection())
-        .delete_many(doc! {})
-        .await?;
+    // Its apply landed, its record never did: as if the transaction had ended long ago and this
+    // apply had arrived afterwards.
     let stored = db
         .collection::<Document>("accounts")
         .find_one(doc! { "_id": "erin" })
@@ -691,7 +714,7 @@ async fn tour_orphan(
         .update("erin", before.version, &Update::new().set("note", "fine"))
         .await?;
     println!(
-        "  a writer undoes the hold on the spot and writes in {:?} -> version {version}",
+        "  a writer waits 250 ms for a record that may be on its way, writes an aborted one in its place, undoes the hold and writes, in {:?} -> version {version}",
         started.elapsed()
     );
     expect(held_accounts(db).await? == 0, "no hold left")?;
