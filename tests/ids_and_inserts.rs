@@ -168,12 +168,14 @@ async fn an_insert_waits_for_a_pending_insert_and_takes_the_id_if_it_rolls_back(
             (result, started.elapsed())
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its record may still be on its way: the insert waits (a writer's grace is 250 ms).
+    tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(
         !inserter.is_finished(),
         "the insert must wait for the undecided holder"
     );
-    // The stalled transaction is rolled back (its deadline passes for the GC).
+    // Then the hold without a record is undone (by the GC's sweep, or by the waiting insert
+    // itself once its grace is over) and the id is free again.
     let round = Gc::with_store(&store, GcOptions::default())
         .run_round_at(
             common::hours_from_now(2),
@@ -181,10 +183,10 @@ async fn an_insert_waits_for_a_pending_insert_and_takes_the_id_if_it_rolls_back(
         )
         .await
         .expect("GC round");
-    assert_eq!(round.rolled_back, 1, "{round:?}");
+    assert!(round.swept <= 1 && round.skipped == 0, "{round:?}");
     let (result, waited) = inserter.await.expect("inserter");
     result.expect("the id is free again");
-    assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
     let x = accounts.get("x").await.expect("x");
     assert_eq!((x.owner.as_str(), x.version), ("plain", 1));
     common::assert_settled(&t, &["accounts"], "after the insert").await;

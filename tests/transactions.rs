@@ -164,8 +164,10 @@ async fn one_failing_entry_leaves_every_document_as_it_was() {
 
 #[tokio::test]
 async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
+    // Crashed before its record went out (its applies did): not committed. Crashed after its
+    // round (here after the commit point too): committed.
     for (crash, committed) in [
-        (failpoint::COMMIT_BEFORE, false),
+        (failpoint::BEGIN_BEFORE, false),
         (failpoint::COMMIT_AFTER, true),
     ] {
         let t = TestDb::new().await;
@@ -221,13 +223,15 @@ async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
             )
             .await
             .expect("gc");
-        assert_eq!(
-            (summary.finished, summary.rolled_back),
-            if committed { (1, 0) } else { (0, 1) }
-        );
+        if committed {
+            assert_eq!((summary.finished, summary.rolled_back), (1, 0));
+        } else {
+            // Holds without a record, undone by the sweep.
+            assert_eq!(summary.swept, 3, "{summary:?}");
+        }
         let a = accounts.get("a").await.expect("a");
         assert_eq!(a.balance, if committed { 70 } else { 100 });
-        assert_no_transaction_left(&t).await;
+        common::assert_settled(&t, &["accounts"], "after the GC round").await;
     }
 }
 
@@ -235,33 +239,50 @@ async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
 async fn a_writer_resolves_an_expired_holder_instead_of_waiting() {
     let t = TestDb::new().await;
     let accounts = accounts(&t).await;
+    for (id, balance) in [("a", 100), ("b", 5)] {
+        accounts
+            .insert(&Account::new(id, id, balance))
+            .await
+            .expect("seed");
+    }
     accounts
-        .insert(&Account::new("a", "A", 100))
+        .update("a", 1, &Update::new().set("owner", "A"))
         .await
         .expect("seed");
+    // The coordinator dies after b changed under it and before it could abort: staging, a held,
+    // b's apply missing.
+    let timeout = Duration::from_millis(300);
     let txns = Transactions::with_options(
         &t.store,
         TxnOptions::default()
-            .timeout(Duration::from_millis(1))
+            .timeout(timeout)
             .fault_injector(Arc::new(CrashAt(Failpoint {
-                name: failpoint::COMMIT_BEFORE,
+                name: failpoint::ABORT_BEFORE,
                 step: 0,
             }))),
     );
     let tx = txns.begin();
-    tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", 1_i64))
+    tx.adjust(&accounts, "a", 2, &Adjust::new().by("balance", 1_i64))
         .await
         .expect("stage");
+    tx.adjust(&accounts, "b", 1, &Adjust::new().by("balance", 1_i64))
+        .await
+        .expect("stage");
+    accounts
+        .update("b", 1, &Update::new().set("note", "outside"))
+        .await
+        .expect("outside write");
     assert!(matches!(tx.commit().await, Err(TxnError::Crashed { .. })));
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    // The dead transaction's deadline passed: the writer aborts it and undoes its hold on "a"
-    // inline (the version goes back to 1), then writes, rather than waiting out the lock timeout.
+    tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+    // The dead transaction's deadline passed: the writer fences b, aborts it and undoes its hold
+    // on "a" inline (the version goes back to 2), then writes, rather than waiting out the lock
+    // timeout.
     let started = std::time::Instant::now();
     let version = accounts
-        .update("a", 1, &Update::new().set("owner", "B"))
+        .update("a", 2, &Update::new().set("owner", "B"))
         .await
         .expect("the writer goes ahead");
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     assert!(started.elapsed() < Duration::from_secs(1));
     let a = accounts.get("a").await.expect("a");
     assert_eq!((a.balance, a.owner.as_str()), (100, "B"));
