@@ -282,6 +282,116 @@ async fn an_expired_holder_is_aborted_and_undone_instead_of_waited_on() {
     assert_eq!(got, want);
 }
 
+/// A staging record of transaction `txn` (deadline `deadline`) whose participants are the accounts
+/// `ids`, each changed to owner "Crossed".
+async fn put_staging(t: &TestDb, txn: ObjectId, deadline: DateTime, ids: &[&str]) {
+    let entries: Vec<Document> = ids
+        .iter()
+        .map(|id| {
+            doc! {
+                "coll": "accounts", "id": *id, "expected": 1_i64, "applied": 2_i64,
+                "schema": 1_i64,
+                "op": {
+                    "kind": "update",
+                    "set": [{ "path": "owner", "value": "Crossed" }],
+                    "unset": [],
+                    "undo": { "restore": { "owner": "Before" }, "absent": [] },
+                },
+            }
+        })
+        .collect();
+    t.db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
+        .insert_one(doc! {
+            "_id": txn, "state": "staging", "created": DateTime::now(),
+            "deadline": deadline, "entries": entries,
+        })
+        .await
+        .unwrap();
+}
+
+/// Two expired staging transactions over accounts "a" and "b", the first holding "a" and the
+/// second "b": each misses what the other holds.
+async fn crossed_transactions(t: &TestDb, accounts: &mongotx::Repository<Account>) {
+    for id in ["a", "b"] {
+        accounts
+            .insert(&Account::new(id, "Before", 10))
+            .await
+            .unwrap();
+    }
+    let deadline = millis_from_now(-1_000);
+    for (txn, held) in [(ObjectId::new(), "a"), (ObjectId::new(), "b")] {
+        put_staging(t, txn, deadline, &["a", "b"]).await;
+        put_hold(
+            &t.db,
+            "accounts",
+            held,
+            txn,
+            doc! { "owner": "Crossed", fields::VERSION: 2_i64 },
+            hold_of(
+                "update",
+                deadline,
+                doc! { "owner": "Before", fields::VERSION: 1_i64 },
+                &[],
+            ),
+        )
+        .await;
+    }
+}
+
+/// Both accounts back as they were, free, and no record left.
+async fn assert_uncrossed(t: &TestDb, accounts: &mongotx::Repository<Account>) {
+    for doc in raw_snapshot(&t.db, "accounts").await {
+        assert!(!doc.contains_key(fields::ACTIVE_TXN), "still held: {doc}");
+        assert_eq!(doc.get_str("owner").ok(), Some("Before"), "{doc}");
+    }
+    for id in ["a", "b"] {
+        assert_eq!(accounts.get(id).await.unwrap().version, 1);
+    }
+    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    assert!(records.is_empty(), "records left: {records:?}");
+}
+
+#[tokio::test]
+async fn expired_transactions_each_holding_what_the_other_misses_are_both_aborted_by_the_gc() {
+    let t = TestDb::new().await;
+    let accounts = accounts_on(&t.store).await;
+    crossed_transactions(&t, &accounts).await;
+    // Neither can ever commit: past the deadline, an apply on a document another holds is shut
+    // out for good, so neither waits for the other.
+    let round = mongotx::Gc::with_store(&t.store, mongotx::GcOptions::default())
+        .run_round()
+        .await
+        .unwrap();
+    assert_eq!(round.rolled_back, 2, "{round:?}");
+    assert_uncrossed(&t, &accounts).await;
+}
+
+#[tokio::test]
+async fn a_writer_meeting_crossed_expired_transactions_aborts_them_instead_of_waiting() {
+    let t = TestDb::new().await;
+    let store = Store::builder(t.db.clone())
+        .lock_wait(short_wait(10_000))
+        .build();
+    let accounts = accounts_on(&store).await;
+    crossed_transactions(&t, &accounts).await;
+    let started = Instant::now();
+    let v = accounts
+        .update("a", 1, &Update::new().set("note", "written"))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(v, 2);
+    let a = accounts.get("a").await.unwrap();
+    assert_eq!(
+        (a.owner.as_str(), a.note.as_deref()),
+        ("Before", Some("written"))
+    );
+}
+
 #[tokio::test]
 async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_after_its_deadline() {
     let t = TestDb::new().await;

@@ -46,6 +46,9 @@ enum Place {
     Open,
     /// Held by another transaction.
     Other(ObjectId),
+    /// Seen held by another transaction once the server's clock had passed the deadline: the
+    /// apply never landed and never can.
+    Shut,
 }
 
 /// The participants a record lists.
@@ -131,11 +134,17 @@ pub(crate) async fn decide_expired<E>(
         decided => return Ok(decided),
     };
     let all = participants(found).map_err(hold_error)?;
-    // One fenced participant is enough: the transaction can then never commit.
+    // One fenced (or shut out) participant is enough: the transaction can then never commit.
     let mut fenced = None;
+    let mut shut = false;
     let mut undecidable = false;
     for (step, participant) in all.iter().enumerate() {
         let mut place = place(store, txn, participant).await.map_err(hold_error)?;
+        if let Place::Other(_) = place {
+            place = shut_out(store, txn, participant, deadline)
+                .await
+                .map_err(hold_error)?;
+        }
         // A fence that lost a race is read again; the document settles within a few tries.
         for _ in 0..4 {
             if place != Place::Open {
@@ -160,13 +169,17 @@ pub(crate) async fn decide_expired<E>(
                 fenced = Some(participant);
                 break;
             }
+            Place::Shut => {
+                shut = true;
+                break;
+            }
             Place::Open | Place::Other(_) => undecidable = true,
         }
     }
-    if undecidable && fenced.is_none() {
+    if undecidable && fenced.is_none() && !shut {
         return Ok(TxnStatus::Pending { deadline });
     }
-    let to = if fenced.is_none() {
+    let to = if fenced.is_none() && !shut {
         TxnState::Committed
     } else {
         TxnState::Aborted
@@ -201,6 +214,9 @@ pub(crate) enum Missing {
     None,
     /// A participant is fenced: the transaction can never commit.
     Fenced,
+    /// A participant was seen held by another transaction after the deadline: the transaction
+    /// can never commit, with nothing to undo there.
+    Shut,
     /// No participant could be fenced: the missing ones are held by other transactions.
     Held,
 }
@@ -215,6 +231,9 @@ pub(crate) async fn fence_one(
     let mut held = false;
     for participant in all {
         let mut place = place(store, txn, participant).await?;
+        if let Place::Other(_) = place {
+            place = shut_out(store, txn, participant, deadline).await?;
+        }
         for _ in 0..4 {
             if place != Place::Open {
                 break;
@@ -228,6 +247,7 @@ pub(crate) async fn fence_one(
         match place {
             Place::Applied => {}
             Place::Fenced => return Ok(Missing::Fenced),
+            Place::Shut => return Ok(Missing::Shut),
             Place::Open | Place::Other(_) => held = true,
         }
     }
@@ -333,6 +353,36 @@ async fn place(
         Some(Bson::ObjectId(holder)) => Place::Other(*holder),
         _ => Place::Open,
     })
+}
+
+/// Looks again at a participant held by another transaction, this time only if the server's clock
+/// is past `deadline`: [`Place::Shut`] if it is (still) held by another then. The apply of `txn`
+/// had not landed by that moment (the document would be `txn`'s until `txn` is decided), and it
+/// cannot land after it: changes are conditional on the clock being at or before the deadline,
+/// and a creation after it counts for nothing. Without this, two expired transactions each
+/// holding what the other misses would wait on each other for ever.
+async fn shut_out(
+    store: &Store,
+    txn: ObjectId,
+    participant: &Participant,
+    deadline: DateTime,
+) -> Result<Place, HoldError> {
+    let found = store
+        .protocol_collection(&participant.coll)
+        .await
+        .map_err(|e| HoldError::database("reading a participant", e))?
+        .find_one(doc! {
+            "_id": participant.id.clone(),
+            fields::ACTIVE_TXN: { "$exists": true, "$ne": txn },
+            "$expr": { "$gt": ["$$NOW", deadline] },
+        })
+        .projection(doc! { fields::ACTIVE_TXN: 1 })
+        .await
+        .map_err(|e| HoldError::database("reading a participant", e))?;
+    if found.is_some() {
+        return Ok(Place::Shut);
+    }
+    place(store, txn, participant).await
 }
 
 /// Puts `txn`'s fence on `participant`: a fence hold on the document if it exists and is free,

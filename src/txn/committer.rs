@@ -392,7 +392,7 @@ impl Transactions {
             }
             if !fenced {
                 match staging::fence_one(&env.store, t, &parts, txn.deadline).await {
-                    Ok(staging::Missing::Fenced) => fenced = true,
+                    Ok(staging::Missing::Fenced | staging::Missing::Shut) => fenced = true,
                     Ok(staging::Missing::None) => {
                         // Every participant is in place: committed, if the record is staging.
                         match staging::status(&env.store, t).await {

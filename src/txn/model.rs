@@ -480,6 +480,8 @@ impl CommitModel {
                                 let d = PLAN[t][p].doc;
                                 match s.docs[d].hold {
                                     Some(h) if h.txn as usize == t => {}
+                                    // Held by another after the deadline: shut out for good.
+                                    Some(_) if s.past[t] => {}
                                     Some(_) => return, // held by another: wait
                                     None => {
                                         n.docs[d].hold = Some(Hold {
@@ -577,6 +579,9 @@ impl CommitModel {
                     }
                     // Its fence, or a creation stamped too late: it can never be in place.
                     Some(h) if h.txn == txn => n.res = Res::Decide { txn, fenced: true },
+                    // Held by another once the deadline has passed: its apply never landed and
+                    // never can (changes are refused after it, creations then count for nothing).
+                    Some(_) if s.past[t] => n.res = Res::Decide { txn, fenced: true },
                     Some(_) => n.res = Res::Idle,
                     None => {
                         // Not in place: leave it for now, or (any time: no clock needed) fence it.

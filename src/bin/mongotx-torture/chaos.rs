@@ -635,9 +635,15 @@ fn summed(slots: &[Slot], kind: Kind) -> (Report, Vec<String>) {
 }
 
 /// GC rounds as if every deadline had passed, until nothing is left to do; returns the rounds.
+/// Undecided and aborted records are decided and deleted by the server's own clock, so rounds
+/// are spaced out until the last deadline (a transaction timeout at most) has really passed.
 async fn recover(store: &mongotx::Store, db: &mongodb::Database) -> Result<u32, String> {
     let gc = Gc::with_store(store, GcOptions::default());
-    for round in 1..=30 {
+    let mut last = String::new();
+    for round in 1..=60 {
+        if round > 1 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         let now = store.server_time().await.map_err(|e| e.to_string())?;
         let later = bson::DateTime::from_millis(now.timestamp_millis() + 3_600_000);
         let summary = gc
@@ -657,6 +663,30 @@ async fn recover(store: &mongotx::Store, db: &mongodb::Database) -> Result<u32, 
         if records == 0 && held == 0 && summary.skipped == 0 {
             return Ok(round);
         }
+        last = format!("{records} records, {held} held, last round {summary:?}");
     }
-    Err("recovery did not settle within 30 GC rounds".into())
+    let left = leftovers(db).await.unwrap_or_else(|e| e.to_string());
+    Err(format!(
+        "recovery did not settle within 60 GC rounds (15 s): {last}\n{left}"
+    ))
+}
+
+/// The records and held accounts still there, for the failure message.
+async fn leftovers(db: &mongodb::Database) -> mongodb::error::Result<String> {
+    let mut out = String::new();
+    for (name, filter) in [
+        (TRANSACTIONS_COLLECTION, doc! {}),
+        ("accounts", doc! { fields::ACTIVE_TXN: { "$exists": true } }),
+    ] {
+        let docs: Vec<Document> = db
+            .collection::<Document>(name)
+            .find(filter)
+            .await?
+            .try_collect()
+            .await?;
+        for d in docs {
+            out.push_str(&format!("{name}: {d}\n"));
+        }
+    }
+    Ok(out)
 }
