@@ -81,6 +81,8 @@ pub use server::probe::{
     probe, probe_with, ProbeError, ServerCapabilities, DEFAULT_CONTENTION_TASKS,
 };
 pub use server::test_server;
+#[cfg(feature = "cli")]
+pub use server::toxiproxy;
 #[doc(inline)]
 pub use txn::error::TxnError;
 pub use txn::failpoint;

@@ -204,3 +204,145 @@ async fn the_gc_runner_returns_expired_quota_reservations() {
     let p = quota.provider(("project", "cores")).await.unwrap();
     assert_eq!((p.usage, p.reserved), (0, 0));
 }
+
+/// The value of metric `name` (a line `name value`) in an OpenMetrics page.
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|line| {
+            let (key, value) = line.split_once(' ')?;
+            (key == name).then(|| value.trim().parse().ok()).flatten()
+        })
+        .unwrap_or_else(|| panic!("no {name} in:\n{page}"))
+}
+
+#[tokio::test]
+async fn the_gc_runner_serves_metrics_that_move_with_its_work_and_a_health_check() {
+    use mongotx::quota::{NewProvider, Quota, Request};
+    use mongotx::ratelimit::{Limit, Priority, RateLimits};
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("a", 100), ("b", 50)]).await;
+    // Work for each counter: a dead coordinator's transaction (rolled back), an expired quota
+    // reservation (returned), a limiter whose only entry stops counting (pruned).
+    let txns = Transactions::with_options(
+        &t.store,
+        TxnOptions::default()
+            .timeout(Duration::from_millis(300))
+            .fault_injector(Arc::new(CrashAt(Failpoint {
+                name: failpoint::ABORT_BEFORE,
+                step: 0,
+            }))),
+    );
+    let tx = txns.begin();
+    tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -30_i64))
+        .await
+        .unwrap();
+    tx.adjust(&accounts, "b", 1, &Adjust::new().by("balance", 30_i64))
+        .await
+        .unwrap();
+    accounts
+        .update("b", 1, &mongotx::Update::new().set("note", "outside"))
+        .await
+        .unwrap();
+    assert!(matches!(tx.commit().await, Err(TxnError::Crashed { .. })));
+    let quota = Quota::open(&t.store).await.unwrap();
+    quota
+        .create(NewProvider::new(("project", "cores"), 10))
+        .await
+        .unwrap();
+    quota
+        .reserve(
+            &Request::new("vm").take(("project", "cores"), 7),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
+    let limits = RateLimits::open(&t.store).await.unwrap();
+    limits
+        .define("api", Limit::new(10, Duration::from_millis(100)))
+        .await
+        .unwrap();
+    let r = limits.reserve(&["api"], 1, Priority::High).await.unwrap();
+    limits.settle(&r, 1).await.unwrap();
+
+    let mut child = Command::new(GC)
+        .args([
+            "--uri",
+            &common::server_uri(),
+            "--db",
+            t.db.name(),
+            "--interval",
+            "200ms",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start mongotx-gc");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next_line().await.unwrap().expect("a first line");
+    let base = first
+        .strip_prefix("metrics: ")
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|url| url.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address in {first:?}"))
+        .to_string();
+    // The runner's other lines are not needed; keep its pipe drained.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let http = reqwest::Client::new();
+    let scrape = || async {
+        let response = http
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .expect("scrape /metrics");
+        assert!(response.status().is_success());
+        response.text().await.expect("metrics body")
+    };
+
+    let started = std::time::Instant::now();
+    let page = loop {
+        let page = scrape().await;
+        let done = metric(&page, "mongotx_gc_rolled_back_total") >= 1.0
+            && metric(&page, "mongotx_gc_quota_expired_total") >= 1.0
+            && metric(&page, "mongotx_gc_ratelimit_pruned_total") >= 1.0;
+        if done {
+            break page;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the counters did not move within 30 s:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let rounds = metric(&page, "mongotx_gc_rounds_total");
+    assert!(rounds >= 1.0, "{page}");
+    assert!(metric(&page, "mongotx_gc_quota_sweeps_total") >= 1.0);
+    assert!(metric(&page, "mongotx_gc_ratelimit_sweeps_total") >= 1.0);
+    assert!(metric(&page, "mongotx_gc_round_duration_seconds_count") >= rounds);
+    assert_eq!(metric(&page, "mongotx_gc_round_failures_total"), 0.0);
+    assert!(page.contains("# TYPE mongotx_gc_round_duration_seconds histogram"));
+    // What the counters say happened did happen.
+    let (a, b) = (
+        accounts.get("a").await.unwrap(),
+        accounts.get("b").await.unwrap(),
+    );
+    assert_eq!((a.balance, b.balance), (100, 50));
+    let p = quota.provider(("project", "cores")).await.unwrap();
+    assert_eq!((p.usage, p.reserved), (0, 0));
+
+    // Rounds keep coming: a later scrape counts more.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let later = scrape().await;
+    assert!(
+        metric(&later, "mongotx_gc_rounds_total") > rounds,
+        "{later}"
+    );
+    let health = http.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let body = health.text().await.unwrap();
+    assert!(body.contains(r#""status":"ok""#), "{body}");
+    let _ = child.kill().await;
+}

@@ -518,3 +518,40 @@ async fn lost_replies_neither_double_a_grant_nor_fail_a_settlement() {
             .unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_sweep_prunes_only_entries_that_stopped_counting() {
+    let t = TestDb::new().await;
+    let limits = limits(&t).await;
+    limits
+        .define("idle", Limit::new(10, Duration::from_millis(100)))
+        .await
+        .unwrap();
+    limits
+        .define("busy", Limit::new(10, Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    for name in ["idle", "busy"] {
+        let r = granted(&limits, &[name], 2, Priority::High).await;
+        limits.settle(&r, 2).await.unwrap();
+    }
+    let log_len = |doc: &Document| doc.get_document("log").map(|l| l.len()).unwrap_or(99);
+    // Everything still counts (or counted too recently): nothing to prune.
+    assert_eq!(limits.sweep().await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(limits.sweep().await.unwrap(), 1, "only the idle limiter");
+    let docs = snapshot(&t).await;
+    let by = |name: &str| {
+        docs.iter()
+            .find(|d| d.get_str("_id") == Ok(name))
+            .unwrap_or_else(|| panic!("no {name} in {docs:?}"))
+    };
+    assert_eq!(log_len(by("idle")), 0, "{:?}", by("idle"));
+    assert_eq!(log_len(by("busy")), 1, "{:?}", by("busy"));
+    assert_eq!(limits.usage("busy").await.unwrap().high, 2);
+    assert_eq!(
+        limits.sweep().await.unwrap(),
+        0,
+        "a second sweep finds nothing"
+    );
+}

@@ -14,7 +14,9 @@ use tokio::sync::Notify;
 use crate::ratelimit::error::RateLimitError;
 use crate::ratelimit::limit::SLACK;
 use crate::ratelimit::limit::{Attempt, Limit, Priority, Reservation, Settled, Usage};
-use crate::ratelimit::plan::{fits_expr, grant_update, queue_update, settle_update, Ticket, View};
+use crate::ratelimit::plan::{
+    self, fits_expr, grant_update, queue_update, settle_update, Ticket, View,
+};
 use crate::ratelimit::RateLimits;
 use crate::server::clock::plus;
 use crate::server::probe;
@@ -53,6 +55,32 @@ impl RateLimits {
         e: mongodb::error::Error,
     ) -> RateLimitError {
         RateLimitError::database(self.coll_name(), limiter, op, e)
+    }
+
+    /// Prunes every limiter's log of entries that stopped counting and its queue of callers
+    /// gone (what each grant does to the limiter it writes), for limiters nobody writes to now;
+    /// the GC runner calls it each round. One read of the limiter names, then one conditional
+    /// write per limiter; returns how many limiters it changed. It never changes what counts.
+    pub async fn sweep(&self) -> Result<u64, RateLimitError> {
+        let names: Vec<Document> = self
+            .coll
+            .find(doc! {})
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(|e| self.db_error("*", "list the limiters", e))?
+            .try_collect()
+            .await
+            .map_err(|e| self.db_error("*", "list the limiters", e))?;
+        let mut changed = 0;
+        for name in names.iter().filter_map(|d| d.get_str("_id").ok()) {
+            let result = self
+                .coll
+                .update_one(doc! { "_id": name }, plan::prune_update())
+                .await
+                .map_err(|e| self.db_error(name, "prune the limiter", e))?;
+            changed += result.modified_count;
+        }
+        Ok(changed)
     }
 
     /// Defines a limiter, or confirms an existing one has exactly this limit

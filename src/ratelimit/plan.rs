@@ -138,6 +138,15 @@ fn replace_fields(fields: Document) -> Vec<Document> {
     vec![doc! { "$replaceRoot": { "newRoot": { "$mergeObjects": ["$$ROOT", fields] } } }]
 }
 
+/// The sweeping write: the log and the queue pruned, nothing added. A limiter nobody writes to
+/// keeps its stale entries until a write like this one comes.
+pub(crate) fn prune_update() -> Vec<Document> {
+    replace_fields(doc! {
+        "log": pruned_log(),
+        "wait": pruned_wait(None),
+    })
+}
+
 /// The granting write: a log entry `key` ending at `$$NOW` + hold + grace, the log and the queue
 /// pruned, and the caller out of the queue.
 pub(crate) fn grant_update(

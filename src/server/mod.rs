@@ -13,6 +13,8 @@ pub(crate) mod http;
 pub mod local;
 pub(crate) mod probe;
 pub mod test_server;
+#[cfg(feature = "cli")]
+pub mod toxiproxy;
 
 use mongodb::error::{Error, ErrorKind, WriteFailure};
 

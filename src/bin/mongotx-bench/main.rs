@@ -1,6 +1,8 @@
 //! Latency benchmarks: mongotx operations against the raw driver baseline, measured in one run.
 
+mod network;
 mod obt;
+mod plots;
 mod queue;
 mod quota;
 mod ratelimit;
@@ -27,6 +29,21 @@ struct Args {
     /// Run only these rows (all by default).
     #[arg(long, value_enum)]
     only: Option<Section>,
+    /// One-way latencies (ms) toxiproxy adds for the network rows.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,5")]
+    latencies: Vec<u64>,
+    /// Samples per network row (after a fifth as many warm-up ones).
+    #[arg(long, default_value_t = 100)]
+    net_samples: usize,
+    /// Seconds each transfer-throughput measurement runs.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Where the network rows' charts go (SVG and PNG).
+    #[arg(long, default_value = "tools/bench-results")]
+    plots: std::path::PathBuf,
+    /// A TrueType font for the charts' text (DejaVu Sans is looked for by default).
+    #[arg(long)]
+    font: Option<std::path::PathBuf>,
 }
 
 /// Groups of rows that can be run alone.
@@ -42,14 +59,16 @@ enum Section {
     Ratelimit,
     /// The batch queue.
     Queue,
+    /// Commits, domain operations and transfer throughput behind toxiproxy at set latencies.
+    Network,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Account {
+pub(crate) struct Account {
     #[serde(rename = "_id")]
-    id: String,
-    owner: String,
-    balance: i64,
+    pub(crate) id: String,
+    pub(crate) owner: String,
+    pub(crate) balance: i64,
 }
 
 /// Latency percentiles of one measurement.
@@ -116,6 +135,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         queue::rows(&db)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    if run(Section::Network) {
+        let runs = network::rows(
+            server.uri(),
+            db.name(),
+            &args.latencies,
+            args.net_samples.max(1),
+            args.seconds.max(1),
+        )
+        .await
+        .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+        match plots::write(&args.plots, args.font.as_deref(), &runs) {
+            Ok(files) => {
+                println!(
+                    "
+charts:"
+                );
+                for file in files {
+                    println!("  {}", file.display());
+                }
+            }
+            Err(e) => println!(
+                "
+charts not drawn: {e}"
+            ),
+        }
     }
     db.drop().await?;
     Ok(())

@@ -1,7 +1,6 @@
 //! The orchestrator of a torture run: server, wire proxy, toxiproxy, processes, faults, and the
 //! verification at the end.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,10 +11,9 @@ use clap::Args;
 use futures::TryStreamExt;
 use mongodb::Client;
 use mongotx::test_server::TestServer;
+use mongotx::toxiproxy::Toxiproxy;
 use mongotx::{fields, Gc, GcOptions, Query, TRANSACTIONS_COLLECTION};
 use rand::Rng;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::children::{add, Kind, Recipe, Report, Slot};
 use crate::roles::{account_id, Account, Bank};
@@ -91,117 +89,6 @@ impl Rules for LateRules {
         }
         Action::Forward
     }
-}
-
-/// A toxiproxy server and the one proxy the run routes every process through.
-struct Toxiproxy {
-    child: tokio::process::Child,
-    api: SocketAddr,
-    listen: SocketAddr,
-}
-
-impl Toxiproxy {
-    async fn start(upstream: SocketAddr) -> Result<Toxiproxy, String> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let installed = tokio::process::Command::new("bash")
-            .arg(root.join("tools/toxiproxy.sh"))
-            .output()
-            .await
-            .map_err(|e| format!("run tools/toxiproxy.sh: {e}"))?;
-        if !installed.status.success() {
-            return Err(format!(
-                "tools/toxiproxy.sh failed: {}",
-                String::from_utf8_lossy(&installed.stderr)
-            ));
-        }
-        let server = String::from_utf8_lossy(&installed.stdout)
-            .trim()
-            .to_string();
-        let api = free_address()?;
-        let child = tokio::process::Command::new(&server)
-            .args(["-host", "127.0.0.1", "-port", &api.port().to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("start {server}: {e}"))?;
-        let listen = free_address()?;
-        let mut toxiproxy = Toxiproxy { child, api, listen };
-        let body = format!(
-            r#"{{"name":"mongo","listen":"{listen}","upstream":"{upstream}","enabled":true}}"#
-        );
-        let started = Instant::now();
-        loop {
-            match toxiproxy.http("POST", "/proxies", &body).await {
-                Ok(201) => return Ok(toxiproxy),
-                Ok(status) => return Err(format!("toxiproxy refused the proxy: HTTP {status}")),
-                Err(_) if started.elapsed() < Duration::from_secs(15) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => {
-                    let _ = toxiproxy.child.kill().await;
-                    return Err(format!("toxiproxy did not come up: {e}"));
-                }
-            }
-        }
-    }
-
-    async fn http(&self, method: &str, path: &str, body: &str) -> Result<u16, String> {
-        let mut stream = TcpStream::connect(self.api)
-            .await
-            .map_err(|e| format!("toxiproxy API: {e}"))?;
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.api,
-            body.len()
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| format!("toxiproxy API: {e}"))?;
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .await
-            .map_err(|e| format!("toxiproxy API: {e}"))?;
-        response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .ok_or_else(|| format!("toxiproxy API: unreadable reply {response:?}"))
-    }
-
-    async fn add_toxic(
-        &self,
-        name: &str,
-        kind: &str,
-        stream: &str,
-        toxicity: f64,
-        timeout_ms: u64,
-    ) -> bool {
-        let body = format!(
-            r#"{{"name":"{name}","type":"{kind}","stream":"{stream}","toxicity":{toxicity},"attributes":{{"timeout":{timeout_ms}}}}}"#
-        );
-        matches!(
-            self.http("POST", "/proxies/mongo/toxics", &body).await,
-            Ok(200)
-        )
-    }
-
-    async fn remove_toxic(&self, name: &str) {
-        let _ = self
-            .http("DELETE", &format!("/proxies/mongo/toxics/{name}"), "")
-            .await;
-    }
-}
-
-fn free_address() -> Result<SocketAddr, String> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("find a free port: {e}"))?;
-    listener
-        .local_addr()
-        .map_err(|e| format!("find a free port: {e}"))
 }
 
 /// The binary next to this one (cargo puts every binary of the crate in one directory).
@@ -303,9 +190,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     let toxiproxy = if args.no_faults {
         None
     } else {
-        Some(Toxiproxy::start(proxy.addr()).await?)
+        Some(
+            Toxiproxy::start(proxy.addr())
+                .await
+                .map_err(|e| e.to_string())?,
+        )
     };
-    let entry = toxiproxy.as_ref().map_or(proxy.addr(), |t| t.listen);
+    let entry = toxiproxy.as_ref().map_or(proxy.addr(), |t| t.listen());
     let uri = format!("mongodb://{entry}/?directConnection=true");
 
     // The processes.
@@ -431,14 +322,20 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
                         "reset_peer",
                         "downstream",
                         toxicity,
-                        timeout_ms % 100,
+                        &format!(r#"{{"timeout":{}}}"#, timeout_ms % 100),
                     )
                     .await
                 } else {
-                    tp.add_toxic(&name, "timeout", "upstream", toxicity, 200 + timeout_ms)
-                        .await
+                    tp.add_toxic(
+                        &name,
+                        "timeout",
+                        "upstream",
+                        toxicity,
+                        &format!(r#"{{"timeout":{}}}"#, 200 + timeout_ms),
+                    )
+                    .await
                 };
-                if added {
+                if added.is_ok() {
                     if reset {
                         faults.resets += 1;
                     } else {

@@ -1,10 +1,15 @@
-//! The GC runner: finishes or rolls back expired transactions, purges old tombstones and returns
-//! expired quota reservations, one round per interval, until SIGINT or SIGTERM (the current item is finished first).
+//! The GC runner: finishes or rolls back expired transactions, purges old tombstones, returns
+//! expired quota reservations and prunes idle rate limiters, one round per interval, until SIGINT
+//! or SIGTERM (the current item is finished first). With `--metrics-addr` it serves Prometheus
+//! metrics and a health endpoint.
 
+mod metrics;
+
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bson::doc;
 use clap::Parser;
@@ -48,6 +53,14 @@ struct Args {
     /// in a database that has quota providers.
     #[arg(long)]
     no_quota: bool,
+    /// Skip the rate-limiter sweep (pruning limiters nobody writes to), which otherwise runs
+    /// every round in a database that has limiters.
+    #[arg(long)]
+    no_ratelimit: bool,
+    /// Serve Prometheus metrics (`/metrics`) and a health check (`/health`) on this address
+    /// (port 0 picks a free one; the address is printed).
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
 }
 
 #[tokio::main]
@@ -91,12 +104,19 @@ async fn run(args: Args) -> Result<(), String> {
             .batch_size(args.batch_size as usize)
             .tombstone_retention(args.tombstone_retention),
     );
+    let metrics = Arc::new(metrics::Metrics::new(args.interval));
+    if let Some(addr) = args.metrics_addr {
+        let bound = metrics::serve(addr, Arc::clone(&metrics)).await?;
+        println!("metrics: http://{bound}/metrics, health: http://{bound}/health");
+        tracing::info!(%bound, "serving metrics");
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let wake = Arc::new(tokio::sync::Notify::new());
     spawn_signal_watch(Arc::clone(&stop), Arc::clone(&wake))?;
     tracing::info!(db = %args.db, interval = ?args.interval, once = args.once, "GC runner started");
 
     loop {
+        let started = Instant::now();
         let round = match store.server_time().await {
             Ok(now) => gc.run_round_at(now, &stop).await,
             Err(e) => Err(mongotx::TxnError::Clock {
@@ -104,6 +124,7 @@ async fn run(args: Args) -> Result<(), String> {
                 source: e,
             }),
         };
+        metrics.round(started.elapsed(), round.as_ref().map_err(|_| ()));
         match round {
             Ok(summary) => println!(
                 "round: finished={} rolled_back={} swept={} skipped={} purged={}",
@@ -123,13 +144,30 @@ async fn run(args: Args) -> Result<(), String> {
         if !args.no_quota && !stop.load(Ordering::SeqCst) {
             match sweep_quota(&store).await {
                 Ok(Some(swept)) => {
+                    metrics.quota_sweep(swept.expired, swept.pruned);
                     println!("quota: expired={} pruned={}", swept.expired, swept.pruned)
                 }
                 Ok(None) => {}
                 Err(e) if args.once => return Err(format!("quota sweep failed: {e}")),
                 Err(e) => {
+                    metrics.sweep_failed();
                     tracing::warn!(error = %e, "quota sweep failed; retrying next round");
                     println!("quota: failed ({e})");
+                }
+            }
+        }
+        if !args.no_ratelimit && !stop.load(Ordering::SeqCst) {
+            match sweep_ratelimits(&store).await {
+                Ok(Some(pruned)) => {
+                    metrics.ratelimit_sweep(pruned);
+                    println!("ratelimit: pruned={pruned}");
+                }
+                Ok(None) => {}
+                Err(e) if args.once => return Err(format!("rate-limiter sweep failed: {e}")),
+                Err(e) => {
+                    metrics.sweep_failed();
+                    tracing::warn!(error = %e, "rate-limiter sweep failed; retrying next round");
+                    println!("ratelimit: failed ({e})");
                 }
             }
         }
@@ -167,6 +205,25 @@ async fn sweep_quota(store: &Store) -> Result<Option<mongotx::quota::SweepSummar
         .await
         .map_err(|e| e.to_string())?;
     quota.sweep().await.map(Some).map_err(|e| e.to_string())
+}
+
+/// Prunes the limiters, if this database has any (so that the GC never creates the collection).
+async fn sweep_ratelimits(store: &Store) -> Result<Option<u64>, String> {
+    let names = store
+        .database()
+        .list_collection_names()
+        .await
+        .map_err(|e| format!("list collections: {e}"))?;
+    if !names
+        .iter()
+        .any(|n| n == mongotx::ratelimit::LIMITERS_COLLECTION)
+    {
+        return Ok(None);
+    }
+    let limits = mongotx::ratelimit::RateLimits::open(store)
+        .await
+        .map_err(|e| e.to_string())?;
+    limits.sweep().await.map(Some).map_err(|e| e.to_string())
 }
 
 fn spawn_signal_watch(stop: Arc<AtomicBool>, wake: Arc<tokio::sync::Notify>) -> Result<(), String> {

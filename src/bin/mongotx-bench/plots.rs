@@ -1,0 +1,226 @@
+//! The network rows as charts (SVG and PNG, with plotters): commit latency against k per protocol
+//! mode at each latency, and transfer throughput against clients.
+
+use std::path::{Path, PathBuf};
+
+use mongotx::Finish;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+
+use crate::network::{AtLatency, Layout, CLIENTS, KS};
+
+/// Where a TrueType font for the charts' text is usually found.
+const FONTS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// Registers the font (`font`, or the first of [`FONTS`] found) for the charts' text.
+fn load_font(font: Option<&Path>) -> Result<(), String> {
+    let path = match font {
+        Some(path) => path.to_path_buf(),
+        None => FONTS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .ok_or_else(|| format!("no TrueType font found (looked for {FONTS:?}; pass --font)"))?,
+    };
+    let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    // plotters keeps the font for the life of the process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| format!("{} is not a usable TrueType font", path.display()))
+}
+
+/// Writes every chart into `dir` and returns the files written.
+pub(crate) fn write(
+    dir: &Path,
+    font: Option<&Path>,
+    runs: &[AtLatency],
+) -> Result<Vec<PathBuf>, String> {
+    load_font(font)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let mut written = Vec::new();
+    for at in runs {
+        let chart = Chart {
+            caption: format!(
+                "commit latency vs k, {} ms one-way latency (median)",
+                at.one_way_ms
+            ),
+            x_desc: "documents per transaction (k)",
+            y_desc: "median latency (ms)",
+            x_max: KS.iter().copied().max().unwrap_or(1) as f64,
+            lines: latency_lines(at),
+        };
+        written.extend(chart.render(dir, &format!("commit_latency_{}ms", at.one_way_ms))?);
+    }
+    let chart = Chart {
+        caption: "2-document transfers per second vs clients".into(),
+        x_desc: "clients",
+        y_desc: "transfers per second",
+        x_max: CLIENTS.iter().copied().max().unwrap_or(1) as f64,
+        lines: throughput_lines(runs),
+    };
+    written.extend(chart.render(dir, "transfer_throughput")?);
+    Ok(written)
+}
+
+/// One line of a chart: its label, colour and points.
+struct Line {
+    label: String,
+    color: RGBColor,
+    points: Vec<(f64, f64)>,
+}
+
+/// A line chart.
+struct Chart {
+    caption: String,
+    x_desc: &'static str,
+    y_desc: &'static str,
+    x_max: f64,
+    lines: Vec<Line>,
+}
+
+impl Chart {
+    /// Draws the chart as `stem.svg` and `stem.png` in `dir`.
+    fn render(&self, dir: &Path, stem: &str) -> Result<Vec<PathBuf>, String> {
+        let size = (860, 520);
+        let svg = dir.join(format!("{stem}.svg"));
+        let png = dir.join(format!("{stem}.png"));
+        draw(SVGBackend::new(&svg, size).into_drawing_area(), self)?;
+        draw(BitMapBackend::new(&png, size).into_drawing_area(), self)?;
+        Ok(vec![svg, png])
+    }
+}
+
+fn latency_lines(at: &AtLatency) -> Vec<Line> {
+    let modes = [
+        (
+            Layout::Spread,
+            Finish::InBackground,
+            "parallel commit, returns before finishing (spread)",
+            RGBColor(0, 114, 178),
+        ),
+        (
+            Layout::One,
+            Finish::InBackground,
+            "parallel commit, returns before finishing (one collection)",
+            RGBColor(86, 180, 233),
+        ),
+        (
+            Layout::Spread,
+            Finish::BeforeReturning,
+            "parallel commit, finishes first (spread)",
+            RGBColor(0, 158, 115),
+        ),
+    ];
+    let mut lines: Vec<Line> = modes
+        .into_iter()
+        .map(|(layout, finish, label, color)| Line {
+            label: label.into(),
+            color,
+            points: KS
+                .iter()
+                .filter_map(|&k| {
+                    at.commit(k, layout, finish)
+                        .map(|us| (k as f64, us / 1000.0))
+                })
+                .collect(),
+        })
+        .collect();
+    lines.push(Line {
+        label: "native transaction equivalent (k + 1 round trips)".into(),
+        color: RGBColor(213, 94, 0),
+        points: at
+            .native
+            .iter()
+            .map(|(k, us)| (*k as f64, us / 1000.0))
+            .collect(),
+    });
+    lines.push(Line {
+        label: "one conditional update".into(),
+        color: RGBColor(120, 120, 120),
+        points: KS
+            .iter()
+            .map(|&k| (k as f64, at.update_us / 1000.0))
+            .collect(),
+    });
+    lines
+}
+
+fn throughput_lines(runs: &[AtLatency]) -> Vec<Line> {
+    let colors = [
+        RGBColor(0, 114, 178),
+        RGBColor(213, 94, 0),
+        RGBColor(0, 158, 115),
+        RGBColor(204, 121, 167),
+    ];
+    runs.iter()
+        .zip(colors.iter().cycle())
+        .map(|(at, color)| Line {
+            label: format!("{} ms one way", at.one_way_ms),
+            color: *color,
+            points: at
+                .throughput
+                .iter()
+                .map(|(c, rate, _)| (*c as f64, *rate))
+                .collect(),
+        })
+        .collect()
+}
+
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, spec: &Chart) -> Result<(), String> {
+    let (lines, x_max) = (&spec.lines, spec.x_max);
+    let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let y_max = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .fold(0.0_f64, f64::max)
+        * 1.15;
+    root.fill(&WHITE).map_err(fail)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&spec.caption, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max.max(1e-9))
+        .map_err(fail)?;
+    chart
+        .configure_mesh()
+        .x_desc(spec.x_desc)
+        .y_desc(spec.y_desc)
+        .label_style(("sans-serif", 13))
+        .draw()
+        .map_err(fail)?;
+    for line in lines.iter() {
+        let color = line.color;
+        chart
+            .draw_series(LineSeries::new(
+                line.points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(fail)?
+            .label(line.label.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                line.points
+                    .iter()
+                    .map(|&p| Circle::new(p, 3, color.filled())),
+            )
+            .map_err(fail)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(fail)?;
+    root.present().map_err(fail)
+}
