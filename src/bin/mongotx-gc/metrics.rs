@@ -99,12 +99,9 @@ impl Metrics {
             "sweep_failures",
             "Quota or rate-limiter sweeps that failed",
         );
-        let round_seconds = Histogram::new(
-            [
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ]
-            .into_iter(),
-        );
+        let round_seconds = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ]);
         registry.register(
             "round_duration_seconds",
             "How long a GC round took",
