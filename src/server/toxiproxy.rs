@@ -51,6 +51,8 @@ impl Toxiproxy {
         let api = free_address().map_err(|e| fail("find a free port", &e))?;
         let child = tokio::process::Command::new(&server)
             .args(["-host", "127.0.0.1", "-port", &api.port().to_string()])
+            // Fewer collections: toxiproxy shares the cores with the server and the clients.
+            .env("GOGC", "1000")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)

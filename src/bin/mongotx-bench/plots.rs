@@ -140,6 +140,15 @@ fn latency_lines(at: &AtLatency) -> Vec<Line> {
             .collect(),
     });
     lines.push(Line {
+        label: "floor: k + 1 concurrent driver updates (no mongotx)".into(),
+        color: RGBColor(204, 121, 167),
+        points: at
+            .floor
+            .iter()
+            .map(|(k, us)| (*k as f64, us / 1000.0))
+            .collect(),
+    });
+    lines.push(Line {
         label: "one conditional update".into(),
         color: RGBColor(120, 120, 120),
         points: KS
