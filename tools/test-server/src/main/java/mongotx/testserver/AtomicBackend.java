@@ -2,6 +2,7 @@ package mongotx.testserver;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.stream.Stream;
 
 import de.bwaldvogel.mongo.MongoCollection;
 import de.bwaldvogel.mongo.MongoDatabase;
@@ -10,6 +11,7 @@ import de.bwaldvogel.mongo.backend.CursorRegistry;
 import de.bwaldvogel.mongo.backend.DatabaseResolver;
 import de.bwaldvogel.mongo.backend.QueryParameters;
 import de.bwaldvogel.mongo.backend.QueryResult;
+import de.bwaldvogel.mongo.backend.aggregation.Aggregation;
 import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
 import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
 import de.bwaldvogel.mongo.backend.memory.MemoryDatabase;
@@ -113,19 +115,11 @@ final class AtomicBackend extends MemoryBackend {
                     // Every change to the collection takes this lock, so nothing can change the
                     // document between the pipeline reading it and its result replacing it.
                     synchronized (collection) {
-                        List<Object> pipeline = new ArrayList<>();
-                        Object filter = statement.get("q");
-                        pipeline.add(new Document("$match", filter == null ? new Document() : filter));
-                        pipeline.add(new Document("$limit", 1));
-                        pipeline.addAll(stages);
-                        Document aggregate = new Document("aggregate", name)
-                                .append("pipeline", pipeline)
-                                .append("cursor", new Document());
-                        Document result = super.handleCommand(channel, "aggregate", aggregate, resolver, oplog);
-                        List<?> batch = (List<?>) ((Document) result.get("cursor")).get("firstBatch");
-                        if (batch.isEmpty()) {
+                        Document filter = statement.get("q") instanceof Document q ? q : new Document();
+                        Document current = first(collection, filter);
+                        if (current == null) {
                             if (upsert) {
-                                Object outcome = upsertPipeline(channel, name, statement, stages, resolver, oplog);
+                                Object outcome = upsertPipeline(channel, name, collection, statement, stages, resolver, oplog);
                                 if (outcome instanceof Document error) {
                                     errors.add(error.append("index", index));
                                 } else {
@@ -135,7 +129,7 @@ final class AtomicBackend extends MemoryBackend {
                             }
                             continue;
                         }
-                        Document next = ((Document) batch.get(0)).cloneDeeply();
+                        Document next = transform(collection, current, stages, resolver, oplog);
                         Document replacement = new Document("q", new Document("_id", next.get("_id"))).append("u", next);
                         reply = super.handleCommand(channel, "update", single(name, replacement), resolver, oplog);
                     }
@@ -155,12 +149,12 @@ final class AtomicBackend extends MemoryBackend {
 
         /**
          * The insert half of a pipeline upsert, run under the collection's lock: the seed is the
-         * filter's top-level equalities on plain values; it is inserted, transformed in place by the
-         * pipeline, and replaced by the result. Returns the new document's {@code _id}, or the write
-     * error (a duplicate key) that refused the insert.
+         * filter's top-level equalities on plain values; the pipeline transforms it and the result
+         * is inserted. Returns the new document's {@code _id}, or the write error (a duplicate key)
+         * that refused the insert.
          */
-        private Object upsertPipeline(Channel channel, String name, Document statement, List<?> stages,
-                DatabaseResolver resolver, Oplog oplog) {
+        private Object upsertPipeline(Channel channel, String name, MongoCollection<?> collection, Document statement,
+                List<?> stages, DatabaseResolver resolver, Oplog oplog) {
             Document seed = new Document();
             if (statement.get("q") instanceof Document filter) {
                 for (String key : filter.keySet()) {
@@ -175,23 +169,17 @@ final class AtomicBackend extends MemoryBackend {
             if (!seed.containsKey("_id")) {
                 seed.put("_id", new de.bwaldvogel.mongo.bson.ObjectId());
             }
+            Document created = transform(collection, seed, stages, resolver, oplog);
+            // As in MongoDB, the pipeline cannot change the new document's _id.
+            created.put("_id", seed.get("_id"));
             List<Object> documents = new ArrayList<>();
-            documents.add(seed);
+            documents.add(created);
             Document insert = new Document("insert", name).append("documents", documents).append("ordered", Boolean.TRUE);
             Document inserted = super.handleCommand(channel, "insert", insert, resolver, oplog);
             if (inserted.get("writeErrors") instanceof List<?> refused && !refused.isEmpty()) {
                 Document error = (Document) refused.get(0);
                 return new Document("code", error.get("code")).append("errmsg", error.get("errmsg"));
             }
-            List<Object> pipeline = new ArrayList<>();
-            pipeline.add(new Document("$match", new Document("_id", seed.get("_id"))));
-            pipeline.addAll(stages);
-            Document aggregate = new Document("aggregate", name).append("pipeline", pipeline).append("cursor", new Document());
-            Document result = super.handleCommand(channel, "aggregate", aggregate, resolver, oplog);
-            List<?> batch = (List<?>) ((Document) result.get("cursor")).get("firstBatch");
-            Document next = ((Document) batch.get(0)).cloneDeeply();
-            Document replacement = new Document("q", new Document("_id", seed.get("_id"))).append("u", next);
-            super.handleCommand(channel, "update", single(name, replacement), resolver, oplog);
             return seed.get("_id");
         }
 
@@ -212,23 +200,16 @@ final class AtomicBackend extends MemoryBackend {
             Object value = null;
             if (collection != null) {
                 synchronized (collection) {
-                    List<Object> find = new ArrayList<>();
-                    find.add(new Document("$match", filter));
-                    find.add(new Document("$limit", 1));
-                    List<?> before = aggregate(channel, name, find, resolver, oplog);
-                    if (!before.isEmpty()) {
-                        Document pre = ((Document) before.get(0)).cloneDeeply();
-                        List<Object> pipeline = new ArrayList<>();
-                        pipeline.add(new Document("$match", new Document("_id", pre.get("_id"))));
-                        pipeline.addAll(stages);
-                        Document next = ((Document) aggregate(channel, name, pipeline, resolver, oplog).get(0)).cloneDeeply();
+                    Document pre = first(collection, filter);
+                    if (pre != null) {
+                        Document next = transform(collection, pre.cloneDeeply(), stages, resolver, oplog);
                         Document replacement = new Document("q", new Document("_id", pre.get("_id"))).append("u", next);
                         super.handleCommand(channel, "update", single(name, replacement), resolver, oplog);
                         lastError = new Document("n", 1).append("updatedExisting", Boolean.TRUE);
-                        value = returnNew ? next : pre;
+                        value = returnNew ? next.cloneDeeply() : pre;
                     } else if (upsert) {
                         Document statement = new Document("q", filter);
-                        Object outcome = upsertPipeline(channel, name, statement, stages, resolver, oplog);
+                        Object outcome = upsertPipeline(channel, name, collection, statement, stages, resolver, oplog);
                         if (outcome instanceof Document error) {
                             throw new MongoServerError(((Number) error.get("code")).intValue(),
                                     String.valueOf(error.get("errmsg")));
@@ -236,9 +217,7 @@ final class AtomicBackend extends MemoryBackend {
                         lastError = new Document("n", 1).append("updatedExisting", Boolean.FALSE)
                                 .append("upserted", outcome);
                         if (returnNew) {
-                            List<Object> created = new ArrayList<>();
-                            created.add(new Document("$match", new Document("_id", outcome)));
-                            value = ((Document) aggregate(channel, name, created, resolver, oplog).get(0)).cloneDeeply();
+                            value = first(collection, new Document("_id", outcome));
                         }
                     }
                 }
@@ -246,12 +225,32 @@ final class AtomicBackend extends MemoryBackend {
             return new Document("lastErrorObject", lastError).append("value", value).append("ok", 1.0);
         }
 
-        private List<?> aggregate(Channel channel, String name, List<Object> pipeline, DatabaseResolver resolver,
-                Oplog oplog) {
-            Document aggregate = new Document("aggregate", name).append("pipeline", pipeline)
-                    .append("cursor", new Document());
-            Document result = super.handleCommand(channel, "aggregate", aggregate, resolver, oplog);
-            return (List<?>) ((Document) result.get("cursor")).get("firstBatch");
+        /**
+         * The first document matching {@code filter}, found the way a query finds it (through the
+         * {@code _id} index when the filter names an id, as MongoDB would), as a copy; null if none.
+         */
+        private static Document first(MongoCollection<?> collection, Document filter) {
+            for (Document document : collection.handleQuery(new QueryParameters(filter, 0, 1))) {
+                return document;
+            }
+            return null;
+        }
+
+        /**
+         * The pipeline's stages run over one document with the aggregation engine (so
+         * {@code $$NOW} is the server's clock). Running them over the document alone, rather than
+         * as an aggregation of the whole collection, keeps a pipeline update's cost independent of
+         * the collection's size.
+         */
+        private Document transform(MongoCollection<?> collection, Document document, List<?> stages,
+                DatabaseResolver resolver, Oplog oplog) {
+            Aggregation aggregation = Aggregation.fromPipeline((Object) new ArrayList<Object>(stages), resolver, this,
+                    collection, oplog);
+            List<Document> out = aggregation.runStages(Stream.of(document));
+            if (out.size() != 1) {
+                throw new MongoServerError(2, "a pipeline update must produce exactly one document, got " + out.size());
+            }
+            return out.get(0).cloneDeeply();
         }
 
         private static Document single(String collection, Document statement) {
