@@ -181,20 +181,24 @@ async fn at_latency(
     // The commit path warms up too (the test server is a JVM: its compiler needs some thousand
     // passes through a code path before it runs fast).
     let txns = Transactions::new(&store);
-    for c in 0..16 {
-        spread[c]
-            .insert(&Account {
-                id: "warm".into(),
-                owner: "W".into(),
-                balance: 0,
-            })
-            .await?;
+    for repo in &spread {
+        repo.insert(&Account {
+            id: "warm".into(),
+            owner: "W".into(),
+            balance: 0,
+        })
+        .await?;
     }
     for round in 0..warmup * 20 {
         let tx = txns.begin();
         for repo in &spread {
-            tx.adjust(repo, "warm", round as i64 + 1, &Adjust::new().by("balance", 1_i64))
-                .await?;
+            tx.adjust(
+                repo,
+                "warm",
+                round as i64 + 1,
+                &Adjust::new().by("balance", 1_i64),
+            )
+            .await?;
         }
         tx.commit().await?;
     }
@@ -252,8 +256,9 @@ async fn at_latency(
     // concurrent writes, with no mongotx at all).
     let mut floor = Vec::new();
     for k in KS {
-        let colls: Vec<Collection<Document>> =
-            (0..=k).map(|c| db.collection(&format!("floor{c}"))).collect();
+        let colls: Vec<Collection<Document>> = (0..=k)
+            .map(|c| db.collection(&format!("floor{c}")))
+            .collect();
         let id = format!("floor{k}");
         for coll in &colls {
             coll.insert_one(doc! { "_id": &id, "owner": "O", "_version": 1_i64 })
