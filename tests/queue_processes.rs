@@ -9,10 +9,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
@@ -36,83 +33,41 @@ struct Said {
     killed_at_claim: Option<String>,
 }
 
-struct Worker {
-    child: Arc<Mutex<Child>>,
-    said: Arc<Mutex<Said>>,
-    reader: Option<JoinHandle<()>>,
-}
+type Worker = common::worker::Worker<Said>;
 
-impl Worker {
-    fn start(t: &TestDb, ledger: &str, name: &str) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"))
-            .args([
-                "queue-worker",
-                "--uri",
-                &common::server_uri(),
-                "--db",
-                t.db.name(),
-            ])
-            .args(["--ledger", ledger, "--name", name])
-            .args(["--claim-ttl", "2s", "--delay", "500ms", "--poll", "10ms"])
-            .args(["--for", "600s"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start a queue worker");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let child = Arc::new(Mutex::new(child));
-        let said = Arc::new(Mutex::new(Said::default()));
-        let (sink, victim) = (said.clone(), child.clone());
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let mut said = sink.lock().unwrap();
-                match words.as_slice() {
-                    ["claimed", header] => {
-                        said.claimed.push(header.to_string());
-                        // Killed between taking a batch and sending it: the batch is marked
-                        // submitted under a claim nobody will ever use.
-                        if said.kill_at_claim && said.killed_at_claim.is_none() {
-                            let _ = victim.lock().unwrap().kill();
-                            said.killed_at_claim = Some(header.to_string());
-                        }
-                    }
-                    ["sent", header, _] => {
-                        said.sent.insert(header.to_string());
-                    }
-                    ["status", _, _] => {}
-                    _ => panic!("unexpected line from a queue worker: {line}"),
+/// A queue worker process on `ledger`.
+fn start_worker(t: &TestDb, ledger: &str, name: &str) -> Worker {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"));
+    command
+        .args([
+            "queue-worker",
+            "--uri",
+            &common::server_uri(),
+            "--db",
+            t.db.name(),
+        ])
+        .args(["--ledger", ledger, "--name", name])
+        .args(["--claim-ttl", "2s", "--delay", "500ms", "--poll", "10ms"])
+        .args(["--for", "600s"]);
+    Worker::start(command, "queue worker", |words, said: &mut Said, killer| {
+        match words {
+            ["claimed", header] => {
+                said.claimed.push(header.to_string());
+                // Killed between taking a batch and sending it: the batch is marked submitted
+                // under a claim nobody will ever use.
+                if said.kill_at_claim && said.killed_at_claim.is_none() {
+                    killer.kill();
+                    said.killed_at_claim = Some(header.to_string());
                 }
             }
-        });
-        Worker {
-            child,
-            said,
-            reader: Some(reader),
+            ["sent", header, _] => {
+                said.sent.insert(header.to_string());
+            }
+            ["status", _, _] => {}
+            _ => return false,
         }
-    }
-
-    fn stop(&self) {
-        let mut child = self.child.lock().unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-
-    /// Kills the process and returns what it said, all of it.
-    fn kill(mut self) -> Said {
-        self.stop();
-        if let Some(reader) = self.reader.take() {
-            reader.join().expect("the reader thread");
-        }
-        std::mem::take(&mut *self.said.lock().unwrap())
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.stop();
-    }
+        true
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +107,7 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
     let mut names = 0usize;
     let mut start = |t: &TestDb| {
         names += 1;
-        Worker::start(t, &server.url(), &format!("worker-{names}"))
+        start_worker(t, &server.url(), &format!("worker-{names}"))
     };
     let mut workers: Vec<Worker> = (0..WORKERS).map(|_| start(&t)).collect();
     let mut killed_at_claim = Vec::new();

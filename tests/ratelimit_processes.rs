@@ -8,10 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bson::Document;
@@ -53,87 +50,45 @@ impl Said {
     }
 }
 
-struct Worker {
-    child: Arc<Mutex<Child>>,
-    said: Arc<Mutex<Said>>,
-    reader: Option<JoinHandle<()>>,
-}
+type Worker = common::worker::Worker<Said>;
 
-impl Worker {
-    fn start(t: &TestDb, api: &str) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"))
-            .args([
-                "rate-worker",
-                "--uri",
-                &common::server_uri(),
-                "--db",
-                t.db.name(),
-            ])
-            .args(["--limiter", "api", "--api", api, "--for", "90s"])
-            .args(["--bulk-tasks", "2", "--chunk", "5"])
-            .args(["--priority-tasks", "1", "--priority-every", "1s"])
-            .args(["--priority-calls", "1"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start a rate worker");
-        let said = Arc::new(Mutex::new(Said::default()));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let child = Arc::new(Mutex::new(child));
-        let (sink, victim) = (said.clone(), child.clone());
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let words: Vec<&str> = line.split_whitespace().collect();
-                let mut said = sink.lock().unwrap();
-                match words.as_slice() {
-                    ["grant", id, n, _] => {
-                        said.granted.insert(id.to_string(), n.parse().unwrap());
-                        // Killed the moment it says it holds a reservation: it is making the
-                        // calls (each takes the API's latency), so it has not settled.
-                        if said.kill_at_grant && !said.killed_at_grant {
-                            let _ = victim.lock().unwrap().kill();
-                            said.killed_at_grant = true;
-                        }
-                    }
-                    ["settle", id, made] => {
-                        said.settled.insert(id.to_string(), made.parse().unwrap());
-                    }
-                    ["wait", us, at] => said
-                        .waits_us
-                        .push((us.parse().unwrap(), at.parse().unwrap())),
-                    ["status", code] => said.statuses.push(code.to_string()),
-                    _ => panic!("unexpected line from a rate worker: {line}"),
+/// A rate-limited worker process calling the API at `api`.
+fn start_worker(t: &TestDb, api: &str) -> Worker {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"));
+    command
+        .args([
+            "rate-worker",
+            "--uri",
+            &common::server_uri(),
+            "--db",
+            t.db.name(),
+        ])
+        .args(["--limiter", "api", "--api", api, "--for", "90s"])
+        .args(["--bulk-tasks", "2", "--chunk", "5"])
+        .args(["--priority-tasks", "1", "--priority-every", "1s"])
+        .args(["--priority-calls", "1"]);
+    Worker::start(command, "rate worker", |words, said: &mut Said, killer| {
+        match words {
+            ["grant", id, n, _] => {
+                said.granted.insert(id.to_string(), n.parse().unwrap());
+                // Killed the moment it says it holds a reservation: it is making the calls
+                // (each takes the API's latency), so it has not settled.
+                if said.kill_at_grant && !said.killed_at_grant {
+                    killer.kill();
+                    said.killed_at_grant = true;
                 }
             }
-        });
-        Worker {
-            child,
-            said,
-            reader: Some(reader),
+            ["settle", id, made] => {
+                said.settled.insert(id.to_string(), made.parse().unwrap());
+            }
+            ["wait", us, at] => said
+                .waits_us
+                .push((us.parse().unwrap(), at.parse().unwrap())),
+            ["status", code] => said.statuses.push(code.to_string()),
+            _ => return false,
         }
-    }
-
-    /// Kills the process and returns what it said, all of it.
-    fn kill(mut self) -> Said {
-        self.stop();
-        if let Some(reader) = self.reader.take() {
-            reader.join().expect("the reader thread");
-        }
-        std::mem::take(&mut *self.said.lock().unwrap())
-    }
-
-    fn stop(&self) {
-        let mut child = self.child.lock().unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.stop();
-    }
+        true
+    })
 }
 
 async fn pending_in_log(t: &TestDb, ids: &[String]) -> usize {
@@ -167,7 +122,7 @@ async fn four_worker_processes_with_kills_never_overrun_the_api() {
         .unwrap()
         .as_millis()
         + WARM_UP.as_millis();
-    let mut workers: Vec<Worker> = (0..WORKERS).map(|_| Worker::start(&t, &api)).collect();
+    let mut workers: Vec<Worker> = (0..WORKERS).map(|_| start_worker(&t, &api)).collect();
     let mut finished: Vec<Said> = Vec::new();
     let mut kills = 0usize;
     let mut kills_holding = 0usize;
@@ -189,7 +144,7 @@ async fn four_worker_processes_with_kills_never_overrun_the_api() {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let victim = std::mem::replace(&mut workers[slot], Worker::start(&t, &api));
+        let victim = std::mem::replace(&mut workers[slot], start_worker(&t, &api));
         let said = victim.kill();
         // A settlement already written when the kill landed is read too; such a kill still
         // counts as a kill, not as one while holding.

@@ -40,6 +40,10 @@ use crate::server::clock::plus;
 /// such a batch is free.
 pub(crate) const SETTLED: [&str; 3] = ["committed", "valid", "invalid"];
 
+/// Statuses a submission can no longer change: settled, or pending (accepted by the ledger, to be
+/// decided there). A claim and the record of an answer both need a status outside these.
+const DECIDED: [&str; 4] = ["pending", "committed", "valid", "invalid"];
+
 /// A submitter's hold on one batch: it alone may submit the batch and record the answer,
 /// until [`deadline`](Claim::deadline).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +169,7 @@ impl Batches {
                 doc! {
                     "_id": header,
                     "submitted": false,
-                    "status": { "$nin": ["pending", "committed", "valid", "invalid"] },
+                    "status": { "$nin": DECIDED.to_vec() },
                     "$or": [
                         { "claim": { "$exists": false } },
                         { "claim.until": { "$lt": now } },
@@ -410,7 +414,7 @@ impl Batches {
                 doc! {
                     "_id": header,
                     "claim.token": claim.token,
-                    "status": { "$nin": ["pending", "committed", "valid", "invalid"] },
+                    "status": { "$nin": DECIDED.to_vec() },
                 },
                 update,
             )

@@ -196,9 +196,9 @@ impl Batches {
             let Some(after) = after else {
                 return Ok(batch);
             };
-            let now = self.now().await?.timestamp_millis();
-            let again = DateTime::from_millis(after.saturating_add(1).max(now));
-            let claimed_live = doc! { "claim.until": { "$gte": self.now().await? } };
+            let now = self.now().await?;
+            let again = DateTime::from_millis(after.saturating_add(1).max(now.timestamp_millis()));
+            let claimed_live = doc! { "claim.until": { "$gte": now } };
             let stamped = self
                 .coll
                 .update_one(

@@ -7,6 +7,7 @@
 
 #[path = "../../src/bin/mongotx-torture/wire_proxy.rs"]
 pub mod wire_proxy;
+pub mod worker;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
