@@ -18,7 +18,7 @@
 //! - [`obt`]: one owner at a time for a long operation, with fencing tokens and leases.
 //! - [`ratelimit`]: N calls in any interval of W shared by workers on different hosts, with
 //!   reservations, priorities and all-or-nothing grants across limiters.
-//! - [`queue`]: ordered per-service submission of batches to a ledger (in progress).
+//! - [`queue`]: ordered per-service submission of batches to a ledger, one at a time per service.
 //!
 //! # Example
 //!

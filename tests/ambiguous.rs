@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::Document;
-use common::wire_proxy::{command_name, Action, Rules, WireProxy};
+use common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use common::{Account, CrashAt, TestDb};
 use mongotx::failpoint::{self, Failpoint};
 use mongotx::TRANSACTIONS_COLLECTION;
@@ -29,6 +29,9 @@ enum Mode {
     LoseReply,
     /// The command never runs.
     Drop,
+    /// Of a bulkWrite, only the first write runs (the server died part-way through it, say);
+    /// the reply is lost.
+    FirstOnly,
 }
 
 type Matcher = fn(&Document) -> bool;
@@ -79,8 +82,10 @@ impl Rules for Faults {
         if self.off.load(Ordering::SeqCst) {
             return Action::Forward;
         }
+        // A bulkWrite carrying a matching write is hit as a whole: every write in it.
+        let writes = writes_in(command);
         for fault in self.faults.iter() {
-            if (fault.matches)(command)
+            if writes.iter().any(|write| (fault.matches)(write))
                 && fault
                     .remaining
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -90,6 +95,12 @@ impl Rules for Faults {
                 return match fault.mode {
                     Mode::LoseReply => Action::LoseReply,
                     Mode::Drop => Action::Drop,
+                    Mode::FirstOnly => {
+                        if let Ok(ops) = command.get_array_mut("ops") {
+                            ops.truncate(1);
+                        }
+                        Action::LoseReply
+                    }
                 };
             }
         }
@@ -217,9 +228,12 @@ impl Fixture {
         Fixture { t, accounts }
     }
 
-    /// A store and accounts repository on a client that talks through `proxy`.
-    async fn through(&self, proxy: &WireProxy) -> (Store, Repository<Account>) {
-        let store = Store::new(proxy.client().await.database(self.t.db.name()));
+    /// A store and accounts repository on a client that talks through `proxy`; `batch`: whether
+    /// a round's writes go as one bulkWrite where the server has it.
+    async fn through(&self, proxy: &WireProxy, batch: bool) -> (Store, Repository<Account>) {
+        let store = Store::builder(proxy.client().await.database(self.t.db.name()))
+            .batch_writes(batch)
+            .build();
         let accounts = store
             .repository::<Account>(common::accounts_spec())
             .await
@@ -228,9 +242,9 @@ impl Fixture {
     }
 
     /// A transaction staged through a new proxy applying `faults`; keep the proxy alive.
-    async fn staged_through(&self, faults: &Faults) -> (WireProxy, Transaction) {
+    async fn staged_through(&self, faults: &Faults, batch: bool) -> (WireProxy, Transaction) {
         let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
-        let (store, accounts) = self.through(&proxy).await;
+        let (store, accounts) = self.through(&proxy, batch).await;
         let tx = Transactions::new(&store).begin();
         Fixture::stage(&tx, &accounts).await.expect("stage");
         (proxy, tx)
@@ -320,12 +334,22 @@ async fn a_lost_reply_or_a_dropped_command_at_any_commit_write_applies_everythin
         ("ActiveTransaction delete", end_write),
     ];
     let mut covered = 0;
-    for (name, matcher) in cases {
-        for mode in [Mode::LoseReply, Mode::Drop] {
-            let what = format!("{name}, {mode:?}");
+    // Each write its own command (one of them hit), and the round's writes in one bulkWrite
+    // where the server has it (all of them hit together).
+    for (batch, (name, matcher)) in [false, true]
+        .into_iter()
+        .flat_map(|batch| cases.map(|case| (batch, case)))
+    {
+        let modes: &[Mode] = if batch {
+            &[Mode::LoseReply, Mode::Drop, Mode::FirstOnly]
+        } else {
+            &[Mode::LoseReply, Mode::Drop]
+        };
+        for &mode in modes {
+            let what = format!("{name}, {mode:?}, batch_writes {batch}");
             let f = Fixture::new().await;
             let faults = Faults::once(matcher, mode);
-            let (_proxy, tx) = f.staged_through(&faults).await;
+            let (_proxy, tx) = f.staged_through(&faults, batch).await;
             let outcome = tx
                 .commit()
                 .await
@@ -346,7 +370,7 @@ async fn a_lost_rollback_write_still_rolls_back_exactly_once() {
         let what = format!("rollback write, {mode:?}");
         let f = Fixture::new().await;
         let faults = Faults::once(rollback_write, mode);
-        let (_proxy, tx) = f.staged_through(&faults).await;
+        let (_proxy, tx) = f.staged_through(&faults, true).await;
         // An outside write to e makes its check fail once the others have been applied.
         f.accounts
             .update("e", 1, &Update::new().set("owner", "outsider"))
@@ -463,7 +487,7 @@ async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
 async fn a_commit_point_that_never_gets_through_leaves_the_implicit_commit_for_others_to_record() {
     let f = Fixture::new().await;
     let faults = Faults::new(vec![(commit_point, Mode::Drop, usize::MAX)]);
-    let (_proxy, tx) = f.staged_through(&faults).await;
+    let (_proxy, tx) = f.staged_through(&faults, true).await;
     // The record and every apply landed: the transaction is committed, whatever follows.
     let outcome = tx.commit().await.expect("committed in one round");
     assert!(!outcome.finished, "{outcome:?}");
@@ -488,7 +512,7 @@ async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
         (after_begin, Mode::Drop, usize::MAX),
     ]);
     let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
-    let (store, accounts) = f.through(&proxy).await;
+    let (store, accounts) = f.through(&proxy, true).await;
     let txns = Transactions::with_options(
         &store,
         TxnOptions::default().timeout(Duration::from_secs(60)),

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use bson::Document;
-use common::wire_proxy::{command_name, Action, Rules, WireProxy};
+use common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use common::TestDb;
 use mongotx::failpoint::BEGIN_BEFORE;
 use mongotx::{Adjust, Durability, Store, Topology, Transactions, TRANSACTIONS_COLLECTION};
@@ -50,9 +50,12 @@ impl Recorder {
     }
 }
 
-fn on<'a>(commands: &'a [Document], name: &str, coll: &str) -> Vec<&'a Document> {
+/// The commands named `name` on `coll`, the writes inside a bulkWrite counted one by one (each
+/// with the bulk's write concern).
+fn on(commands: &[Document], name: &str, coll: &str) -> Vec<Document> {
     commands
         .iter()
+        .flat_map(writes_in)
         .filter(|c| command_name(c) == name && c.get_str(name).ok() == Some(coll))
         .collect()
 }
@@ -139,6 +142,15 @@ async fn on_a_replica_set_every_protocol_write_and_deciding_read_is_majority() {
     assert_eq!(record_updates.len(), 1, "the commit point");
     assert_eq!(record_deletes.len(), 1, "the end");
     assert_eq!(document_writes.len(), 4, "two applies and two finishes");
+    // The server has bulkWrite: each round's writes on the documents went in one message.
+    let bulks = commit
+        .iter()
+        .filter(|c| command_name(c) == "bulkWrite")
+        .count();
+    assert_eq!(
+        bulks, 2,
+        "the applies in one bulkWrite, the finishes in another"
+    );
     for command in record_writes
         .iter()
         .chain(&record_updates)
@@ -152,7 +164,7 @@ async fn on_a_replica_set_every_protocol_write_and_deciding_read_is_majority() {
         !record_reads.is_empty(),
         "reading a held document looks up its record"
     );
-    for command in record_reads {
+    for command in &record_reads {
         assert_eq!(
             read_concern(command).as_deref(),
             Some("majority"),
@@ -160,7 +172,7 @@ async fn on_a_replica_set_every_protocol_write_and_deciding_read_is_majority() {
         );
     }
     // Plain repository writes keep the client's own settings.
-    for command in on(&seeding, "insert", "accounts") {
+    for command in &on(&seeding, "insert", "accounts") {
         assert_eq!(write_concern(command), None, "{command}");
     }
 }
@@ -173,20 +185,20 @@ async fn on_a_standalone_server_the_client_defaults_apply_unless_majority_is_ask
     let (_, commit, _) = exercise(&t, &proxy, &recorder, Durability::Auto).await;
     let record_writes = on(&commit, "findAndModify", TRANSACTIONS_COLLECTION);
     assert_eq!(record_writes.len(), 1, "the record");
-    for command in record_writes {
+    for command in &record_writes {
         assert_eq!(write_concern(command), None, "{command}");
     }
 
     let t = TestDb::new().await;
     let (_, commit, reading) = exercise(&t, &proxy, &recorder, Durability::Majority).await;
-    for command in on(&commit, "update", TRANSACTIONS_COLLECTION) {
+    for command in &on(&commit, "update", TRANSACTIONS_COLLECTION) {
         assert_eq!(
             write_concern(command).as_deref(),
             Some("\"majority\""),
             "{command}"
         );
     }
-    for command in on(&reading, "find", TRANSACTIONS_COLLECTION) {
+    for command in &on(&reading, "find", TRANSACTIONS_COLLECTION) {
         assert_eq!(
             read_concern(command).as_deref(),
             Some("majority"),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::Document;
-use common::wire_proxy::{command_name, Action, Rules, WireProxy};
+use common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use common::{raw_snapshot, Account, TestDb};
 use mongotx::{
     fields, Adjust, Gc, GcOptions, Query, RepoError, Store, Transactions, TxnOptions, Update,
@@ -21,7 +21,8 @@ use mongotx::{
 /// heartbeat, at least 500 ms apart), so the late write lands after the coordinator is done.
 const LATE: Duration = Duration::from_millis(1_500);
 
-/// Delivers the first command `matches` accepts late; forwards everything else.
+/// Delivers the first command `matches` accepts late (a bulkWrite as a whole, when one of its
+/// writes matches); forwards everything else.
 #[derive(Clone)]
 struct LateOnce {
     matches: fn(&Document) -> bool,
@@ -30,7 +31,7 @@ struct LateOnce {
 
 impl Rules for LateOnce {
     fn command(&self, command: &mut Document) -> Action {
-        if (self.matches)(command)
+        if writes_in(command).iter().any(|write| (self.matches)(write))
             && self
                 .fired
                 .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)

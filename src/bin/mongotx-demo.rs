@@ -95,6 +95,14 @@ async fn run(args: Args) -> DemoResult {
             "not enforced (validated on the client)"
         }
     );
+    println!(
+        "  bulkWrite (MongoDB 8.0+): {}",
+        if caps.bulk_write {
+            "yes: the writes of a commit round go in one message"
+        } else {
+            "no: the writes of a commit round go as one command each, all at once"
+        }
+    );
 
     let store = Store::builder(db.clone())
         .lock_wait(LockWait {

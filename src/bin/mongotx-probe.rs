@@ -54,6 +54,10 @@ async fn main() {
                     "not enforced"
                 }
             );
+            println!(
+                "  bulkWrite (one message for a round of writes): {}",
+                if caps.bulk_write { "yes" } else { "no" }
+            );
         }
         Err(e) => {
             eprintln!("mongotx-probe: {e}");

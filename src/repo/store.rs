@@ -3,6 +3,7 @@
 //! version floors and tombstone shapes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use crate::repo::fields;
 use crate::repo::hold::{self, HoldResolver, RecordResolver};
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
 use crate::repo::repository::Repository;
+use crate::repo::write::{self, Write};
 use crate::server::clock::{self, ClockError, Durability, ServerClock, Topology};
 use crate::server::probe;
 
@@ -117,6 +119,9 @@ pub(crate) struct StoreInner {
     markers: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// When this process first met a hold of each transaction whose record was absent.
     absent_since: Mutex<HashMap<bson::oid::ObjectId, Instant>>,
+    /// Whether a round of writes goes as one `bulkWrite`: the setting, until the server turns out
+    /// not to have the command.
+    batch_writes: AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -140,6 +145,7 @@ pub struct StoreBuilder {
     durability: Durability,
     clock_resample: Duration,
     floor_grace: Duration,
+    batch_writes: bool,
 }
 
 impl StoreBuilder {
@@ -188,6 +194,14 @@ impl StoreBuilder {
         self
     }
 
+    /// Sets whether the writes of one protocol round (a commit's applies, its finishes) go to the
+    /// server as one `bulkWrite` command (default: yes, where the server has it: MongoDB 8.0 and
+    /// later; older servers get one command per write, all sent at once, as with `false`).
+    pub fn batch_writes(mut self, batch: bool) -> StoreBuilder {
+        self.batch_writes = batch;
+        self
+    }
+
     /// Finishes the store.
     pub fn build(self) -> Store {
         Store {
@@ -206,6 +220,7 @@ impl StoreBuilder {
                 floors: Mutex::new(HashMap::new()),
                 markers: Mutex::new(HashMap::new()),
                 absent_since: Mutex::new(HashMap::new()),
+                batch_writes: AtomicBool::new(self.batch_writes),
             }),
         }
     }
@@ -228,6 +243,7 @@ impl Store {
             durability: Durability::default(),
             clock_resample: Duration::from_secs(30),
             floor_grace: Duration::from_secs(20),
+            batch_writes: true,
         }
     }
 
@@ -254,6 +270,22 @@ impl Store {
     /// The durability setting of the transaction protocol.
     pub fn durability(&self) -> Durability {
         self.inner.durability
+    }
+
+    /// Whether a round of protocol writes goes to the server as one `bulkWrite` command: as set
+    /// by [`StoreBuilder::batch_writes`], and `false` once the server has refused the command.
+    pub fn batches_writes(&self) -> bool {
+        self.inner.batch_writes.load(Ordering::Relaxed)
+    }
+
+    /// Remembers that the server has no `bulkWrite`.
+    pub(crate) fn no_bulk_write(&self) {
+        if self.inner.batch_writes.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                database = self.inner.db.name(),
+                "the server has no bulkWrite (MongoDB 8.0+); each write of a round goes as its own command"
+            );
+        }
     }
 
     /// The server's current time, as this store estimates it (see [`ServerClock`]).
@@ -494,25 +526,63 @@ impl Store {
         schema_version: i64,
         version: i64,
     ) -> mongodb::error::Result<u64> {
-        let name = coll.name().to_string();
-        let deleted_at = match self.now().await {
-            Ok(now) => now,
-            Err(e) => return Err(mongodb::error::Error::custom(e.to_string())),
-        };
-        let mut paths = self.markers(&name);
-        for attempt in 0..2 {
-            let tombstone = tombstone(id, schema_version, version, deleted_at, &paths);
-            match coll.replace_one(filter.clone(), tombstone).await {
-                Ok(result) => return Ok(result.matched_count),
-                Err(e) if attempt == 0 && probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                    paths = self.refresh_markers(&name).await?;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(mongodb::error::Error::custom(
-            "a unique index refused the tombstone twice",
+        let write = self
+            .tombstone_write(coll.name(), filter.clone(), id, schema_version, version)
+            .await?;
+        let sent = write::run(coll, &write).await;
+        self.after_tombstone(coll, filter, id, schema_version, version, sent)
+            .await
+    }
+
+    /// The replacement of what `filter` matches in collection `name` by the tombstone of `id` at
+    /// `version`, with the unique-index markers this process knows of (see
+    /// [`after_tombstone`](Store::after_tombstone) for when they are out of date).
+    pub(crate) async fn tombstone_write(
+        &self,
+        name: &str,
+        filter: Document,
+        id: &Bson,
+        schema_version: i64,
+        version: i64,
+    ) -> mongodb::error::Result<Write> {
+        let deleted_at = self
+            .now()
+            .await
+            .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
+        let paths = self.markers(name);
+        Ok(Write::Replace(
+            filter,
+            tombstone(id, schema_version, version, deleted_at, &paths),
         ))
+    }
+
+    /// What a tombstone write that came back `sent` comes to: a unique index that refused it
+    /// (an index made after this process read the markers) gets the markers read again and the
+    /// tombstone sent once more.
+    pub(crate) async fn after_tombstone(
+        &self,
+        coll: &Collection<Document>,
+        filter: Document,
+        id: &Bson,
+        schema_version: i64,
+        version: i64,
+        sent: mongodb::error::Result<u64>,
+    ) -> mongodb::error::Result<u64> {
+        match sent {
+            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
+                self.refresh_markers(coll.name()).await?;
+                let write = self
+                    .tombstone_write(coll.name(), filter, id, schema_version, version)
+                    .await?;
+                match write::run(coll, &write).await {
+                    Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => Err(
+                        mongodb::error::Error::custom("a unique index refused the tombstone twice"),
+                    ),
+                    other => other,
+                }
+            }
+            other => other,
+        }
     }
 
     /// How long (on this process's monotonic clock) transaction `txn` has been seen holding a

@@ -1,7 +1,9 @@
 //! Builds and runs the local MongoDB-wire-compatible test server from `tools/test-server`.
 //!
 //! The server is mongo-java-server (in-memory backend) wrapped by a small launcher that announces
-//! wire version 9, which the Rust driver requires. The jar is built with Maven from Maven Central
+//! MongoDB 8.0 (wire version 25: the driver needs at least 9, and sends `bulkWrite`, which the
+//! wrapper runs, only to 25 and up; `tools/test-server.sh --no-bulk-write` starts one that plays
+//! 4.4 without it). The jar is built with Maven from Maven Central
 //! on first use, so a fresh machine needs only Java 17+ and Maven. The child process exits when
 //! its stdin closes, so a test process that dies never leaves a server behind.
 

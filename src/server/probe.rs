@@ -6,8 +6,8 @@
 //! callers change the same document at once (fencing tokens and claims hand out values that way);
 //! and the server tells its time, by which every deadline is decided. A server that lacks one of
 //! them would corrupt data silently, so it is refused up front, with the property named.
-//! Server-side `$jsonSchema` validation and the deployment's topology are probed too, and only
-//! reported.
+//! Server-side `$jsonSchema` validation, MongoDB 8.0's `bulkWrite` (one message for a round of
+//! writes) and the deployment's topology are probed too, and only reported.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +37,9 @@ pub struct ServerCapabilities {
     pub topology: Topology,
     /// Whether the server enforces `$jsonSchema` collection validators.
     pub json_schema_validation: bool,
+    /// Whether the server runs `bulkWrite` (MongoDB 8.0+) and reports each of its writes, so that
+    /// a round of protocol writes can go in one message (see `StoreBuilder::batch_writes`).
+    pub bulk_write: bool,
     /// How many concurrent callers ran each atomicity check.
     pub contention_tasks: usize,
     /// How many compare-and-set attempts lost the race and retried (shows the check contended).
@@ -261,6 +264,7 @@ async fn run_checks(
     }
 
     let json_schema_validation = validator_support(db).await;
+    let bulk_write = bulk_write_support(db, coll).await;
     let version = db
         .run_command(doc! { "buildInfo": 1 })
         .await
@@ -271,6 +275,7 @@ async fn run_checks(
         version,
         topology: hello.topology,
         json_schema_validation,
+        bulk_write,
         contention_tasks: tasks,
         contention_retries: retries.load(Ordering::Relaxed),
     })
@@ -301,6 +306,36 @@ async fn cas_increment(
         }
         retries.fetch_add(1, Ordering::Relaxed);
         tokio::task::yield_now().await;
+    }
+}
+
+/// Whether the server runs a `bulkWrite` of conditional updates and reports each one: the first
+/// matches (the counter holds `tasks + 1`), the second cannot (no counter holds -1).
+async fn bulk_write_support(db: &Database, coll: &Collection<Document>) -> bool {
+    use mongodb::options::UpdateOneModel;
+    let bump = |filter: Document| {
+        UpdateOneModel::builder()
+            .namespace(coll.namespace())
+            .filter(filter)
+            .update(doc! { "$inc": { "bulk": 1_i64 } })
+            .build()
+    };
+    let models = [
+        bump(doc! { "_id": "counter", "n": { "$gte": 0_i64 } }),
+        bump(doc! { "_id": "counter", "n": -1_i64 }),
+    ];
+    match db
+        .client()
+        .bulk_write(models)
+        .ordered(false)
+        .verbose_results()
+        .await
+    {
+        Ok(done) => {
+            let matched = |i: usize| done.update_results.get(&i).map(|r| r.matched_count);
+            matched(0) == Some(1) && matched(1) == Some(0)
+        }
+        Err(_) => false,
     }
 }
 

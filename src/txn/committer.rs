@@ -5,12 +5,13 @@
 //!    participants, a deadline: server time plus the timeout), and apply every entry, each
 //!    conditional on the expected version and a free document. An apply leaves the document
 //!    *held*: `_txn` names the transaction and `_hold` carries the deadline and the entry's own
-//!    undo (see `repo::hold`).
+//!    undo (see `repo::hold`). The applies to existing documents travel in one `bulkWrite` where
+//!    the server has it (see `repo::write`): two messages for the whole round.
 //! 2. **Return.** Once the record and every apply are acknowledged, the transaction is committed
 //!    (implicitly: see `repo::staging`), and `commit` can return.
 //! 3. **Commit point.** Write `committed` (conditional on `staging`) so that readers need not check
 //!    the participants, ...
-//! 4. **Finish.** ... free every document concurrently (a delete becomes a tombstone), ...
+//! 4. **Finish.** ... free every document in one round (a delete becomes a tombstone), ...
 //! 5. **End.** ... and delete the record. With [`Finish::InBackground`] steps 3 to 5 run after
 //!    returning; with [`Finish::BeforeReturning`] before. 2k + 3 writes for k documents.
 //!
@@ -154,7 +155,14 @@ impl Transactions {
             let mut results = Vec::with_capacity(txn.entries.len());
             if sent.staging.is_ok() {
                 for (i, entry) in txn.entries.iter().enumerate() {
-                    let result = self.apply(t, txn.deadline, i, entry, true).await;
+                    let result = match self.env.point(Some(t), failpoint::APPLY_BEFORE, i) {
+                        Ok(()) => {
+                            let write = entry.apply(t, txn.deadline);
+                            self.apply(t, txn.deadline, i, entry, &write, None, true)
+                                .await
+                        }
+                        Err(crash) => Err(crash),
+                    };
                     let stop = !matches!(result, Ok(Applied::Yes));
                     results.push(result);
                     if stop {
@@ -166,16 +174,8 @@ impl Transactions {
         } else {
             // The applies are sent first (a crash before the record leaves holds without
             // one: not committed).
-            let (results, sent) = futures::join!(
-                join_all(txn.entries.iter().enumerate().map(|(i, entry)| self.apply(
-                    t,
-                    txn.deadline,
-                    i,
-                    entry,
-                    false
-                )),),
-                self.write_record(&txn),
-            );
+            let (results, sent) =
+                futures::join!(self.apply_round(t, &txn), self.write_record(&txn));
             (sent, results)
         };
 
@@ -523,19 +523,106 @@ impl Transactions {
         })
     }
 
-    /// Applies entry `i` of transaction `t`; with `wait`, waits (bounded) for documents held by
-    /// live transactions, else reports them.
+    /// The applies of the one-round commit: every entry's failpoint first, in order (a crash stops
+    /// that entry and every later one, as a dead process sends nothing more), then all at once the
+    /// changes of existing documents together (one message where the server allows it: see
+    /// `write::run_together`) and each create on its own; then each apply settles on its own
+    /// (reading back, retrying, reporting holders). One result per entry, in order.
+    async fn apply_round(
+        &self,
+        t: ObjectId,
+        txn: &ActiveTransaction,
+    ) -> Vec<Result<Applied, TxnError>> {
+        let env = &self.env;
+        // Every failpoint before anything that can wait, so that all of them come before the
+        // record's own.
+        let mut results: Vec<Option<Result<Applied, TxnError>>> = (0..txn.entries.len())
+            .map(|i| {
+                env.point(Some(t), failpoint::APPLY_BEFORE, i)
+                    .err()
+                    .map(Err)
+            })
+            .collect();
+        let mut batch = Vec::new();
+        let mut creates = Vec::new();
+        for (i, entry) in txn.entries.iter().enumerate() {
+            if results[i].is_some() {
+                continue;
+            }
+            match env.collection(Some(t), &entry.coll).await {
+                Ok(coll) => {
+                    let write = entry.apply(t, txn.deadline);
+                    if matches!(write, write::Write::Create(..)) {
+                        creates.push((i, write));
+                    } else {
+                        batch.push((i, (coll, write)));
+                    }
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let (indices, writes): (Vec<usize>, Vec<_>) = batch.into_iter().unzip();
+        let batched = async {
+            let sent = write::run_together(&env.store, &writes).await;
+            join_all(
+                indices
+                    .iter()
+                    .zip(&writes)
+                    .zip(sent)
+                    .map(|((&i, (_, write)), sent)| {
+                        self.apply(
+                            t,
+                            txn.deadline,
+                            i,
+                            &txn.entries[i],
+                            write,
+                            Some(sent),
+                            false,
+                        )
+                    }),
+            )
+            .await
+        };
+        let created = join_all(creates.iter().map(|(i, write)| {
+            self.apply(t, txn.deadline, *i, &txn.entries[*i], write, None, false)
+        }));
+        let (batched, created) = futures::join!(batched, created);
+        let settled = indices
+            .iter()
+            .copied()
+            .zip(batched)
+            .chain(creates.iter().map(|(i, _)| *i).zip(created));
+        for (i, result) in settled {
+            results[i] = Some(result);
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(TxnError::Malformed {
+                        txn: t,
+                        reason: "an apply of the round went unanswered".into(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Applies entry `i` of transaction `t` with `write` (its apply), once its failpoint has
+    /// passed; `sent` is the result of a first send the round made already. With `wait`, waits
+    /// (bounded) for documents held by live transactions, else reports them.
+    #[allow(clippy::too_many_arguments)]
     async fn apply(
         &self,
         t: ObjectId,
         deadline: DateTime,
         i: usize,
         entry: &Entry,
+        write: &write::Write,
+        mut sent: Option<mongodb::error::Result<u64>>,
         wait: bool,
     ) -> Result<Applied, TxnError> {
         let env = &self.env;
-        env.point(Some(t), failpoint::APPLY_BEFORE, i)?;
-        let write = entry.apply(t, deadline);
         let coll = env.collection(Some(t), &entry.coll).await?;
         let lock_wait = self.store.lock_wait();
         let started = std::time::Instant::now();
@@ -551,8 +638,9 @@ impl Transactions {
             waited: started.elapsed(),
         };
         let applied = loop {
-            let sent = match &write {
-                write::Write::Create(..) => match write::create(&coll, &write).await {
+            let sent = match (sent.take(), write) {
+                (Some(sent), _) => sent,
+                (None, write::Write::Create(..)) => match write::create(&coll, write).await {
                     // A copy that ran after the deadline counts for nothing: resolvers may have
                     // decided without it. The document it made is this transaction's to undo.
                     Ok(Some(created)) if !created_in_time(&created, deadline) => {
@@ -561,7 +649,7 @@ impl Transactions {
                     Ok(created) => Ok(u64::from(created.is_some())),
                     Err(e) => Err(e),
                 },
-                other => write::run(&coll, other).await,
+                (None, other) => write::run(&coll, other).await,
             };
             let diagnosis = match sent {
                 Ok(1) => break Applied::Yes,

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, DateTime, Document};
-use futures::future::try_join_all;
+use futures::future::join_all;
 use mongodb::Collection;
 
 use crate::repo::hold::{self, TxnState, TxnStatus};
@@ -20,7 +20,7 @@ use crate::repo::write::{self, Write};
 use crate::server::is_transient;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{self, Faults};
-use crate::txn::worklist::{ActiveTransaction, Entry};
+use crate::txn::worklist::ActiveTransaction;
 
 /// Which failpoint names a party uses for the steps it shares with others.
 #[derive(Debug, Clone, Copy)]
@@ -105,59 +105,123 @@ const TRANSIENT_RETRIES: u32 = 4;
 
 /// Runs an idempotent operation, retrying transient failures with a short backoff: a reply lost
 /// after a conditional write landed makes the retry match nothing, which is the same outcome.
-pub(crate) async fn retry_transient<T, F, Fut>(what: &str, mut op: F) -> mongodb::error::Result<T>
+pub(crate) async fn retry_transient<T, F, Fut>(what: &str, op: F) -> mongodb::error::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = mongodb::error::Result<T>>,
 {
+    retry_transient_after(None, what, op).await
+}
+
+/// As [`retry_transient`], when the first send (`first`, its result) was made already, in a
+/// round with others.
+async fn retry_transient_after<T, F, Fut>(
+    first: Option<mongodb::error::Result<T>>,
+    what: &str,
+    mut op: F,
+) -> mongodb::error::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = mongodb::error::Result<T>>,
+{
+    let mut result = match first {
+        Some(sent) => sent,
+        None => op().await,
+    };
     let mut attempt = 0;
     loop {
-        match op().await {
+        match result {
             Err(e) if is_transient(&e) && attempt < TRANSIENT_RETRIES => {
                 attempt += 1;
-                tracing::debug!(what, attempt, "retrying after a transient error");
+                tracing::debug!(what, attempt, error = %e, "retrying after a transient error");
                 tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+                result = op().await;
             }
             other => return other,
         }
     }
 }
 
-/// Makes entry `entry` of committed transaction `txn` final (idempotent).
-pub(crate) async fn finish_entry(env: &Env, txn: ObjectId, entry: &Entry) -> Result<(), TxnError> {
-    let coll = env.collection(Some(txn), &entry.coll).await?;
-    let filter = hold::applied_by(&entry.id, txn);
-    retry_transient("finish", || async {
-        if entry.deletes() {
-            env.store
-                .write_tombstone(
-                    &coll,
-                    filter.clone(),
-                    &entry.id,
-                    entry.schema,
-                    entry.applied,
-                )
-                .await
-        } else {
-            write::run(&coll, &entry.finish(txn)).await
+/// Sends one write per entry of transaction `t` as one round (one message where the server
+/// allows it: see `write::run_together`), once each entry's `before` failpoint has passed. The
+/// failpoints are passed in order, and a crash at one stops that entry and the later ones, as a
+/// dead process sends nothing more; the writes before it still go. Returns the first result of
+/// each write sent, and the crash.
+async fn send_round(
+    env: &Env,
+    t: ObjectId,
+    before: &'static str,
+    writes: &[(Collection<Document>, Write)],
+) -> (Vec<mongodb::error::Result<u64>>, Option<TxnError>) {
+    let mut crash = None;
+    let mut passed = 0;
+    for i in 0..writes.len() {
+        if let Err(e) = env.point(Some(t), before, i) {
+            crash = Some(e);
+            break;
         }
-    })
-    .await
-    .map_err(|e| TxnError::database(Some(txn), "finish", e))?;
-    Ok(())
+        passed += 1;
+    }
+    let sent = write::run_together(&env.store, &writes[..passed]).await;
+    (sent, crash)
 }
 
-/// Frees every document of a committed transaction, then deletes its record.
+/// Frees every document of a committed transaction (one round of writes), then deletes its
+/// record. A delete becomes a tombstone.
 pub(crate) async fn finish_all(
     env: &Env,
     txn: &ActiveTransaction,
     role: Role,
 ) -> Result<(), TxnError> {
-    each_entry(env, txn, role.finish, |entry| {
-        finish_entry(env, txn.id, entry)
-    })
-    .await?;
-    end(env, txn.id, role.end, Deletion::Now).await.map(|_| ())
+    let t = txn.id;
+    let fail = |e| TxnError::database(Some(t), "finish", e);
+    let mut writes = Vec::with_capacity(txn.entries.len());
+    for entry in &txn.entries {
+        let coll = env.collection(Some(t), &entry.coll).await?;
+        let write = if entry.deletes() {
+            let filter = hold::applied_by(&entry.id, t);
+            env.store
+                .tombstone_write(coll.name(), filter, &entry.id, entry.schema, entry.applied)
+                .await
+                .map_err(fail)?
+        } else {
+            entry.finish(t)
+        };
+        writes.push((coll, write));
+    }
+    let (sent, crash) = send_round(env, t, role.finish.0, &writes).await;
+    let settled = join_all(sent.into_iter().enumerate().map(|(i, first)| {
+        let (entry, (coll, write)) = (&txn.entries[i], &writes[i]);
+        async move {
+            let first = if entry.deletes() {
+                let filter = hold::applied_by(&entry.id, t);
+                env.store
+                    .after_tombstone(coll, filter, &entry.id, entry.schema, entry.applied, first)
+                    .await
+            } else {
+                first
+            };
+            retry_transient_after(Some(first), "finish", || async {
+                if entry.deletes() {
+                    let filter = hold::applied_by(&entry.id, t);
+                    env.store
+                        .write_tombstone(coll, filter, &entry.id, entry.schema, entry.applied)
+                        .await
+                } else {
+                    write::run(coll, write).await
+                }
+            })
+            .await
+            .map_err(fail)?;
+            env.point(Some(t), role.finish.1, i)
+        }
+    }))
+    .await;
+    if let Some(crash) = crash {
+        return Err(crash);
+    }
+    settled.into_iter().collect::<Result<Vec<()>, TxnError>>()?;
+    end(env, t, role.end, Deletion::Now).await.map(|_| ())
 }
 
 /// When the record of a transaction that did not commit may go.
@@ -171,65 +235,45 @@ pub(crate) enum Deletion {
     AfterDeadline,
 }
 
-/// Undoes every applied entry (and any fence) of a transaction that did not commit, then deletes
-/// its record as `deletion` allows; says whether the record is gone.
+/// Undoes every applied entry (and any fence) of a transaction that did not commit (one round
+/// of writes), then deletes its record as `deletion` allows; says whether the record is gone.
+///
+/// Each entry's undo puts back its own apply. One that matches nothing finds whatever hold of
+/// the transaction is there (a fence, or a late copy of the apply) and undoes it from the hold
+/// the document carries.
 pub(crate) async fn rollback_all(
     env: &Env,
     txn: &ActiveTransaction,
     role: Role,
     deletion: Deletion,
 ) -> Result<bool, TxnError> {
-    each_entry(env, txn, role.rollback, |entry| {
-        undo_entry(env, txn.id, txn.deadline, entry)
-    })
-    .await?;
-    end(env, txn.id, role.rollback_end, deletion).await
-}
-
-/// Runs `step` on every entry concurrently, between the failpoints `(before, after)`.
-async fn each_entry<'a, F, Fut>(
-    env: &Env,
-    txn: &'a ActiveTransaction,
-    (before, after): (&'static str, &'static str),
-    step: F,
-) -> Result<(), TxnError>
-where
-    F: Fn(&'a Entry) -> Fut,
-    Fut: std::future::Future<Output = Result<(), TxnError>>,
-{
     let t = txn.id;
-    try_join_all(txn.entries.iter().enumerate().map(|(i, entry)| {
-        let work = step(entry);
+    let mut writes = Vec::with_capacity(txn.entries.len());
+    for entry in &txn.entries {
+        let coll = env.collection(Some(t), &entry.coll).await?;
+        writes.push((coll, entry.rollback(t, txn.deadline)));
+    }
+    let (sent, crash) = send_round(env, t, role.rollback.0, &writes).await;
+    let settled = join_all(sent.into_iter().enumerate().map(|(i, first)| {
+        let (entry, (coll, undo)) = (&txn.entries[i], &writes[i]);
         async move {
-            env.point(Some(t), before, i)?;
-            work.await?;
-            env.point(Some(t), after, i)
+            let undone = retry_transient_after(Some(first), "rollback", || write::run(coll, undo))
+                .await
+                .map_err(|e| TxnError::database(Some(t), "rollback", e))?;
+            if undone == 0 {
+                resolve::roll_back(&env.store, &entry.coll, &entry.id, t)
+                    .await
+                    .map_err(|source| TxnError::hold(Some(t), &entry.coll, &entry.id, t, source))?;
+            }
+            env.point(Some(t), role.rollback.1, i)
         }
     }))
-    .await
-    .map(|_| ())
-}
-
-/// Undoes one entry if the transaction holds its document: its own apply from the entry, or else
-/// whatever hold of the transaction is there (a fence, or a late copy of the apply) from the hold
-/// the document carries.
-async fn undo_entry(
-    env: &Env,
-    t: ObjectId,
-    deadline: DateTime,
-    entry: &Entry,
-) -> Result<(), TxnError> {
-    let coll = env.collection(Some(t), &entry.coll).await?;
-    let undo: Write = entry.rollback(t, deadline);
-    let undone = retry_transient("rollback", || write::run(&coll, &undo))
-        .await
-        .map_err(|e| TxnError::database(Some(t), "rollback", e))?;
-    if undone == 0 {
-        resolve::roll_back(&env.store, &entry.coll, &entry.id, t)
-            .await
-            .map_err(|source| TxnError::hold(Some(t), &entry.coll, &entry.id, t, source))?;
+    .await;
+    if let Some(crash) = crash {
+        return Err(crash);
     }
-    Ok(())
+    settled.into_iter().collect::<Result<Vec<()>, TxnError>>()?;
+    end(env, t, role.rollback_end, deletion).await
 }
 
 async fn end(

@@ -17,7 +17,7 @@ use rand::Rng;
 
 use crate::children::{add, Kind, Recipe, Report, Slot};
 use crate::roles::{account_id, Account, Bank};
-use crate::wire_proxy::{command_name, Action, Rules, WireProxy};
+use crate::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 
 /// Arguments of a torture run.
 #[derive(Debug, Clone, Args)]
@@ -73,14 +73,17 @@ struct LateRules {
 
 impl Rules for LateRules {
     fn command(&self, command: &mut Document) -> Action {
-        if !self.on.load(Ordering::Relaxed) || command.get_str("$db").ok() != Some(self.db.as_str())
-        {
+        if !self.on.load(Ordering::Relaxed) {
             return Action::Forward;
         }
-        let write = matches!(
-            command_name(command),
-            "insert" | "update" | "delete" | "findAndModify"
-        );
+        // A bulkWrite goes to `admin`; the writes inside it name the bank's database.
+        let write = writes_in(command).iter().any(|write| {
+            write.get_str("$db").ok() == Some(self.db.as_str())
+                && matches!(
+                    command_name(write),
+                    "insert" | "update" | "delete" | "findAndModify"
+                )
+        });
         let mut rng = rand::rng();
         if write && rng.random_bool(self.rate) {
             self.count.fetch_add(1, Ordering::Relaxed);

@@ -375,3 +375,71 @@ impl Msg {
 pub fn command_name(command: &Document) -> &str {
     command.keys().next().map(String::as_str).unwrap_or("")
 }
+
+/// The single-document writes `command` carries, each as the command that would carry it alone.
+///
+/// A `bulkWrite` (MongoDB 8.0: many writes on any collections in one message, sent to `admin`)
+/// becomes one `insert`, `update` or `delete` per operation, on the operation's own database and
+/// collection, with the bulk's write concern; any other command is itself. Rules that pick out a
+/// kind of write then see it the same way however the client sent it.
+pub fn writes_in(command: &Document) -> Vec<Document> {
+    if command_name(command) != "bulkWrite" {
+        return vec![command.clone()];
+    }
+    let namespaces: Vec<(String, String)> = command
+        .get_array("nsInfo")
+        .map(|list| {
+            list.iter()
+                .filter_map(|ns| ns.as_document()?.get_str("ns").ok())
+                .map(|ns| match ns.split_once('.') {
+                    Some((db, coll)) => (db.to_string(), coll.to_string()),
+                    None => (String::new(), ns.to_string()),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let ops = command.get_array("ops").map(Vec::as_slice).unwrap_or(&[]);
+    ops.iter()
+        .filter_map(Bson::as_document)
+        .filter_map(|op| {
+            let (kind, index) =
+                ["insert", "update", "delete"]
+                    .into_iter()
+                    .find_map(|kind| match op.get(kind)? {
+                        Bson::Int32(n) => Some((kind, i64::from(*n))),
+                        Bson::Int64(n) => Some((kind, *n)),
+                        _ => None,
+                    })?;
+            let (db, coll) = namespaces.get(usize::try_from(index).ok()?)?;
+            let filter = op.get_document("filter").cloned().unwrap_or_default();
+            let mut single = Document::new();
+            match kind {
+                "insert" => {
+                    single.insert("insert", coll.as_str());
+                    single.insert("documents", vec![op.get("document")?.clone()]);
+                }
+                "update" => {
+                    let mut statement =
+                        bson::doc! { "q": filter, "u": op.get("updateMods")?.clone() };
+                    if let Some(upsert) = op.get("upsert") {
+                        statement.insert("upsert", upsert.clone());
+                    }
+                    single.insert("update", coll.as_str());
+                    single.insert("updates", vec![Bson::Document(statement)]);
+                }
+                _ => {
+                    single.insert("delete", coll.as_str());
+                    single.insert(
+                        "deletes",
+                        vec![Bson::Document(bson::doc! { "q": filter, "limit": 1 })],
+                    );
+                }
+            }
+            if let Some(concern) = command.get("writeConcern") {
+                single.insert("writeConcern", concern.clone());
+            }
+            single.insert("$db", db.as_str());
+            Some(single)
+        })
+        .collect()
+}

@@ -17,6 +17,7 @@ import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
 import de.bwaldvogel.mongo.backend.memory.MemoryDatabase;
 import de.bwaldvogel.mongo.bson.Document;
 import de.bwaldvogel.mongo.exception.MongoServerError;
+import de.bwaldvogel.mongo.exception.MongoServerException;
 import de.bwaldvogel.mongo.oplog.Oplog;
 import io.netty.channel.Channel;
 
@@ -36,8 +37,19 @@ import io.netty.channel.Channel;
  * is the server's clock), then stored in its place, all under the collection's lock. Only
  * single-document pipeline updates are supported. An upsert that matches nothing runs the pipeline
  * over the document the filter's plain equalities describe (as MongoDB does) and inserts the result.
+ *
+ * <p>With {@code bulkWrites} it runs MongoDB 8.0's {@code bulkWrite} command (many writes on any
+ * collections in one message): each operation goes through this server's own {@code insert},
+ * {@code update} or {@code delete} handling, one at a time, so each keeps its single-document
+ * atomicity, and the reply lists every operation's outcome as MongoDB 8.0 does.
  */
 final class AtomicBackend extends MemoryBackend {
+
+    private final boolean bulkWrites;
+
+    AtomicBackend(boolean bulkWrites) {
+        this.bulkWrites = bulkWrites;
+    }
 
     @Override
     public MemoryDatabase openOrCreateDatabase(String databaseName) {
@@ -51,7 +63,128 @@ final class AtomicBackend extends MemoryBackend {
             response.put("isWritablePrimary", Boolean.TRUE);
             return response;
         }
+        if (bulkWrites && command.equalsIgnoreCase("bulkWrite")) {
+            return bulkWrite(channel, query);
+        }
         return super.handleCommand(channel, databaseName, command, query);
+    }
+
+    /**
+     * MongoDB 8.0's {@code bulkWrite}: {@code ops} name their namespace by its index in
+     * {@code nsInfo}; each runs as its own single-statement command; an ordered bulk stops at the
+     * first failed operation. Results come back in a cursor's first batch (errors only with
+     * {@code errorsOnly}), with the totals beside it.
+     */
+    private Document bulkWrite(Channel channel, Document query) {
+        List<?> ops = query.get("ops") instanceof List<?> list ? list : List.of();
+        List<?> namespaces = query.get("nsInfo") instanceof List<?> list ? list : List.of();
+        boolean ordered = !Boolean.FALSE.equals(query.get("ordered"));
+        boolean errorsOnly = Boolean.TRUE.equals(query.get("errorsOnly"));
+        int errors = 0;
+        int inserted = 0;
+        int matched = 0;
+        int modified = 0;
+        int upserted = 0;
+        int deleted = 0;
+        List<Object> results = new ArrayList<>();
+        for (int idx = 0; idx < ops.size(); idx++) {
+            Document outcome;
+            String kind = null;
+            try {
+                Document op = (Document) ops.get(idx);
+                kind = op.containsKey("insert") ? "insert" : op.containsKey("update") ? "update" : "delete";
+                Object nsIndex = op.get(kind);
+                if (!(nsIndex instanceof Number n) || n.intValue() < 0 || n.intValue() >= namespaces.size()) {
+                    throw new MongoServerError(2, "bulkWrite operation " + idx + " names no namespace in nsInfo");
+                }
+                String ns = String.valueOf(((Document) namespaces.get(n.intValue())).get("ns"));
+                int dot = ns.indexOf('.');
+                if (dot <= 0) {
+                    throw new MongoServerError(73, "InvalidNamespace", "invalid namespace: " + ns);
+                }
+                Document reply = handleCommand(channel, ns.substring(0, dot), kind,
+                        single(kind, ns.substring(dot + 1), op));
+                outcome = outcome(reply);
+            } catch (MongoServerError e) {
+                outcome = new Document("ok", 0.0).append("code", e.getCode()).append("codeName", e.getCodeName())
+                        .append("errmsg", e.getMessageWithoutErrorCode());
+            } catch (MongoServerException | ClassCastException e) {
+                outcome = new Document("ok", 0.0).append("code", 2).append("errmsg", String.valueOf(e.getMessage()));
+            }
+            boolean failed = outcome.get("ok") instanceof Number ok && ok.doubleValue() == 0.0;
+            if (failed) {
+                errors += 1;
+            } else {
+                int n = ((Number) outcome.getOrDefault("n", 0)).intValue();
+                switch (kind) {
+                    case "insert" -> inserted += n;
+                    case "delete" -> deleted += n;
+                    default -> {
+                        if (outcome.containsKey("upserted")) {
+                            upserted += 1;
+                        } else {
+                            matched += n;
+                        }
+                        modified += ((Number) outcome.getOrDefault("nModified", 0)).intValue();
+                    }
+                }
+            }
+            if (failed || !errorsOnly) {
+                results.add(new Document("idx", idx).appendAll(outcome));
+            }
+            if (failed && ordered) {
+                break;
+            }
+        }
+        Document cursor = new Document("id", 0L).append("firstBatch", results).append("ns", "admin.$cmd.bulkWrite");
+        return new Document("cursor", cursor).append("nErrors", errors).append("nInserted", inserted)
+                .append("nMatched", matched).append("nModified", modified).append("nUpserted", upserted)
+                .append("nDeleted", deleted).append("ok", 1.0);
+    }
+
+    /** The single-statement command that runs one operation of a {@code bulkWrite}. */
+    private static Document single(String kind, String collection, Document op) {
+        List<Object> statements = new ArrayList<>();
+        switch (kind) {
+            case "insert" -> {
+                statements.add(op.get("document"));
+                return new Document("insert", collection).append("documents", statements).append("ordered", Boolean.TRUE);
+            }
+            case "update" -> {
+                Document statement = new Document("q", op.getOrDefault("filter", new Document()))
+                        .append("u", op.get("updateMods"))
+                        .append("multi", Boolean.TRUE.equals(op.get("multi")))
+                        .append("upsert", Boolean.TRUE.equals(op.get("upsert")));
+                if (op.containsKey("arrayFilters")) {
+                    statement.append("arrayFilters", op.get("arrayFilters"));
+                }
+                statements.add(statement);
+                return new Document("update", collection).append("updates", statements).append("ordered", Boolean.TRUE);
+            }
+            default -> {
+                statements.add(new Document("q", op.getOrDefault("filter", new Document()))
+                        .append("limit", Boolean.TRUE.equals(op.get("multi")) ? 0 : 1));
+                return new Document("delete", collection).append("deletes", statements).append("ordered", Boolean.TRUE);
+            }
+        }
+    }
+
+    /** One operation's entry in a {@code bulkWrite} reply, from its single-statement command's reply. */
+    private static Document outcome(Document reply) {
+        if (reply.get("writeErrors") instanceof List<?> refused && !refused.isEmpty()) {
+            Document error = (Document) refused.get(0);
+            return new Document("ok", 0.0).append("code", error.get("code"))
+                    .append("codeName", error.getOrDefault("codeName", "Location" + error.get("code")))
+                    .append("errmsg", error.get("errmsg"));
+        }
+        Document outcome = new Document("ok", 1.0).append("n", reply.getOrDefault("n", 0));
+        if (reply.containsKey("nModified")) {
+            outcome.append("nModified", reply.get("nModified"));
+        }
+        if (reply.get("upserted") instanceof List<?> made && !made.isEmpty()) {
+            outcome.append("upserted", new Document("_id", ((Document) made.get(0)).get("_id")));
+        }
+        return outcome;
     }
 
     private static final class AtomicDatabase extends MemoryDatabase {
@@ -222,7 +355,34 @@ final class AtomicBackend extends MemoryBackend {
                     }
                 }
             }
+            if (value instanceof Document found && query.get("fields") instanceof Document fields
+                    && !fields.isEmpty()) {
+                value = project(found, fields);
+            }
             return new Document("lastErrorObject", lastError).append("value", value).append("ok", 1.0);
+        }
+
+        /**
+         * A findAndModify projection on top-level fields: the fields it includes (and {@code _id}
+         * unless excluded), or every field but those it excludes.
+         */
+        private static Document project(Document document, Document fields) {
+            boolean inclusion = fields.entrySet().stream()
+                    .anyMatch(e -> !e.getKey().equals("_id") && truthy(e.getValue()));
+            Document projected = new Document();
+            for (String key : document.keySet()) {
+                boolean named = fields.containsKey(key);
+                boolean keep = key.equals("_id") ? !named || truthy(fields.get(key))
+                        : inclusion ? named && truthy(fields.get(key)) : !named;
+                if (keep) {
+                    projected.put(key, document.get(key));
+                }
+            }
+            return projected;
+        }
+
+        private static boolean truthy(Object value) {
+            return value instanceof Boolean b ? b : value instanceof Number n && n.doubleValue() != 0.0;
         }
 
         /**

@@ -12,8 +12,9 @@ import de.bwaldvogel.mongo.MongoVersion;
  * Starts mongo-java-server (in-memory backend, made atomic for readers by {@link AtomicBackend}) on a
  * loopback port for the mongotx test suite.
  *
- * <p>Usage: {@code java -jar mongotx-test-server.jar [--host 127.0.0.1] [--port 0]}. Port 0 picks a
- * free port. Once listening it prints one line {@code MONGOTX_TEST_SERVER_PORT=<port>} to stdout.
+ * <p>Usage: {@code java -jar mongotx-test-server.jar [--host 127.0.0.1] [--port 0] [--no-bulk-write]}.
+ * Port 0 picks a free port. {@code --no-bulk-write} makes it a server older than MongoDB 8.0: it
+ * announces 4.4 and refuses {@code bulkWrite}. Once listening it prints one line {@code MONGOTX_TEST_SERVER_PORT=<port>} to stdout.
  * It shuts down when stdin reaches end-of-file, so a parent process that dies (or simply closes
  * the pipe) never leaves a server behind, and also on SIGINT/SIGTERM.
  */
@@ -22,19 +23,22 @@ public final class Main {
     /**
      * The Rust driver 3.x refuses servers whose maximum wire version is below 9 (MongoDB 4.4),
      * while mongo-java-server's newest built-in version reports 8. The server implements the
-     * OP_MSG commands the driver uses, so it announces 4.4 / wire 9.
+     * OP_MSG commands the driver uses, so it announces 4.4 / wire 9, or, since the wrapper runs
+     * {@code bulkWrite} (the one 8.0 command the driver gates on the wire version), 8.0 / wire 25.
      */
-    private static final MongoVersion ANNOUNCED_VERSION = new MongoVersion() {
-        @Override
-        public List<Integer> getVersionArray() {
-            return List.of(4, 4, 0);
-        }
+    private static MongoVersion announced(List<Integer> version, int wire) {
+        return new MongoVersion() {
+            @Override
+            public List<Integer> getVersionArray() {
+                return version;
+            }
 
-        @Override
-        public int getWireVersion() {
-            return 9;
-        }
-    };
+            @Override
+            public int getWireVersion() {
+                return wire;
+            }
+        };
+    }
 
     private Main() {
     }
@@ -42,10 +46,12 @@ public final class Main {
     public static void main(String[] args) throws IOException {
         String host = "127.0.0.1";
         int port = 0;
+        boolean bulkWrites = true;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--host" -> host = args[++i];
                 case "--port" -> port = Integer.parseInt(args[++i]);
+                case "--no-bulk-write" -> bulkWrites = false;
                 default -> {
                     System.err.println("unknown argument: " + args[i]);
                     System.exit(2);
@@ -53,8 +59,8 @@ public final class Main {
             }
         }
 
-        AtomicBackend backend = new AtomicBackend();
-        backend.version(ANNOUNCED_VERSION);
+        AtomicBackend backend = new AtomicBackend(bulkWrites);
+        backend.version(bulkWrites ? announced(List.of(8, 0, 0), 25) : announced(List.of(4, 4, 0), 9));
         MongoServer server = new MongoServer(backend);
         server.bind(host, port);
         InetSocketAddress address = server.getLocalAddress();
