@@ -77,14 +77,13 @@ pub(crate) async fn create(
 
 /// Runs `writes` (each on its collection) in one round and returns each one's result in order, as
 /// [`run`] would have: one `bulkWrite` command where the server has it and the store allows it,
-/// otherwise one command each, all sent at once. A [`Write::Create`] is never batched (its caller
-/// needs the document it made), so a round holding one goes out as separate commands.
+/// otherwise one command each, all sent at once. (A create in a bulk is an upsert that reports
+/// only whether it made the document; a caller that needs the document runs [`create`] itself.)
 pub(crate) async fn run_together(
     store: &Store,
     writes: &[(Collection<Document>, Write)],
 ) -> Vec<Result<u64>> {
-    let batchable = writes.len() > 1 && writes.iter().all(|(_, w)| !matches!(w, Write::Create(..)));
-    if batchable && store.batches_writes() {
+    if writes.len() > 1 && store.batches_writes() {
         match bulk(store, writes).await {
             Some(results) => return results,
             // Refused before anything ran: the server has no `bulkWrite`.
@@ -149,11 +148,18 @@ fn model(coll: &Collection<Document>, write: &Write) -> WriteModel {
     }
 }
 
-/// What write `i` of a bulk matched (or deleted), if the server reported it.
+/// What write `i` of a bulk matched, created or deleted, if the server reported it.
 fn counted(done: &VerboseBulkWriteResult, i: usize) -> Option<u64> {
+    let updated = |r: &mongodb::results::UpdateResult| {
+        if r.upserted_id.is_some() {
+            1
+        } else {
+            r.matched_count
+        }
+    };
     done.update_results
         .get(&i)
-        .map(|r| r.matched_count)
+        .map(updated)
         .or_else(|| done.delete_results.get(&i).map(|r| r.deleted_count))
 }
 

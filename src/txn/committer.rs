@@ -41,9 +41,10 @@
 //! - Finish, undo and end are conditional on the hold (or the record) still being there, and are
 //!   simply resent after a transient error.
 
-use bson::{doc, oid::ObjectId, Bson, DateTime};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::future::join_all;
 use mongodb::options::ReturnDocument;
+use mongodb::Collection;
 
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
@@ -156,11 +157,14 @@ impl Transactions {
             if sent.staging.is_ok() {
                 for (i, entry) in txn.entries.iter().enumerate() {
                     let result = match self.env.point(Some(t), failpoint::APPLY_BEFORE, i) {
-                        Ok(()) => {
-                            let write = entry.apply(t, txn.deadline);
-                            self.apply(t, txn.deadline, i, entry, &write, None, true)
-                                .await
-                        }
+                        Ok(()) => match self.env.collection(Some(t), &entry.coll).await {
+                            Ok(coll) => {
+                                let write = (coll, entry.apply(t, txn.deadline));
+                                self.apply(t, txn.deadline, i, entry, &write, None, true)
+                                    .await
+                            }
+                            Err(e) => Err(e),
+                        },
                         Err(crash) => Err(crash),
                     };
                     let stop = !matches!(result, Ok(Applied::Yes));
@@ -553,7 +557,7 @@ impl Transactions {
                 Ok(coll) => {
                     let write = entry.apply(t, txn.deadline);
                     if matches!(write, write::Write::Create(..)) {
-                        creates.push((i, write));
+                        creates.push((i, (coll, write)));
                     } else {
                         batch.push((i, (coll, write)));
                     }
@@ -569,7 +573,7 @@ impl Transactions {
                     .iter()
                     .zip(&writes)
                     .zip(sent)
-                    .map(|((&i, (_, write)), sent)| {
+                    .map(|((&i, write), sent)| {
                         self.apply(
                             t,
                             txn.deadline,
@@ -608,9 +612,10 @@ impl Transactions {
             .collect()
     }
 
-    /// Applies entry `i` of transaction `t` with `write` (its apply), once its failpoint has
-    /// passed; `sent` is the result of a first send the round made already. With `wait`, waits
-    /// (bounded) for documents held by live transactions, else reports them.
+    /// Applies entry `i` of transaction `t` with `write` (its apply, and the collection it runs
+    /// on), once its failpoint has passed; `sent` is the result of a first send the round made
+    /// already. With `wait`, waits (bounded) for documents held by live transactions, else
+    /// reports them.
     #[allow(clippy::too_many_arguments)]
     async fn apply(
         &self,
@@ -618,12 +623,11 @@ impl Transactions {
         deadline: DateTime,
         i: usize,
         entry: &Entry,
-        write: &write::Write,
+        (coll, write): &(Collection<Document>, write::Write),
         mut sent: Option<mongodb::error::Result<u64>>,
         wait: bool,
     ) -> Result<Applied, TxnError> {
         let env = &self.env;
-        let coll = env.collection(Some(t), &entry.coll).await?;
         let lock_wait = self.store.lock_wait();
         let started = std::time::Instant::now();
         let mut pauses = 0_u32;
@@ -640,7 +644,7 @@ impl Transactions {
         let applied = loop {
             let sent = match (sent.take(), write) {
                 (Some(sent), _) => sent,
-                (None, write::Write::Create(..)) => match write::create(&coll, write).await {
+                (None, write::Write::Create(..)) => match write::create(coll, write).await {
                     // A copy that ran after the deadline counts for nothing: resolvers may have
                     // decided without it. The document it made is this transaction's to undo.
                     Ok(Some(created)) if !created_in_time(&created, deadline) => {
@@ -649,7 +653,7 @@ impl Transactions {
                     Ok(created) => Ok(u64::from(created.is_some())),
                     Err(e) => Err(e),
                 },
-                (None, other) => write::run(&coll, other).await,
+                (None, other) => write::run(coll, other).await,
             };
             let diagnosis = match sent {
                 Ok(1) => break Applied::Yes,

@@ -43,17 +43,49 @@ pub(crate) enum Layout {
     Spread,
 }
 
+/// How a commit row commits: where its documents are, whether it returns before finishing, and
+/// whether a round's writes go as one bulkWrite (MongoDB 8.0+) or as one command each (older
+/// servers, or `StoreBuilder::batch_writes(false)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mode {
+    pub(crate) layout: Layout,
+    pub(crate) finish: Finish,
+    pub(crate) bulk: bool,
+}
+
+impl Mode {
+    const fn new(layout: Layout, finish: Finish, bulk: bool) -> Mode {
+        Mode {
+            layout,
+            finish,
+            bulk,
+        }
+    }
+}
+
+/// The commit rows' modes, in the order they are measured and printed.
+pub(crate) const MODES: [Mode; 5] = [
+    Mode::new(Layout::Spread, Finish::InBackground, true),
+    Mode::new(Layout::One, Finish::InBackground, true),
+    Mode::new(Layout::Spread, Finish::InBackground, false),
+    Mode::new(Layout::Spread, Finish::BeforeReturning, true),
+    Mode::new(Layout::One, Finish::BeforeReturning, true),
+];
+
 /// Everything measured at one latency (medians in µs, throughput in transfers per second).
 #[derive(Debug, Clone)]
 pub(crate) struct AtLatency {
     pub(crate) one_way_ms: u64,
     pub(crate) update_us: f64,
-    /// (k, layout, finish, median µs).
-    pub(crate) commits: Vec<(usize, Layout, Finish, f64)>,
+    /// (k, mode, median µs).
+    pub(crate) commits: Vec<(usize, Mode, f64)>,
     /// (k, median µs of k + 1 sequential conditional updates).
     pub(crate) native: Vec<(usize, f64)>,
     /// (k, median µs of k + 1 concurrent conditional updates, one per collection).
     pub(crate) floor: Vec<(usize, f64)>,
+    /// (k, median µs of k of those updates in one bulkWrite with the last on its own), where the
+    /// server has bulkWrite.
+    pub(crate) floor_bulk: Vec<(usize, f64)>,
     /// (operation, median µs).
     pub(crate) domain: Vec<(&'static str, f64)>,
     /// (clients, transfers per second, conflicts retried).
@@ -61,12 +93,12 @@ pub(crate) struct AtLatency {
 }
 
 impl AtLatency {
-    /// The median of the commit row (k, layout, finish).
-    pub(crate) fn commit(&self, k: usize, layout: Layout, finish: Finish) -> Option<f64> {
+    /// The median of the commit row (k, mode).
+    pub(crate) fn commit(&self, k: usize, mode: Mode) -> Option<f64> {
         self.commits
             .iter()
-            .find(|(kk, l, f, _)| *kk == k && *l == layout && *f == finish)
-            .map(|c| c.3)
+            .find(|(kk, m, _)| *kk == k && *m == mode)
+            .map(|c| c.2)
     }
 }
 
@@ -189,7 +221,7 @@ async fn at_latency(
         })
         .await?;
     }
-    for round in 0..warmup * 20 {
+    for round in 0..warmup * 60 {
         let tx = txns.begin();
         for repo in &spread {
             tx.adjust(
@@ -203,58 +235,60 @@ async fn at_latency(
         tx.commit().await?;
     }
     let mut commits = Vec::new();
-    for finish in [Finish::InBackground, Finish::BeforeReturning] {
-        let txns = Transactions::with_options(&store, TxnOptions::default().finish(finish));
-        for layout in [Layout::Spread, Layout::One] {
-            for k in KS {
-                let repos: Vec<&Repository<Account>> = match layout {
-                    Layout::One => vec![&one; k],
-                    Layout::Spread => spread.iter().take(k).collect(),
-                };
-                let tag = format!("{finish:?}-{layout:?}-{k}");
-                let mut versions = [1_i64; SETS];
-                for set in 0..SETS {
-                    for (i, repo) in repos.iter().enumerate() {
-                        repo.insert(&Account {
-                            id: format!("{tag}-{set}-{i}"),
-                            owner: "T".into(),
-                            balance: 0,
-                        })
-                        .await?;
-                    }
+    for mode in MODES {
+        let store = Store::builder(db.clone()).batch_writes(mode.bulk).build();
+        let txns = Transactions::with_options(&store, TxnOptions::default().finish(mode.finish));
+        for k in KS {
+            let repos: Vec<&Repository<Account>> = match mode.layout {
+                Layout::One => vec![&one; k],
+                Layout::Spread => spread.iter().take(k).collect(),
+            };
+            let tag = format!("{:?}-{:?}-{}-{k}", mode.finish, mode.layout, mode.bulk);
+            let mut versions = [1_i64; SETS];
+            for set in 0..SETS {
+                for (i, repo) in repos.iter().enumerate() {
+                    repo.insert(&Account {
+                        id: format!("{tag}-{set}-{i}"),
+                        owner: "T".into(),
+                        balance: 0,
+                    })
+                    .await?;
                 }
-                let mut got = Vec::with_capacity(samples);
-                for round in 0..samples + warmup {
-                    let set = round % SETS;
-                    let tx = txns.begin();
-                    for (i, repo) in repos.iter().enumerate() {
-                        tx.adjust(
-                            repo,
-                            format!("{tag}-{set}-{i}"),
-                            versions[set],
-                            &Adjust::new().by("balance", 1_i64),
-                        )
-                        .await?;
-                    }
-                    let t = Instant::now();
-                    tx.commit().await?;
-                    let took = t.elapsed();
-                    versions[set] += 1;
-                    tokio::time::sleep(settle).await;
-                    baseline.push(timed_update(&raw, &mut raw_version).await?);
-                    if round >= warmup {
-                        got.push(took);
-                    }
-                }
-                commits.push((k, layout, finish, micros(stats(got).median)));
             }
+            let mut got = Vec::with_capacity(samples);
+            for round in 0..samples + warmup {
+                let set = round % SETS;
+                let tx = txns.begin();
+                for (i, repo) in repos.iter().enumerate() {
+                    tx.adjust(
+                        repo,
+                        format!("{tag}-{set}-{i}"),
+                        versions[set],
+                        &Adjust::new().by("balance", 1_i64),
+                    )
+                    .await?;
+                }
+                let t = Instant::now();
+                tx.commit().await?;
+                let took = t.elapsed();
+                versions[set] += 1;
+                tokio::time::sleep(settle).await;
+                baseline.push(timed_update(&raw, &mut raw_version).await?);
+                if round >= warmup {
+                    got.push(took);
+                }
+            }
+            commits.push((k, mode, micros(stats(got).median)));
         }
     }
 
     // The floor of any one-round protocol: k + 1 conditional updates sent at once, one per
     // collection, with the raw driver (what the server and the machine make of that many
-    // concurrent writes, with no mongotx at all).
+    // concurrent writes, with no mongotx at all); and where the server has bulkWrite, the same
+    // writes as the parallel commit sends them: k of them in one bulkWrite, one on its own.
+    // Each document's version moves on by two per round (one for each form).
     let mut floor = Vec::new();
+    let mut floor_bulk = Vec::new();
     for k in KS {
         let colls: Vec<Collection<Document>> = (0..=k)
             .map(|c| db.collection(&format!("floor{c}")))
@@ -265,19 +299,33 @@ async fn at_latency(
                 .await?;
         }
         let mut got = Vec::with_capacity(samples);
+        let mut bulk = Vec::with_capacity(samples);
         for round in 0..samples + warmup {
+            let version = 2 * round as i64 + 1;
+            // Timed as the commits are: after a pause, not back to back.
+            tokio::time::sleep(settle).await;
             let t = Instant::now();
             futures::future::try_join_all(
                 colls
                     .iter()
-                    .map(|coll| conditional_update(coll, &id, round as i64 + 1)),
+                    .map(|coll| conditional_update(coll, &id, version)),
             )
             .await?;
+            let separate = t.elapsed();
+            tokio::time::sleep(settle).await;
+            let t = Instant::now();
+            let together = bulk_floor(db, &colls, &id, version).await?;
             if round >= warmup {
-                got.push(t.elapsed());
+                got.push(separate);
+                if together {
+                    bulk.push(t.elapsed());
+                }
             }
         }
         floor.push((k, micros(stats(got).median)));
+        if !bulk.is_empty() {
+            floor_bulk.push((k, micros(stats(bulk).median)));
+        }
     }
 
     // A native transaction writes its k documents one after the other, then commits: k + 1
@@ -328,9 +376,55 @@ async fn at_latency(
         commits,
         native,
         floor,
+        floor_bulk,
         domain,
         throughput,
     })
+}
+
+/// The bulk floor's round: a bulkWrite of the conditional updates of `id` in every collection of
+/// `colls` but the last, and one update in the last, sent at once (each at `version`, moving it
+/// on by one). `false` when the server has no bulkWrite (nothing ran).
+async fn bulk_floor(
+    db: &Database,
+    colls: &[Collection<Document>],
+    id: &str,
+    version: i64,
+) -> Result<bool, Error> {
+    use mongodb::options::UpdateOneModel;
+    let Some((last, rest)) = colls.split_last() else {
+        return Ok(false);
+    };
+    let models = rest.iter().map(|coll| {
+        UpdateOneModel::builder()
+            .namespace(coll.namespace())
+            .filter(doc! { "_id": id, "_version": version + 1, "_txn": null })
+            .update(doc! { "$set": { "owner": "P" }, "$inc": { "_version": 1_i64 } })
+            .build()
+    });
+    let (together, alone) = futures::join!(
+        async { db.client().bulk_write(models).ordered(false).await },
+        conditional_update(last, id, version + 1),
+    );
+    alone?;
+    match together {
+        Ok(done) if done.matched_count == rest.len() as i64 => Ok(true),
+        Ok(done) => Err(format!(
+            "the bulk floor matched {} of {}",
+            done.matched_count,
+            rest.len()
+        )
+        .into()),
+        Err(e)
+            if matches!(
+                *e.kind,
+                mongodb::error::ErrorKind::IncompatibleServer { .. }
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// One operation of each domain module, `samples` times each (the setup of each untimed).
@@ -491,41 +585,46 @@ fn print(at: &AtLatency) {
         at.one_way_ms, at.update_us
     );
     println!(
-        "{:<44} {:>12} {:>14}",
+        "{:<58} {:>12} {:>14}",
         "commit of k documents", "median µs", "/ one update"
     );
-    for (k, layout, finish, us) in &at.commits {
+    for (k, mode, us) in &at.commits {
         let label = format!(
-            "k = {k:<2} {}, {}",
-            match layout {
+            "k = {k:<2} {}, {}{}",
+            match mode.layout {
                 Layout::One => "one collection",
                 Layout::Spread => "spread",
             },
-            match finish {
+            match mode.finish {
                 Finish::InBackground => "returns before finishing",
                 _ => "finishes first",
-            }
+            },
+            if mode.bulk { "" } else { ", no bulkWrite" }
         );
-        println!("{label:<44} {us:>12.0} {:>13.2}x", ratio(*us));
+        println!("{label:<58} {us:>12.0} {:>13.2}x", ratio(*us));
     }
     for (k, us) in &at.floor {
         let label = format!("k = {k:<2} floor ({} concurrent driver updates)", k + 1);
-        println!("{label:<44} {us:>12.0} {:>13.2}x", ratio(*us));
+        println!("{label:<58} {us:>12.0} {:>13.2}x", ratio(*us));
+    }
+    for (k, us) in &at.floor_bulk {
+        let label = format!("k = {k:<2} floor (bulkWrite of {k} beside 1 update)");
+        println!("{label:<58} {us:>12.0} {:>13.2}x", ratio(*us));
     }
     for (k, us) in &at.native {
         let label = format!("k = {k:<2} native equivalent ({} round trips)", k + 1);
-        println!("{label:<44} {us:>12.0} {:>13.2}x", ratio(*us));
+        println!("{label:<58} {us:>12.0} {:>13.2}x", ratio(*us));
     }
     for (name, us) in &at.domain {
-        println!("{name:<44} {us:>12.0} {:>13.2}x", ratio(*us));
+        println!("{name:<58} {us:>12.0} {:>13.2}x", ratio(*us));
     }
     println!(
-        "{:<44} {:>12} {:>14}",
+        "{:<58} {:>12} {:>14}",
         "2-document transfers", "per second", "conflicts"
     );
     for (clients, rate, conflicts) in &at.throughput {
         println!(
-            "{:<44} {rate:>12.0} {conflicts:>14}",
+            "{:<58} {rate:>12.0} {conflicts:>14}",
             format!("{clients} clients")
         );
     }

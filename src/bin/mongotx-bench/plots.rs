@@ -1,14 +1,15 @@
 //! The network rows as charts (SVG and PNG, with plotters): commit latency against k per protocol
-//! mode at each latency, and transfer throughput against clients.
+//! mode at each latency, the one-round modes as a ratio to one update (with the floors beside
+//! them), and transfer throughput against clients.
 
 use std::path::{Path, PathBuf};
 
-use mongotx::Finish;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
-use crate::network::{AtLatency, Layout, CLIENTS, KS};
+use crate::network::{AtLatency, CLIENTS, KS, MODES};
 
 /// Where a TrueType font for the charts' text is usually found.
 const FONTS: [&str; 3] = [
@@ -50,17 +51,31 @@ pub(crate) fn write(
                 at.one_way_ms
             ),
             x_desc: "documents per transaction (k)",
-            y_desc: "median latency (ms)",
+            y_desc: "median latency (ms, log scale)",
             x_max: KS.iter().copied().max().unwrap_or(1) as f64,
+            log_y: true,
             lines: latency_lines(at),
         };
         written.extend(chart.render(dir, &format!("commit_latency_{}ms", at.one_way_ms))?);
+        let chart = Chart {
+            caption: format!(
+                "one-round commit / one update, {} ms one-way latency (median)",
+                at.one_way_ms
+            ),
+            x_desc: "documents per transaction (k)",
+            y_desc: "latency / one conditional update",
+            x_max: KS.iter().copied().max().unwrap_or(1) as f64,
+            log_y: false,
+            lines: ratio_lines(at),
+        };
+        written.extend(chart.render(dir, &format!("commit_ratio_{}ms", at.one_way_ms))?);
     }
     let chart = Chart {
         caption: "2-document transfers per second vs clients".into(),
         x_desc: "clients",
         y_desc: "transfers per second",
         x_max: CLIENTS.iter().copied().max().unwrap_or(1) as f64,
+        log_y: false,
         lines: throughput_lines(runs),
     };
     written.extend(chart.render(dir, "transfer_throughput")?);
@@ -80,6 +95,8 @@ struct Chart {
     x_desc: &'static str,
     y_desc: &'static str,
     x_max: f64,
+    /// A logarithmic y axis (for lines that differ by orders of magnitude).
+    log_y: bool,
     lines: Vec<Line>,
 }
 
@@ -98,35 +115,34 @@ impl Chart {
 fn latency_lines(at: &AtLatency) -> Vec<Line> {
     let modes = [
         (
-            Layout::Spread,
-            Finish::InBackground,
+            MODES[0],
             "parallel commit, returns before finishing (spread)",
             RGBColor(0, 114, 178),
         ),
         (
-            Layout::One,
-            Finish::InBackground,
+            MODES[1],
             "parallel commit, returns before finishing (one collection)",
             RGBColor(86, 180, 233),
         ),
         (
-            Layout::Spread,
-            Finish::BeforeReturning,
+            MODES[2],
+            "as the first, one command per write (servers before 8.0)",
+            RGBColor(230, 159, 0),
+        ),
+        (
+            MODES[3],
             "parallel commit, finishes first (spread)",
             RGBColor(0, 158, 115),
         ),
     ];
     let mut lines: Vec<Line> = modes
         .into_iter()
-        .map(|(layout, finish, label, color)| Line {
+        .map(|(mode, label, color)| Line {
             label: label.into(),
             color,
             points: KS
                 .iter()
-                .filter_map(|&k| {
-                    at.commit(k, layout, finish)
-                        .map(|us| (k as f64, us / 1000.0))
-                })
+                .filter_map(|&k| at.commit(k, mode).map(|us| (k as f64, us / 1000.0)))
                 .collect(),
         })
         .collect();
@@ -148,6 +164,17 @@ fn latency_lines(at: &AtLatency) -> Vec<Line> {
             .map(|(k, us)| (*k as f64, us / 1000.0))
             .collect(),
     });
+    if !at.floor_bulk.is_empty() {
+        lines.push(Line {
+            label: "floor: k updates in one bulkWrite beside 1 update (no mongotx)".into(),
+            color: RGBColor(117, 112, 179),
+            points: at
+                .floor_bulk
+                .iter()
+                .map(|(k, us)| (*k as f64, us / 1000.0))
+                .collect(),
+        });
+    }
     lines.push(Line {
         label: "one conditional update".into(),
         color: RGBColor(120, 120, 120),
@@ -155,6 +182,77 @@ fn latency_lines(at: &AtLatency) -> Vec<Line> {
             .iter()
             .map(|&k| (k as f64, at.update_us / 1000.0))
             .collect(),
+    });
+    lines
+}
+
+/// The one-round modes and the floors, each as a ratio to one conditional update, and the target.
+fn ratio_lines(at: &AtLatency) -> Vec<Line> {
+    let per_update = |points: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
+        points
+            .into_iter()
+            .map(|(k, us)| (k, us / at.update_us))
+            .collect()
+    };
+    let modes = [
+        (
+            MODES[0],
+            "parallel commit, returns before finishing (spread)",
+            RGBColor(0, 114, 178),
+        ),
+        (
+            MODES[1],
+            "parallel commit, returns before finishing (one collection)",
+            RGBColor(86, 180, 233),
+        ),
+        (
+            MODES[2],
+            "as the first, one command per write (servers before 8.0)",
+            RGBColor(230, 159, 0),
+        ),
+    ];
+    let mut lines: Vec<Line> = modes
+        .into_iter()
+        .map(|(mode, label, color)| Line {
+            label: label.into(),
+            color,
+            points: per_update(
+                KS.iter()
+                    .filter_map(|&k| at.commit(k, mode).map(|us| (k as f64, us)))
+                    .collect(),
+            ),
+        })
+        .collect();
+    let floors = [
+        (
+            &at.floor,
+            "floor: k + 1 concurrent driver updates (no mongotx)",
+            RGBColor(204, 121, 167),
+        ),
+        (
+            &at.floor_bulk,
+            "floor: k updates in one bulkWrite beside 1 update (no mongotx)",
+            RGBColor(117, 112, 179),
+        ),
+    ];
+    for (floor, label, color) in floors {
+        if !floor.is_empty() {
+            lines.push(Line {
+                label: label.into(),
+                color,
+                points: per_update(floor.iter().map(|(k, us)| (*k as f64, *us)).collect()),
+            });
+        }
+    }
+    lines.push(Line {
+        label: "target: 1.5x one update".into(),
+        color: RGBColor(213, 94, 0),
+        points: KS.iter().map(|&k| (k as f64, 1.5)).collect(),
+    });
+    lines.push(Line {
+        label: "one conditional update".into(),
+        color: RGBColor(120, 120, 120),
+        points: KS.iter().map(|&k| (k as f64, 1.0)).collect(),
     });
     lines
 }
@@ -181,20 +279,32 @@ fn throughput_lines(runs: &[AtLatency]) -> Vec<Line> {
 }
 
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, spec: &Chart) -> Result<(), String> {
+    let ys = || spec.lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
+    let y_max = ys().fold(0.0_f64, f64::max);
+    if spec.log_y {
+        let y_min = ys().filter(|y| *y > 0.0).fold(f64::INFINITY, f64::min);
+        let range = (y_min * 0.8).max(1e-9)..(y_max * 1.5).max(1e-9);
+        plot(root, spec, range.log_scale())
+    } else {
+        plot(root, spec, 0.0..(y_max * 1.15).max(1e-9))
+    }
+}
+
+fn plot<DB, Y>(root: DrawingArea<DB, Shift>, spec: &Chart, y: Y) -> Result<(), String>
+where
+    DB: DrawingBackend,
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
     let (lines, x_max) = (&spec.lines, spec.x_max);
     let fail = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let y_max = lines
-        .iter()
-        .flat_map(|l| l.points.iter().map(|p| p.1))
-        .fold(0.0_f64, f64::max)
-        * 1.15;
     root.fill(&WHITE).map_err(fail)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(&spec.caption, ("sans-serif", 20))
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max.max(1e-9))
+        .build_cartesian_2d(0.0..x_max * 1.05, y)
         .map_err(fail)?;
     chart
         .configure_mesh()
