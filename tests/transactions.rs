@@ -236,6 +236,97 @@ async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
 }
 
 #[tokio::test]
+async fn the_gc_counts_as_swept_only_holds_it_undid() {
+    // A coordinator dead after its commit point leaves its documents held by a committed,
+    // unexpired transaction. A GC round before the deadline finishes those holds (the record pass
+    // waits for the deadline, the hold pass meets them); that is no orphan undone.
+    let t = TestDb::new().await;
+    let accounts = accounts(&t).await;
+    for (id, balance) in [("a", 100), ("b", 50)] {
+        accounts
+            .insert(&Account::new(id, id, balance))
+            .await
+            .expect("seed");
+    }
+    let txns = Transactions::with_options(
+        &t.store,
+        TxnOptions::default()
+            .timeout(Duration::from_secs(600))
+            .fault_injector(Arc::new(CrashAt(Failpoint {
+                name: failpoint::FINISH_BEFORE,
+                step: 0,
+            }))),
+    );
+    let tx = txns.begin();
+    tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -30_i64))
+        .await
+        .expect("stage");
+    tx.adjust(&accounts, "b", 1, &Adjust::new().by("balance", 30_i64))
+        .await
+        .expect("stage");
+    let err = tx.commit().await.expect_err("crash");
+    assert!(matches!(err, TxnError::Crashed { .. }), "{err:?}");
+    let held = |id: &'static str| {
+        let db = t.db.clone();
+        async move {
+            raw_snapshot(&db, "accounts")
+                .await
+                .iter()
+                .any(|d| d.get_str("_id") == Ok(id) && d.contains_key(fields::ACTIVE_TXN))
+        }
+    };
+    assert!(
+        held("a").await && held("b").await,
+        "the crash left the holds"
+    );
+
+    let gc = Gc::new(t.db.clone(), GcOptions::default());
+    let summary = gc
+        .run_round_at(DateTime::now(), &AtomicBool::new(false))
+        .await
+        .expect("gc");
+    assert_eq!(
+        (summary.finished, summary.rolled_back, summary.swept),
+        (0, 0, 0),
+        "{summary:?}"
+    );
+    assert!(
+        !held("a").await && !held("b").await,
+        "the holds were finished"
+    );
+    assert_eq!(accounts.get("a").await.expect("a").balance, 70);
+    assert_eq!(accounts.get("b").await.expect("b").balance, 80);
+
+    // A transaction whose record never went out: its holds are orphans, each undone and counted.
+    let txns = Transactions::with_options(
+        &t.store,
+        TxnOptions::default().fault_injector(Arc::new(CrashAt(Failpoint {
+            name: failpoint::BEGIN_BEFORE,
+            step: 0,
+        }))),
+    );
+    let tx = txns.begin();
+    tx.adjust(&accounts, "a", 2, &Adjust::new().by("balance", -1_i64))
+        .await
+        .expect("stage");
+    tx.adjust(&accounts, "b", 2, &Adjust::new().by("balance", 1_i64))
+        .await
+        .expect("stage");
+    let err = tx.commit().await.expect_err("crash");
+    assert!(matches!(err, TxnError::Crashed { .. }), "{err:?}");
+    let summary = gc
+        .run_round_at(
+            DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000),
+            &AtomicBool::new(false),
+        )
+        .await
+        .expect("gc");
+    assert_eq!(summary.swept, 2, "{summary:?}");
+    assert_eq!(accounts.get("a").await.expect("a").balance, 70);
+    assert_eq!(accounts.get("b").await.expect("b").balance, 80);
+}
+
+#[tokio::test]
 async fn a_writer_resolves_an_expired_holder_instead_of_waiting() {
     let t = TestDb::new().await;
     let accounts = accounts(&t).await;

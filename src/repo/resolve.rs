@@ -112,7 +112,9 @@ pub(crate) async fn settle(
     id: &Bson,
     holder: ObjectId,
 ) -> Result<Settled, HoldError> {
-    settle_at(store, coll, id, holder, None).await
+    settle_at(store, coll, id, holder, None)
+        .await
+        .map(|(settled, _)| settled)
 }
 
 /// [`settle`] as if the server's time were `now` (`None`: ask the clock).
@@ -127,15 +129,18 @@ pub(crate) async fn settle(
 ///   arrive as staging any more (a coordinator whose record was that late then finds it aborted
 ///   and rolls back), and the hold is undone.
 /// - A fence is removed once its transaction is decided or gone.
+///
+/// The flag says whether this call itself undid the hold (the hold of a transaction that did not
+/// commit): a hold found gone, or finished for a committed transaction, is not one.
 pub(crate) async fn settle_at(
     store: &Store,
     coll: &str,
     id: &Bson,
     holder: ObjectId,
     now: Option<DateTime>,
-) -> Result<Settled, HoldError> {
+) -> Result<(Settled, bool), HoldError> {
     let Some((_, stored)) = held(store, coll, id, holder).await? else {
-        return Ok(Settled::Freed);
+        return Ok((Settled::Freed, false));
     };
     let hold = fields::read_hold(&stored).map_err(HoldError::new)?;
     let resolver = &store.inner.resolver;
@@ -153,28 +158,28 @@ pub(crate) async fn settle_at(
     match status {
         TxnStatus::Pending { deadline } => {
             let Some(now) = expired(deadline).await? else {
-                return Ok(Settled::Live);
+                return Ok((Settled::Live, false));
             };
             status = resolver.abort_expired(store, holder, now).await?;
         }
         TxnStatus::Absent if !hold.fence => {
             let patient = now.is_none() && store.absent_for(holder) < ABSENT_GRACE;
             if patient && expired(hold.exp).await?.is_none() {
-                return Ok(Settled::Live);
+                return Ok((Settled::Live, false));
             }
             status = staging::fence_record(store, holder, hold.exp).await?;
         }
         _ => {}
     }
     match status {
-        TxnStatus::Pending { .. } => Ok(Settled::Live),
+        TxnStatus::Pending { .. } => Ok((Settled::Live, false)),
         TxnStatus::Committed if !hold.fence => {
             roll_forward(store, coll, id, holder).await?;
-            Ok(Settled::Freed)
+            Ok((Settled::Freed, false))
         }
         TxnStatus::Committed | TxnStatus::Aborted | TxnStatus::Absent => {
-            roll_back(store, coll, id, holder).await?;
-            Ok(Settled::Freed)
+            let undone = roll_back(store, coll, id, holder).await?;
+            Ok((Settled::Freed, undone))
         }
     }
 }

@@ -294,7 +294,7 @@ impl Gc {
 
     /// Resolves the hold of `holder` on `id` unless `holder` is undecided: a hold whose record is
     /// absent is taken for abandoned (an aborted record is put in place of the missing one first);
-    /// says whether the document was freed.
+    /// says whether this call undid the hold.
     async fn undo_orphan(
         &self,
         collection: &str,
@@ -317,11 +317,13 @@ impl Gc {
         }
         self.env
             .point(Some(holder), failpoint::GC_SWEEP_BEFORE, 0)?;
-        let settled = resolve::settle_at(store, collection, id, holder, Some(now))
+        let (_, undone) = resolve::settle_at(store, collection, id, holder, Some(now))
             .await
             .map_err(hold_error)?;
         self.env.point(Some(holder), failpoint::GC_SWEEP_AFTER, 0)?;
-        Ok(settled == resolve::Settled::Freed)
+        // Counted only when this round undid it: a hold that went meanwhile (its transaction
+        // finished) or that was finished here for a committed transaction is no orphan.
+        Ok(undone)
     }
 
     /// Resolves one transaction now if it has expired (used by tools and tests).
