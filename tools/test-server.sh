@@ -2,6 +2,7 @@
 # Builds (if needed) and runs the local MongoDB-wire-compatible test server in the foreground.
 #   tools/test-server.sh            # free loopback port, printed as MONGOTX_TEST_SERVER_PORT=<port>
 #   tools/test-server.sh --port N   # a fixed port
+#   tools/test-server.sh --no-bulk-write   # play a server before 8.0 (announces 4.4, no bulkWrite)
 # Stop it with Ctrl-C (or by closing its stdin). The Rust harness does the same on its own;
 # this script is for pointing other tools (mongosh, mongotx-probe) at the server by hand.
 set -euo pipefail

@@ -74,7 +74,7 @@ impl Metrics {
         let orphaned_holds = counter(
             &mut registry,
             "orphaned_holds_resolved",
-            "Held documents whose transaction had ended, resolved one by one",
+            "Holds undone one by one because their transaction ended without committing",
         );
         let quota_sweeps = counter(&mut registry, "quota_sweeps", "Quota sweeps run");
         let quota_expired = counter(
