@@ -248,24 +248,40 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
             .await
             .expect("seed");
     }
-    let txns = Transactions::with_options(
-        &t.store,
-        TxnOptions::default()
-            .timeout(Duration::from_secs(600))
-            .fault_injector(Arc::new(CrashAt(Failpoint {
-                name: failpoint::FINISH_BEFORE,
-                step: 0,
-            }))),
-    );
-    let tx = txns.begin();
-    tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -30_i64))
-        .await
-        .expect("stage");
-    tx.adjust(&accounts, "b", 1, &Adjust::new().by("balance", 30_i64))
-        .await
-        .expect("stage");
-    let err = tx.commit().await.expect_err("crash");
-    assert!(matches!(err, TxnError::Crashed { .. }), "{err:?}");
+    // Moves `amount` from a to b (both at `version`) in a transaction that dies at `crash`.
+    let crashed_transfer = |options: TxnOptions, crash, version, amount: i64| {
+        let (store, accounts) = (t.store.clone(), accounts.clone());
+        async move {
+            let txns = Transactions::with_options(
+                &store,
+                options.fault_injector(Arc::new(CrashAt(Failpoint {
+                    name: crash,
+                    step: 0,
+                }))),
+            );
+            let tx = txns.begin();
+            tx.adjust(
+                &accounts,
+                "a",
+                version,
+                &Adjust::new().by("balance", -amount),
+            )
+            .await
+            .expect("stage");
+            tx.adjust(
+                &accounts,
+                "b",
+                version,
+                &Adjust::new().by("balance", amount),
+            )
+            .await
+            .expect("stage");
+            let err = tx.commit().await.expect_err("crash");
+            assert!(matches!(err, TxnError::Crashed { .. }), "{err:?}");
+        }
+    };
+    let unexpired = TxnOptions::default().timeout(Duration::from_secs(600));
+    crashed_transfer(unexpired, failpoint::FINISH_BEFORE, 1, 30).await;
     let held = |id: &'static str| {
         let db = t.db.clone();
         async move {
@@ -298,22 +314,7 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
     assert_eq!(accounts.get("b").await.expect("b").balance, 80);
 
     // A transaction whose record never went out: its holds are orphans, each undone and counted.
-    let txns = Transactions::with_options(
-        &t.store,
-        TxnOptions::default().fault_injector(Arc::new(CrashAt(Failpoint {
-            name: failpoint::BEGIN_BEFORE,
-            step: 0,
-        }))),
-    );
-    let tx = txns.begin();
-    tx.adjust(&accounts, "a", 2, &Adjust::new().by("balance", -1_i64))
-        .await
-        .expect("stage");
-    tx.adjust(&accounts, "b", 2, &Adjust::new().by("balance", 1_i64))
-        .await
-        .expect("stage");
-    let err = tx.commit().await.expect_err("crash");
-    assert!(matches!(err, TxnError::Crashed { .. }), "{err:?}");
+    crashed_transfer(TxnOptions::default(), failpoint::BEGIN_BEFORE, 2, 1).await;
     let summary = gc
         .run_round_at(
             DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000),

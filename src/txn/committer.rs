@@ -156,17 +156,14 @@ impl Transactions {
             let mut results = Vec::with_capacity(txn.entries.len());
             if sent.staging.is_ok() {
                 for (i, entry) in txn.entries.iter().enumerate() {
-                    let result = match self.env.point(Some(t), failpoint::APPLY_BEFORE, i) {
-                        Ok(()) => match self.env.collection(Some(t), &entry.coll).await {
-                            Ok(coll) => {
-                                let write = (coll, entry.apply(t, txn.deadline));
-                                self.apply(t, txn.deadline, i, entry, &write, None, true)
-                                    .await
-                            }
-                            Err(e) => Err(e),
-                        },
-                        Err(crash) => Err(crash),
-                    };
+                    let result = async {
+                        self.env.point(Some(t), failpoint::APPLY_BEFORE, i)?;
+                        let coll = self.env.collection(Some(t), &entry.coll).await?;
+                        let write = (coll, entry.apply(t, txn.deadline));
+                        self.apply(t, txn.deadline, i, entry, &write, None, true)
+                            .await
+                    }
+                    .await;
                     let stop = !matches!(result, Ok(Applied::Yes));
                     results.push(result);
                     if stop {
@@ -531,7 +528,8 @@ impl Transactions {
     /// that entry and every later one, as a dead process sends nothing more), then all at once the
     /// changes of existing documents together (one message where the server allows it: see
     /// `write::run_together`) and each create on its own; then each apply settles on its own
-    /// (reading back, retrying, reporting holders). One result per entry, in order.
+    /// (reading back, retrying, reporting holders). One result per entry sent, in order, and the
+    /// crash that stopped the rest, if one did.
     async fn apply_round(
         &self,
         t: ObjectId,
@@ -540,19 +538,12 @@ impl Transactions {
         let env = &self.env;
         // Every failpoint before anything that can wait, so that all of them come before the
         // record's own.
-        let mut results: Vec<Option<Result<Applied, TxnError>>> = (0..txn.entries.len())
-            .map(|i| {
-                env.point(Some(t), failpoint::APPLY_BEFORE, i)
-                    .err()
-                    .map(Err)
-            })
-            .collect();
+        let (passed, crash) = env.points(Some(t), failpoint::APPLY_BEFORE, txn.entries.len());
+        let mut results: Vec<Option<Result<Applied, TxnError>>> =
+            (0..passed).map(|_| None).collect();
         let mut batch = Vec::new();
         let mut creates = Vec::new();
-        for (i, entry) in txn.entries.iter().enumerate() {
-            if results[i].is_some() {
-                continue;
-            }
+        for (i, entry) in txn.entries[..passed].iter().enumerate() {
             match env.collection(Some(t), &entry.coll).await {
                 Ok(coll) => {
                     let write = entry.apply(t, txn.deadline);
@@ -609,6 +600,7 @@ impl Transactions {
                     })
                 })
             })
+            .chain(crash.map(Err))
             .collect()
     }
 

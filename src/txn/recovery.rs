@@ -70,6 +70,23 @@ impl Env {
             .map_err(|at| TxnError::Crashed { txn, at })
     }
 
+    /// Passes failpoint `name` for steps `0..n` in order, as a process sending `n` writes at once
+    /// does: a crash at one stops it and every later one (a dead process sends nothing more).
+    /// Returns how many passed, and the crash.
+    pub(crate) fn points(
+        &self,
+        txn: Option<ObjectId>,
+        name: &'static str,
+        n: usize,
+    ) -> (usize, Option<TxnError>) {
+        for step in 0..n {
+            if let Err(crash) = self.point(txn, name, step) {
+                return (step, Some(crash));
+            }
+        }
+        (n, None)
+    }
+
     /// The records collection, with the protocol's write and read concerns.
     pub(crate) async fn records(
         &self,
@@ -142,28 +159,36 @@ where
     }
 }
 
-/// Sends one write per entry of transaction `t` as one round (one message where the server
-/// allows it: see `write::run_together`), once each entry's `before` failpoint has passed. The
-/// failpoints are passed in order, and a crash at one stops that entry and the later ones, as a
-/// dead process sends nothing more; the writes before it still go. Returns the first result of
-/// each write sent, and the crash.
-async fn send_round(
+/// Runs one round of recovery writes for transaction `t`, one per entry (its finish or its
+/// undo): sent together (one message where the server allows it: see `write::run_together`) once
+/// each entry's `before` failpoint has passed (see [`Env::points`]), then each settled by
+/// `settle` (given its index and the result of that first send) and passed through its `after`
+/// failpoint. A crash before the round ends it once the writes before it have settled.
+async fn run_round<F, Fut>(
     env: &Env,
     t: ObjectId,
-    before: &'static str,
+    (before, after): (&'static str, &'static str),
     writes: &[(Collection<Document>, Write)],
-) -> (Vec<mongodb::error::Result<u64>>, Option<TxnError>) {
-    let mut crash = None;
-    let mut passed = 0;
-    for i in 0..writes.len() {
-        if let Err(e) = env.point(Some(t), before, i) {
-            crash = Some(e);
-            break;
-        }
-        passed += 1;
-    }
+    settle: F,
+) -> Result<(), TxnError>
+where
+    F: Fn(usize, mongodb::error::Result<u64>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), TxnError>>,
+{
+    let (passed, crash) = env.points(Some(t), before, writes.len());
     let sent = write::run_together(&env.store, &writes[..passed]).await;
-    (sent, crash)
+    let settled = join_all(sent.into_iter().enumerate().map(|(i, first)| {
+        let work = settle(i, first);
+        async move {
+            work.await?;
+            env.point(Some(t), after, i)
+        }
+    }))
+    .await;
+    if let Some(crash) = crash {
+        return Err(crash);
+    }
+    settled.into_iter().collect()
 }
 
 /// Frees every document of a committed transaction (one round of writes), then deletes its
@@ -189,38 +214,32 @@ pub(crate) async fn finish_all(
         };
         writes.push((coll, write));
     }
-    let (sent, crash) = send_round(env, t, role.finish.0, &writes).await;
-    let settled = join_all(sent.into_iter().enumerate().map(|(i, first)| {
+    run_round(env, t, role.finish, &writes, |i, first| {
         let (entry, (coll, write)) = (&txn.entries[i], &writes[i]);
         async move {
-            let first = if entry.deletes() {
-                let filter = hold::applied_by(&entry.id, t);
-                env.store
-                    .after_tombstone(coll, filter, &entry.id, entry.schema, entry.applied, first)
+            if !entry.deletes() {
+                retry_transient_after(Some(first), "finish", || write::run(coll, write))
                     .await
-            } else {
-                first
-            };
-            retry_transient_after(Some(first), "finish", || async {
-                if entry.deletes() {
-                    let filter = hold::applied_by(&entry.id, t);
-                    env.store
-                        .write_tombstone(coll, filter, &entry.id, entry.schema, entry.applied)
-                        .await
-                } else {
-                    write::run(coll, write).await
-                }
+                    .map_err(fail)?;
+                return Ok(());
+            }
+            // A tombstone is made anew for each send (the unique-index markers may change).
+            let filter = hold::applied_by(&entry.id, t);
+            let (id, schema, version) = (&entry.id, entry.schema, entry.applied);
+            let first = env
+                .store
+                .after_tombstone(coll, filter.clone(), id, schema, version, first)
+                .await;
+            retry_transient_after(Some(first), "finish", || {
+                env.store
+                    .write_tombstone(coll, filter.clone(), id, schema, version)
             })
             .await
             .map_err(fail)?;
-            env.point(Some(t), role.finish.1, i)
+            Ok(())
         }
-    }))
-    .await;
-    if let Some(crash) = crash {
-        return Err(crash);
-    }
-    settled.into_iter().collect::<Result<Vec<()>, TxnError>>()?;
+    })
+    .await?;
     end(env, t, role.end, Deletion::Now).await.map(|_| ())
 }
 
@@ -253,8 +272,7 @@ pub(crate) async fn rollback_all(
         let coll = env.collection(Some(t), &entry.coll).await?;
         writes.push((coll, entry.rollback(t, txn.deadline)));
     }
-    let (sent, crash) = send_round(env, t, role.rollback.0, &writes).await;
-    let settled = join_all(sent.into_iter().enumerate().map(|(i, first)| {
+    run_round(env, t, role.rollback, &writes, |i, first| {
         let (entry, (coll, undo)) = (&txn.entries[i], &writes[i]);
         async move {
             let undone = retry_transient_after(Some(first), "rollback", || write::run(coll, undo))
@@ -265,14 +283,10 @@ pub(crate) async fn rollback_all(
                     .await
                     .map_err(|source| TxnError::hold(Some(t), &entry.coll, &entry.id, t, source))?;
             }
-            env.point(Some(t), role.rollback.1, i)
+            Ok(())
         }
-    }))
-    .await;
-    if let Some(crash) = crash {
-        return Err(crash);
-    }
-    settled.into_iter().collect::<Result<Vec<()>, TxnError>>()?;
+    })
+    .await?;
     end(env, t, role.rollback_end, deletion).await
 }
 

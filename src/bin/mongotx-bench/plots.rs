@@ -112,117 +112,46 @@ impl Chart {
     }
 }
 
-fn latency_lines(at: &AtLatency) -> Vec<Line> {
-    let modes = [
-        (
-            MODES[0],
-            "parallel commit, returns before finishing (spread)",
-            RGBColor(0, 114, 178),
-        ),
-        (
-            MODES[1],
-            "parallel commit, returns before finishing (one collection)",
-            RGBColor(86, 180, 233),
-        ),
-        (
-            MODES[2],
-            "as the first, one command per write (servers before 8.0)",
-            RGBColor(230, 159, 0),
-        ),
-        (
-            MODES[3],
-            "parallel commit, finishes first (spread)",
-            RGBColor(0, 158, 115),
-        ),
-    ];
-    let mut lines: Vec<Line> = modes
-        .into_iter()
-        .map(|(mode, label, color)| Line {
+/// The commit modes charted, in the order of `MODES`, with their labels and colours; the first
+/// three return after one round.
+const MODE_LINES: [(&str, RGBColor); 4] = [
+    (
+        "parallel commit, returns before finishing (spread)",
+        RGBColor(0, 114, 178),
+    ),
+    (
+        "parallel commit, returns before finishing (one collection)",
+        RGBColor(86, 180, 233),
+    ),
+    (
+        "as the first, one command per write (servers before 8.0)",
+        RGBColor(230, 159, 0),
+    ),
+    (
+        "parallel commit, finishes first (spread)",
+        RGBColor(0, 158, 115),
+    ),
+];
+
+/// The first `count` modes of [`MODE_LINES`], each median divided by `per`.
+fn mode_lines(at: &AtLatency, count: usize, per: f64) -> Vec<Line> {
+    MODE_LINES
+        .iter()
+        .zip(MODES)
+        .take(count)
+        .map(|(&(label, color), mode)| Line {
             label: label.into(),
             color,
             points: KS
                 .iter()
-                .filter_map(|&k| at.commit(k, mode).map(|us| (k as f64, us / 1000.0)))
+                .filter_map(|&k| at.commit(k, mode).map(|us| (k as f64, us / per)))
                 .collect(),
         })
-        .collect();
-    lines.push(Line {
-        label: "native transaction equivalent (k + 1 round trips)".into(),
-        color: RGBColor(213, 94, 0),
-        points: at
-            .native
-            .iter()
-            .map(|(k, us)| (*k as f64, us / 1000.0))
-            .collect(),
-    });
-    lines.push(Line {
-        label: "floor: k + 1 concurrent driver updates (no mongotx)".into(),
-        color: RGBColor(204, 121, 167),
-        points: at
-            .floor
-            .iter()
-            .map(|(k, us)| (*k as f64, us / 1000.0))
-            .collect(),
-    });
-    if !at.floor_bulk.is_empty() {
-        lines.push(Line {
-            label: "floor: k updates in one bulkWrite beside 1 update (no mongotx)".into(),
-            color: RGBColor(117, 112, 179),
-            points: at
-                .floor_bulk
-                .iter()
-                .map(|(k, us)| (*k as f64, us / 1000.0))
-                .collect(),
-        });
-    }
-    lines.push(Line {
-        label: "one conditional update".into(),
-        color: RGBColor(120, 120, 120),
-        points: KS
-            .iter()
-            .map(|&k| (k as f64, at.update_us / 1000.0))
-            .collect(),
-    });
-    lines
+        .collect()
 }
 
-/// The one-round modes and the floors, each as a ratio to one conditional update, and the target.
-fn ratio_lines(at: &AtLatency) -> Vec<Line> {
-    let per_update = |points: Vec<(f64, f64)>| -> Vec<(f64, f64)> {
-        points
-            .into_iter()
-            .map(|(k, us)| (k, us / at.update_us))
-            .collect()
-    };
-    let modes = [
-        (
-            MODES[0],
-            "parallel commit, returns before finishing (spread)",
-            RGBColor(0, 114, 178),
-        ),
-        (
-            MODES[1],
-            "parallel commit, returns before finishing (one collection)",
-            RGBColor(86, 180, 233),
-        ),
-        (
-            MODES[2],
-            "as the first, one command per write (servers before 8.0)",
-            RGBColor(230, 159, 0),
-        ),
-    ];
-    let mut lines: Vec<Line> = modes
-        .into_iter()
-        .map(|(mode, label, color)| Line {
-            label: label.into(),
-            color,
-            points: per_update(
-                KS.iter()
-                    .filter_map(|&k| at.commit(k, mode).map(|us| (k as f64, us)))
-                    .collect(),
-            ),
-        })
-        .collect();
+/// The floors that were measured (no mongotx at all), each median divided by `per`.
+fn floor_lines(at: &AtLatency, per: f64) -> Vec<Line> {
     let floors = [
         (
             &at.floor,
@@ -235,25 +164,52 @@ fn ratio_lines(at: &AtLatency) -> Vec<Line> {
             RGBColor(117, 112, 179),
         ),
     ];
-    for (floor, label, color) in floors {
-        if !floor.is_empty() {
-            lines.push(Line {
-                label: label.into(),
-                color,
-                points: per_update(floor.iter().map(|(k, us)| (*k as f64, *us)).collect()),
-            });
-        }
+    floors
+        .into_iter()
+        .filter(|(floor, _, _)| !floor.is_empty())
+        .map(|(floor, label, color)| Line {
+            label: label.into(),
+            color,
+            points: floor.iter().map(|(k, us)| (*k as f64, us / per)).collect(),
+        })
+        .collect()
+}
+
+/// A flat line at `y` across every k.
+fn level(label: &str, color: RGBColor, y: f64) -> Line {
+    Line {
+        label: label.into(),
+        color,
+        points: KS.iter().map(|&k| (k as f64, y)).collect(),
     }
+}
+
+const GREY: RGBColor = RGBColor(120, 120, 120);
+const VERMILION: RGBColor = RGBColor(213, 94, 0);
+
+/// Every mode, the native equivalent, the floors and one update, in milliseconds.
+fn latency_lines(at: &AtLatency) -> Vec<Line> {
+    let mut lines = mode_lines(at, MODE_LINES.len(), 1000.0);
     lines.push(Line {
-        label: "target: 1.5x one update".into(),
-        color: RGBColor(213, 94, 0),
-        points: KS.iter().map(|&k| (k as f64, 1.5)).collect(),
+        label: "native transaction equivalent (k + 1 round trips)".into(),
+        color: VERMILION,
+        points: at
+            .native
+            .iter()
+            .map(|(k, us)| (*k as f64, us / 1000.0))
+            .collect(),
     });
-    lines.push(Line {
-        label: "one conditional update".into(),
-        color: RGBColor(120, 120, 120),
-        points: KS.iter().map(|&k| (k as f64, 1.0)).collect(),
-    });
+    lines.extend(floor_lines(at, 1000.0));
+    lines.push(level("one conditional update", GREY, at.update_us / 1000.0));
+    lines
+}
+
+/// The one-round modes and the floors, each as a ratio to one conditional update, and the target.
+fn ratio_lines(at: &AtLatency) -> Vec<Line> {
+    let mut lines = mode_lines(at, 3, at.update_us);
+    lines.extend(floor_lines(at, at.update_us));
+    lines.push(level("target: 1.5x one update", VERMILION, 1.5));
+    lines.push(level("one conditional update", GREY, 1.0));
     lines
 }
 
