@@ -20,6 +20,10 @@ use thiserror::Error;
 pub const JAR_ENV: &str = "MONGOTX_TEST_SERVER_JAR";
 /// Environment variable naming the `tools/test-server` directory, for binaries run outside the source tree.
 pub const PROJECT_DIR_ENV: &str = "MONGOTX_TEST_SERVER_DIR";
+/// Environment variable with extra arguments for a server started by [`LocalServer::start`],
+/// separated by spaces: `--no-bulk-write` plays MongoDB 4.4, `--clock-offset c=+20s,...` gives
+/// collections clocks of their own.
+pub const ARGS_ENV: &str = "MONGOTX_TEST_SERVER_ARGS";
 
 const READY_PREFIX: &str = "MONGOTX_TEST_SERVER_PORT=";
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -90,20 +94,36 @@ pub struct LocalServer {
 }
 
 impl LocalServer {
-    /// Builds the jar if needed and starts a server on a free loopback port (blocking).
+    /// Builds the jar if needed and starts a server on a free loopback port (blocking), with the
+    /// extra arguments of `MONGOTX_TEST_SERVER_ARGS` if set.
     pub fn start() -> Result<LocalServer, LocalServerError> {
+        let args: Vec<String> = std::env::var(ARGS_ENV)
+            .map(|a| a.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        Self::start_with(&args)
+    }
+
+    /// Builds the jar if needed and starts a server with extra arguments (`--no-bulk-write`,
+    /// `--clock-offset <collection>=<offset>,...`; see `tools/test-server.sh`).
+    pub fn start_with(args: &[String]) -> Result<LocalServer, LocalServerError> {
         let jar = ensure_built()?;
-        Self::start_jar(&jar)
+        Self::start_jar_with(&jar, args)
     }
 
     /// Starts a server from an already built jar (blocking until it listens).
     pub fn start_jar(jar: &Path) -> Result<LocalServer, LocalServerError> {
+        Self::start_jar_with(jar, &[])
+    }
+
+    /// Starts a server from an already built jar with extra arguments.
+    pub fn start_jar_with(jar: &Path, args: &[String]) -> Result<LocalServer, LocalServerError> {
         let mut child = Command::new("java")
             .arg("-Xss512k")
             .arg("-XX:+UseSerialGC")
             .arg("-jar")
             .arg(jar)
             .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -3,55 +3,66 @@ package mongotx.testserver;
 import java.io.IOException;
 import java.io.InputStream;
 import java.net.InetSocketAddress;
-import java.util.List;
 
 import de.bwaldvogel.mongo.MongoServer;
 import de.bwaldvogel.mongo.MongoVersion;
 
 /**
- * Starts mongo-java-server (in-memory backend, made atomic for readers by {@link AtomicBackend}) on a
- * loopback port for the mongotx test suite.
+ * Starts the mongotx test server: mongo-java-server (in-memory backend) made to follow MongoDB
+ * where mongotx depends on it ({@link AtomicBackend}), on a loopback port.
  *
- * <p>Usage: {@code java -jar mongotx-test-server.jar [--host 127.0.0.1] [--port 0] [--no-bulk-write]}.
- * Port 0 picks a free port. {@code --no-bulk-write} makes it a server older than MongoDB 8.0: it
- * announces 4.4 and refuses {@code bulkWrite}. Once listening it prints one line {@code MONGOTX_TEST_SERVER_PORT=<port>} to stdout.
- * It shuts down when stdin reaches end-of-file, so a parent process that dies (or simply closes
- * the pipe) never leaves a server behind, and also on SIGINT/SIGTERM.
+ * <p>Usage: {@code java -jar mongotx-test-server.jar [--host 127.0.0.1] [--port 0] [--no-bulk-write]
+ * [--clock-offset <collection>=<±n><ms|s|m|h>,...]}. Port 0 picks a free port. The server plays
+ * MongoDB 8.0 (wire version 25); {@code --no-bulk-write} makes it play 4.4 (wire version 9: no
+ * {@code bulkWrite}, no {@code let}, validation errors without details). {@code --clock-offset}
+ * gives collections clocks of their own, as the shards of a cluster whose clocks disagree
+ * ({@code *} names the default, which {@code hello} reports). Once listening it prints one line
+ * {@code MONGOTX_TEST_SERVER_PORT=<port>} to stdout. It shuts down when stdin reaches end-of-file,
+ * so a parent process that dies (or simply closes the pipe) never leaves a server behind, and also
+ * on SIGINT/SIGTERM.
  */
 public final class Main {
 
+    private Main() {
+    }
+
     /**
-     * The Rust driver 3.x refuses servers whose maximum wire version is below 9 (MongoDB 4.4),
-     * while mongo-java-server's newest built-in version reports 8. The server implements the
-     * OP_MSG commands the driver uses, so it announces 4.4 / wire 9, or, since the wrapper runs
-     * {@code bulkWrite} (the one 8.0 command the driver gates on the wire version), 8.0 / wire 25.
+     * The Rust driver 3.x refuses servers whose maximum wire version is below 9 (MongoDB 4.4), while
+     * mongo-java-server's newest built-in version reports 8; the driver sends {@code bulkWrite} only
+     * to wire version 25 (8.0) and up.
      */
-    private static MongoVersion announced(List<Integer> version, int wire) {
+    private static MongoVersion announced(Profile profile) {
         return new MongoVersion() {
             @Override
-            public List<Integer> getVersionArray() {
-                return version;
+            public java.util.List<Integer> getVersionArray() {
+                return profile.version();
             }
 
             @Override
             public int getWireVersion() {
-                return wire;
+                return profile.wireVersion();
             }
         };
-    }
-
-    private Main() {
     }
 
     public static void main(String[] args) throws IOException {
         String host = "127.0.0.1";
         int port = 0;
-        boolean bulkWrites = true;
+        Profile profile = Profile.MONGODB_8_0;
+        Clocks clocks = Clocks.none();
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--host" -> host = args[++i];
                 case "--port" -> port = Integer.parseInt(args[++i]);
-                case "--no-bulk-write" -> bulkWrites = false;
+                case "--no-bulk-write" -> profile = Profile.MONGODB_4_4;
+                case "--clock-offset" -> {
+                    try {
+                        clocks = Clocks.parse(args[++i]);
+                    } catch (IllegalArgumentException e) {
+                        System.err.println(e.getMessage());
+                        System.exit(2);
+                    }
+                }
                 default -> {
                     System.err.println("unknown argument: " + args[i]);
                     System.exit(2);
@@ -59,8 +70,8 @@ public final class Main {
             }
         }
 
-        AtomicBackend backend = new AtomicBackend(bulkWrites);
-        backend.version(bulkWrites ? announced(List.of(8, 0, 0), 25) : announced(List.of(4, 4, 0), 9));
+        AtomicBackend backend = new AtomicBackend(profile, clocks);
+        backend.version(announced(profile));
         MongoServer server = new MongoServer(backend);
         server.bind(host, port);
         InetSocketAddress address = server.getLocalAddress();

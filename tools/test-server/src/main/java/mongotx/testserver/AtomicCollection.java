@@ -1,0 +1,90 @@
+package mongotx.testserver;
+
+import java.util.ArrayList;
+import java.util.List;
+
+import de.bwaldvogel.mongo.MongoDatabase;
+import de.bwaldvogel.mongo.backend.ArrayFilters;
+import de.bwaldvogel.mongo.backend.CollectionOptions;
+import de.bwaldvogel.mongo.backend.CursorRegistry;
+import de.bwaldvogel.mongo.backend.Index;
+import de.bwaldvogel.mongo.backend.QueryParameters;
+import de.bwaldvogel.mongo.backend.QueryResult;
+import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
+import de.bwaldvogel.mongo.bson.Document;
+import de.bwaldvogel.mongo.oplog.NoopOplog;
+
+/**
+ * A collection of mongo-java-server's in-memory backend whose documents never leave it while an
+ * update can still change them.
+ *
+ * <p>The stock collection serializes its operations, but queries hand back the live stored
+ * {@link Document} objects, which are encoded onto the wire only after the collection lock is
+ * released: an update that runs meanwhile changes them in place, so a reader could see a document
+ * half-way through a change. Every document that leaves this collection is a deep copy taken while
+ * the lock is still held. Every method that reads or changes documents holds the collection's
+ * monitor, so {@code synchronized (collection)} makes a read-compute-write sequence atomic.
+ */
+final class AtomicCollection extends MemoryCollection {
+
+    /** Set while a query's results are being collected for a client. */
+    private boolean copying;
+
+    AtomicCollection(MongoDatabase database, String name, CollectionOptions options, CursorRegistry cursors) {
+        super(database, name, options, cursors);
+    }
+
+    @Override
+    public synchronized QueryResult handleQuery(QueryParameters parameters) {
+        boolean outer = copying;
+        copying = true;
+        try {
+            return super.handleQuery(parameters);
+        } finally {
+            copying = outer;
+        }
+    }
+
+    @Override
+    protected QueryResult createQueryResult(List<Document> matched, int batchSize) {
+        if (!copying) {
+            return super.createQueryResult(matched, batchSize);
+        }
+        List<Document> copies = new ArrayList<>(matched.size());
+        for (Document document : matched) {
+            copies.add(document == null ? null : document.cloneDeeply());
+        }
+        return super.createQueryResult(copies, batchSize);
+    }
+
+    /** Copies of the documents matching {@code filter}, in {@code sort} order (may be null), at most {@code limit} (0: all). */
+    synchronized List<Document> matching(Document filter, Document sort, int limit) {
+        Document selector = new Document("$query", filter);
+        if (sort != null && !sort.isEmpty()) {
+            selector.put("$orderby", sort);
+        }
+        List<Document> found = new ArrayList<>();
+        for (Document document : handleQuery(new QueryParameters(selector, 0, limit))) {
+            found.add(document);
+        }
+        return found;
+    }
+
+    /**
+     * Replaces the stored document whose {@code _id} is {@code id} (the stored value itself) by
+     * {@code replacement}, through the server's own update path, so that every index checks it.
+     */
+    synchronized void replace(Object id, Document replacement) {
+        updateDocuments(new Document("_id", id), replacement, ArrayFilters.empty(), false, false, NoopOplog.get());
+    }
+
+    /** The index called {@code name}, or null. */
+    synchronized Index<Integer> index(String name) {
+        for (Index<Integer> index : getIndexes()) {
+            if (index.getName().equals(name)) {
+                return index;
+            }
+        }
+        return null;
+    }
+}

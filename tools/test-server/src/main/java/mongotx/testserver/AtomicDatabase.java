@@ -1,0 +1,184 @@
+package mongotx.testserver;
+
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+import de.bwaldvogel.mongo.MongoCollection;
+import de.bwaldvogel.mongo.backend.CollectionOptions;
+import de.bwaldvogel.mongo.backend.CursorRegistry;
+import de.bwaldvogel.mongo.backend.DatabaseResolver;
+import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
+import de.bwaldvogel.mongo.backend.memory.MemoryDatabase;
+import de.bwaldvogel.mongo.bson.Document;
+import de.bwaldvogel.mongo.exception.MongoServerError;
+import de.bwaldvogel.mongo.oplog.Oplog;
+import io.netty.channel.Channel;
+
+/**
+ * A database of the test server: mongo-java-server's in-memory database, with the write commands
+ * run by {@link Writes}, statement variables ({@code $$NOW} per collection clock, {@code let}) in
+ * reads, MongoDB's stage aliases in aggregations, and collection validators ({@code create} with a
+ * {@code validator}, {@code collMod}, {@code listCollections} showing them).
+ */
+final class AtomicDatabase extends MemoryDatabase {
+
+    private final Map<String, Validator> validators = new ConcurrentHashMap<>();
+    private final Profile profile;
+    private final Clocks clocks;
+    private final Writes writes;
+
+    AtomicDatabase(String databaseName, CursorRegistry cursorRegistry, Profile profile, Clocks clocks) {
+        super(databaseName, cursorRegistry);
+        this.profile = profile;
+        this.clocks = clocks;
+        this.writes = new Writes(this, profile, clocks);
+    }
+
+    @Override
+    protected MemoryCollection openOrCreateCollection(String collectionName, CollectionOptions options) {
+        return new AtomicCollection(this, collectionName, options, cursorRegistry);
+    }
+
+    @Override
+    public Document handleCommand(Channel channel, String command, Document query, DatabaseResolver resolver,
+            Oplog oplog) {
+        switch (command.toLowerCase(Locale.ROOT)) {
+            case "insert":
+                return writes.insert(query);
+            case "update":
+                return writes.update(query, resolver, oplog);
+            case "delete":
+                return writes.delete(query, oplog);
+            case "findandmodify":
+                return writes.findAndModify(query, resolver, oplog);
+            case "find":
+                return super.handleCommand(channel, command,
+                        with(query, "filter", variables(query, command).inFilter(filterOf(query, "filter"))), resolver,
+                        oplog);
+            case "count":
+            case "distinct":
+                return super.handleCommand(channel, command,
+                        with(query, "query", variables(query, command).inFilter(filterOf(query, "query"))), resolver,
+                        oplog);
+            case "aggregate":
+                if (query.get("pipeline") instanceof List<?> stages) {
+                    query = with(query, "pipeline", variables(query, command).inPipeline(stages));
+                }
+                return super.handleCommand(channel, command, query, resolver, oplog);
+            case "create":
+                return create(channel, command, query, resolver, oplog);
+            case "collmod":
+                return collMod(query);
+            case "listcollections":
+                return listCollections(channel, command, query, resolver, oplog);
+            case "drop":
+                validators.remove(String.valueOf(query.get(command)));
+                return super.handleCommand(channel, command, query, resolver, oplog);
+            default:
+                return super.handleCommand(channel, command, query, resolver, oplog);
+        }
+    }
+
+    /** The collection a write goes to, created if absent (as MongoDB does on a first write). */
+    AtomicCollection collectionForWrite(String name) {
+        if (name.startsWith("system.")) {
+            throw new MongoServerError(73, "InvalidNamespace", "cannot write to '" + getDatabaseName() + "." + name + "'");
+        }
+        return (AtomicCollection) resolveOrCreateCollection(name);
+    }
+
+    /** The collection if it exists. */
+    AtomicCollection existing(String name) {
+        MongoCollection<Integer> collection = resolveCollection(name, false);
+        return (AtomicCollection) collection;
+    }
+
+    /** The collection's validator, or null. */
+    Validator validator(String collection) {
+        return validators.get(collection);
+    }
+
+    private Variables variables(Document query, String command) {
+        String collection = String.valueOf(query.get(command));
+        Document let = null;
+        if (query.containsKey("let")) {
+            if (!profile.acceptsLet()) {
+                throw new MongoServerError(40415, "Location40415", "BSON field '" + command + ".let' is an unknown field.");
+            }
+            let = (Document) query.get("let");
+            query.remove("let");
+        }
+        return Variables.of(clocks.now(collection), let);
+    }
+
+    private static Document filterOf(Document query, String field) {
+        return query.get(field) instanceof Document filter ? filter : new Document();
+    }
+
+    private static Document with(Document query, String field, Object value) {
+        Document copy = new Document();
+        copy.putAll(query);
+        copy.put(field, value);
+        return copy;
+    }
+
+    private Document create(Channel channel, String command, Document query, DatabaseResolver resolver, Oplog oplog) {
+        String name = String.valueOf(query.get(command));
+        Validator validator = Validator.of(query, null);
+        Document plain = new Document();
+        for (Map.Entry<String, Object> entry : query.entrySet()) {
+            String key = entry.getKey();
+            if (!key.equals("validator") && !key.equals("validationLevel") && !key.equals("validationAction")) {
+                plain.put(key, entry.getValue());
+            }
+        }
+        Document reply = super.handleCommand(channel, command, plain, resolver, oplog);
+        if (validator != null) {
+            validators.put(name, validator);
+        }
+        return reply;
+    }
+
+    private Document collMod(Document query) {
+        String name = String.valueOf(query.get("collMod"));
+        if (existing(name) == null) {
+            throw new MongoServerError(26, "NamespaceNotFound", "ns does not exist: " + getDatabaseName() + "." + name);
+        }
+        for (String key : query.keySet()) {
+            if (!List.of("collMod", "validator", "validationLevel", "validationAction", "$db", "lsid", "$clusterTime",
+                    "writeConcern", "comment", "$readPreference").contains(key)) {
+                throw new MongoServerError(72, "InvalidOptions",
+                        "collMod option '" + key + "' is not supported by the mongotx test server");
+            }
+        }
+        validators.compute(name, (k, previous) -> Validator.of(query, previous));
+        return new Document("ok", 1.0);
+    }
+
+    @SuppressWarnings("unchecked")
+    private Document listCollections(Channel channel, String command, Document query, DatabaseResolver resolver,
+            Oplog oplog) {
+        Document reply = super.handleCommand(channel, command, query, resolver, oplog);
+        Object name = query.get("filter") instanceof Document filter ? filter.get("name") : null;
+        if (reply.get("cursor") instanceof Document cursor && cursor.get("firstBatch") instanceof List<?> batch) {
+            List<Object> kept = new java.util.ArrayList<>();
+            for (Object item : batch) {
+                Document entry = (Document) item;
+                if (name instanceof String wanted && !wanted.equals(entry.get("name"))) {
+                    continue;
+                }
+                Validator validator = validators.get(String.valueOf(entry.get("name")));
+                if (validator != null) {
+                    Document options = entry.get("options") instanceof Document o ? o : new Document();
+                    options.putAll(validator.options());
+                    entry.put("options", options);
+                }
+                kept.add(entry);
+            }
+            cursor.put("firstBatch", kept);
+        }
+        return reply;
+    }
+}
