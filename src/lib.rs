@@ -80,6 +80,8 @@ pub use server::local as local_server;
 pub use server::probe::{
     probe, probe_with, ProbeError, ServerCapabilities, DEFAULT_CONTENTION_TASKS,
 };
+#[doc(inline)]
+pub use server::semantics::Semantic;
 pub use server::test_server;
 #[cfg(feature = "cli")]
 pub use server::toxiproxy;

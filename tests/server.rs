@@ -250,7 +250,10 @@ async fn a_server_error_on_read_is_a_database_error_naming_collection_and_id() {
         .await
         .expect("insert");
     let proxy = WireProxy::start(&server_uri(), FailCommand("find")).await;
-    let via_proxy = Store::new(proxy.client().await.database(t.db.name()))
+    // The proxy fails every find, the server checks included: vet the server directly instead.
+    let via_proxy = Store::builder(proxy.client().await.database(t.db.name()))
+        .check_server(false)
+        .build()
         .repository::<Account>(common::accounts_spec())
         .await
         .expect("open through proxy");
@@ -330,4 +333,188 @@ async fn the_demo_tour_runs_end_to_end() {
     let client = common::client().await;
     let names = client.list_database_names().await.expect("list");
     assert!(!names.contains(&db), "demo left {db} behind");
+}
+
+/// Plays a server from before MongoDB 4.2: updates given as a pipeline are refused.
+struct NoPipelineUpdates;
+
+impl Rules for NoPipelineUpdates {
+    fn command(&self, command: &mut Document) -> Action {
+        let pipeline = match command_name(command) {
+            "update" => command.get_array("updates").is_ok_and(|updates| {
+                updates
+                    .iter()
+                    .any(|u| u.as_document().is_some_and(|u| u.get_array("u").is_ok()))
+            }),
+            "findAndModify" => command.get_array("update").is_ok(),
+            _ => false,
+        };
+        if pipeline {
+            Action::Respond(doc! {
+                "ok": 0.0,
+                "errmsg": "Update argument must be an object",
+                "code": 14,
+                "codeName": "TypeMismatch",
+            })
+        } else {
+            Action::Forward
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_server_without_pipeline_updates_is_refused_naming_it() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), NoPipelineUpdates).await;
+    let db = proxy.client().await.database(t.db.name());
+    let err = mongotx::probe_with(&db, 8)
+        .await
+        .expect_err("the probe must refuse");
+    assert!(
+        matches!(
+            &err,
+            ProbeError::Lacks {
+                name: "pipeline_updates",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("pipeline"), "{err}");
+    // A store refuses it too, before writing anything of its own.
+    let err = Store::new(db.clone())
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect_err("the store must refuse");
+    assert!(
+        matches!(
+            &err,
+            RepoError::ServerUnsuitable {
+                name: "pipeline_updates",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!t
+        .db
+        .list_collection_names()
+        .await
+        .expect("list")
+        .contains(&"accounts".to_string()));
+}
+
+/// Plays a server whose `$$NOW` moves between the stages of one update (as mongo-java-server's
+/// did): every `$$NOW` after an update pipeline's first stage reads 7 ms later.
+struct MovingNow;
+
+fn later_now(value: &mut Bson) {
+    match value {
+        Bson::String(s) if s == "$$NOW" => {
+            *value = Bson::Document(doc! { "$add": ["$$NOW", 7] });
+        }
+        Bson::Document(d) => {
+            for (_, v) in d.iter_mut() {
+                later_now(v);
+            }
+        }
+        Bson::Array(items) => items.iter_mut().for_each(later_now),
+        _ => {}
+    }
+}
+
+impl Rules for MovingNow {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command) == "update" {
+            if let Ok(updates) = command.get_array_mut("updates") {
+                for update in updates.iter_mut() {
+                    if let Some(Ok(stages)) = update.as_document_mut().map(|u| u.get_array_mut("u"))
+                    {
+                        stages.iter_mut().skip(1).for_each(later_now);
+                    }
+                }
+            }
+        }
+        Action::Forward
+    }
+}
+
+#[tokio::test]
+async fn a_server_whose_now_moves_within_a_statement_is_refused() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), MovingNow).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+        .await
+        .expect_err("the probe must refuse");
+    assert!(
+        matches!(
+            &err,
+            ProbeError::Lacks {
+                name: "statement_now",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+/// Strips `keyPattern` and `keyValue` from duplicate-key errors (as servers before 4.2 did).
+struct PlainDuplicateKeys;
+
+impl Rules for PlainDuplicateKeys {
+    fn reply(&self, _command: &Document, reply: &mut Document) {
+        if let Ok(errors) = reply.get_array_mut("writeErrors") {
+            for error in errors.iter_mut() {
+                if let Bson::Document(error) = error {
+                    error.remove("keyPattern");
+                    error.remove("keyValue");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
+    let t = TestDb::new().await;
+    let caps = mongotx::probe_with(&t.db, 8).await.expect("probe");
+    let names: Vec<&str> = caps.semantics.iter().map(|s| s.name).collect();
+    for expected in [
+        "expr_now",
+        "pipeline_updates",
+        "upsert_seeding",
+        "statement_now",
+        "numeric_ids",
+        "pipeline_find_and_modify",
+        "missing_below_null",
+        "binary_string_order",
+        "unique_missing_as_null",
+        "inc_overflow_refused",
+        "per_statement_errors",
+        "duplicate_key_shape",
+        "json_schema_validation",
+        "validation_details",
+        "let_variables",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} not reported: {names:?}"
+        );
+    }
+    assert!(
+        caps.semantics.iter().all(|s| !s.needed || s.held),
+        "{caps:?}"
+    );
+
+    let proxy = WireProxy::start(&server_uri(), PlainDuplicateKeys).await;
+    let caps = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+        .await
+        .expect("a missing reported behaviour does not refuse the server");
+    let shape = caps
+        .semantics
+        .iter()
+        .find(|s| s.name == "duplicate_key_shape")
+        .expect("reported");
+    assert!(!shape.held && !shape.needed, "{shape:?}");
+    assert!(shape.detail.contains("write error"), "{shape:?}");
 }

@@ -102,3 +102,64 @@ fn processes_a_minute_ahead_or_behind_never_take_a_live_transaction_for_expired(
         "{offsets}"
     );
 }
+
+/// Runs the torture on a local test server of its own whose collections keep clocks of their own
+/// (`--clock-offsets`), as the shards of a sharded cluster whose clocks disagree.
+fn torture_on_own_server(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"))
+        .arg("run")
+        .args(args)
+        // Per-collection clocks need the local test server, whatever server the suite uses.
+        .env_remove("MONGODB_URI")
+        .output()
+        .expect("start mongotx-torture");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "torture run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("RESULT ok"), "{stdout}");
+    stdout
+}
+
+#[test]
+fn shards_whose_clocks_disagree_by_thirty_seconds_lose_no_committed_transfer() {
+    // The records' collection 30 s ahead, one accounts collection and the journal 30 s behind,
+    // another 30 s ahead (60 s apart), one on time; hello (which sets deadlines) on time. The
+    // timeout (40 s) is above the largest offset, so transactions can commit on every collection.
+    let report = torture_on_own_server(&[
+        "--seconds",
+        "30",
+        "--accounts",
+        "18",
+        "--collections",
+        "3",
+        "--clock-offsets",
+        "mongotx_transactions=+30s,accounts=-30s,accounts_1=+30s,accounts_2=0s,transfers=-30s",
+        "--txn-timeout",
+        "40s",
+        // A killed coordinator's documents stay held until the records' clock (30 s ahead)
+        // passes its deadline, 10 s later: kills far apart leave the checker, which holds every
+        // account, room to commit.
+        "--kill-every",
+        "8s",
+        "--fault-every",
+        "1500ms",
+    ]);
+    assert!(
+        report.contains("0 held documents, 0 records left"),
+        "{report}"
+    );
+    assert!(number_after(&report, "committed ") > 0, "{report}");
+    assert!(
+        number_after(&report, "faults: ") > 0,
+        "no process was killed"
+    );
+    assert_eq!(number_after(&report, "consistent check transactions, "), 0);
+    assert!(
+        report.contains(" 0 of those missing; 0 balances off the journal"),
+        "{report}"
+    );
+}

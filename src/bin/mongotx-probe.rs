@@ -58,6 +58,21 @@ async fn main() {
                 "  bulkWrite (one message for a round of writes): {}",
                 if caps.bulk_write { "yes" } else { "no" }
             );
+            println!("  behaviours mongotx relies on (needed ones refuse the server if missing):");
+            for semantic in &caps.semantics {
+                println!(
+                    "    {:<26} {:<5} {}{}{}",
+                    semantic.name,
+                    if semantic.held { "held" } else { "NOT" },
+                    if semantic.needed { "[needed] " } else { "" },
+                    semantic.what,
+                    if semantic.held {
+                        String::new()
+                    } else {
+                        format!(" -- {}", semantic.detail)
+                    }
+                );
+            }
         }
         Err(e) => {
             eprintln!("mongotx-probe: {e}");

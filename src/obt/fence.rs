@@ -15,7 +15,7 @@ use bson::{doc, Document};
 use mongodb::Collection;
 
 use crate::obt::error::FenceError;
-use crate::obt::model::{Token, FENCES_COLLECTION};
+use crate::obt::model::{Token, FENCES_COLLECTION, FENCES_SCHEMA};
 use crate::repo::error::RepoError;
 use crate::repo::store::Store;
 use crate::server::is_transient;
@@ -122,7 +122,7 @@ impl MongoFence {
     /// admitted token that a failover rolled back would let a lower one in.
     pub async fn named(store: &Store, name: &str) -> Result<MongoFence, FenceError> {
         let coll = store
-            .protocol_collection(name)
+            .validated_protocol_collection(name, FENCES_SCHEMA)
             .await
             .map_err(|e| RepoError::database(name, "*", "open", e))?;
         Ok(MongoFence { coll })

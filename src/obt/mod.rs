@@ -52,8 +52,8 @@ use crate::repo::store::{LockWait, Store};
 pub use error::{FenceError, ObtError};
 pub use fence::{Fence, MemoryFence, MongoFence};
 pub use model::{
-    NewObt, Observation, ObtState, Ownership, Token, FENCES_COLLECTION, OBTS_COLLECTION,
-    OBTS_SCHEMA, TOKENS_COLLECTION,
+    NewObt, Observation, ObtState, Ownership, Token, FENCES_COLLECTION, FENCES_SCHEMA,
+    OBTS_COLLECTION, OBTS_SCHEMA, TOKENS_COLLECTION, TOKENS_SCHEMA,
 };
 
 use model::ObtDoc;
@@ -164,7 +164,17 @@ impl Obt {
             store: store.clone(),
             repo,
             coll: protocol(&options.collection).await?,
-            tokens: protocol(TOKENS_COLLECTION).await?,
+            tokens: store
+                .validated_protocol_collection(TOKENS_COLLECTION, TOKENS_SCHEMA)
+                .await
+                .map_err(|e| {
+                    ObtError::Repo(crate::repo::error::RepoError::database(
+                        TOKENS_COLLECTION,
+                        "*",
+                        "open",
+                        e,
+                    ))
+                })?,
             options: Arc::new(options),
         })
     }

@@ -14,9 +14,13 @@ pub const OBTS_SCHEMA: &str = include_str!("../../schemas/obts.json");
 
 /// The collection of token counters, one document per namespace.
 pub const TOKENS_COLLECTION: &str = "obt_tokens";
+/// The JSON Schema of [`TOKENS_COLLECTION`] (the project's `schemas/obt_tokens.json`).
+pub const TOKENS_SCHEMA: &str = include_str!("../../schemas/obt_tokens.json");
 
 /// The default collection of a [`MongoFence`](crate::obt::MongoFence).
 pub const FENCES_COLLECTION: &str = "obt_fences";
+/// The JSON Schema of a fence collection (the project's `schemas/obt_fences.json`).
+pub const FENCES_SCHEMA: &str = include_str!("../../schemas/obt_fences.json");
 
 /// A fencing token: unique and strictly increasing across every OBT of a namespace and every
 /// process, issued on create and on every preemption or take-over. Downstream resources admit a

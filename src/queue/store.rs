@@ -90,11 +90,14 @@ impl Batches {
             });
         }
         let coll = store
-            .protocol_collection(collection)
+            .validated_protocol_collection(collection, BATCHES_SCHEMA)
             .await
             .map_err(|e| QueueError::database(collection, "*", "open", e))?;
         let services = store
-            .protocol_collection(&format!("{collection}{SERVICES_SUFFIX}"))
+            .validated_protocol_collection(
+                &format!("{collection}{SERVICES_SUFFIX}"),
+                SERVICES_SCHEMA,
+            )
             .await
             .map_err(|e| QueueError::database(collection, "*", "open", e))?;
         // The queries of a round, of the monitor and of a taker's check that nothing older of

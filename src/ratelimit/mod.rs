@@ -166,7 +166,7 @@ impl RateLimits {
             });
         }
         let coll = store
-            .protocol_collection(&options.collection)
+            .validated_protocol_collection(&options.collection, LIMITERS_SCHEMA)
             .await
             .map_err(|e| RateLimitError::database(&options.collection, "*", "open", e))?;
         Ok(RateLimits {

@@ -242,6 +242,37 @@ pub enum RepoError {
         #[source]
         source: ClockError,
     },
+    /// The server's collection validator refused a write that mongotx's own validator let
+    /// through: the validator installed on the server is not the one this code knows (another
+    /// version of the schema, or one installed by hand). `field` and `rule` come from the server's
+    /// explanation (`errInfo.details`, MongoDB 5.0+); older servers give none.
+    #[error(
+        "{collection}/{id}: the server's validator refused the write at field `{field}`: {rule}"
+    )]
+    Refused {
+        /// Collection name.
+        collection: String,
+        /// The document id.
+        id: String,
+        /// Dotted path of the field the server named, or `(document)` when it named none.
+        field: String,
+        /// The rule that failed, as the server described it.
+        rule: String,
+        /// The driver error, with the server's whole explanation.
+        #[source]
+        source: Box<mongodb::error::Error>,
+    },
+    /// The server lacks a behaviour the transaction protocol cannot do without (see
+    /// `StoreBuilder::check_server` and `mongotx-probe`); nothing was written.
+    #[error("the server cannot be used by mongotx: it lacks `{name}` ({what}): {detail}")]
+    ServerUnsuitable {
+        /// The behaviour's short name.
+        name: &'static str,
+        /// What it is.
+        what: &'static str,
+        /// What the server did instead.
+        detail: String,
+    },
     /// The server or the connection failed.
     #[error("{collection}/{id}: {operation} failed: {}", summarize(source))]
     Database {

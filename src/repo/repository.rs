@@ -1073,14 +1073,14 @@ where
         operation: &'static str,
         source: mongodb::error::Error,
     ) -> RepoError {
-        if probe::error_code(&source) == Some(probe::VALIDATION_FAILED) {
-            return self.invalid(
-                shown,
-                Violation {
-                    field: "(server validator)".into(),
-                    reason: "the server's schema validator refused the document".into(),
-                },
-            );
+        if let Some((field, rule)) = probe::validation_failure(&source) {
+            return RepoError::Refused {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+                field,
+                rule,
+                source: Box::new(source),
+            };
         }
         self.db_error(shown, operation, source)
     }

@@ -22,9 +22,11 @@ use crate::repo::fields;
 use crate::repo::hold::{self, HoldResolver, RecordResolver};
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
 use crate::repo::repository::Repository;
+use crate::repo::schema::JsonSchema;
 use crate::repo::write::{self, Write};
 use crate::server::clock::{self, ClockError, Durability, ServerClock, Topology};
 use crate::server::probe;
+use crate::server::semantics::{self, Semantic};
 
 /// Default name of the collection holding ActiveTransaction records.
 pub const TRANSACTIONS_COLLECTION: &str = "mongotx_transactions";
@@ -110,6 +112,10 @@ pub(crate) struct StoreInner {
     txns_collection: String,
     validation: ServerValidation,
     validator_support: OnceCell<bool>,
+    check_server: bool,
+    /// What the server check found, once it could ask the server (an unreachable server is
+    /// asked again next time).
+    server_checked: OnceCell<Result<(), Semantic>>,
     durability: Durability,
     topology: OnceCell<Topology>,
     clock: ServerClock,
@@ -142,6 +148,7 @@ pub struct StoreBuilder {
     resolver: Option<Arc<dyn HoldResolver>>,
     txns_collection: String,
     validation: ServerValidation,
+    check_server: bool,
     durability: Durability,
     clock_resample: Duration,
     floor_grace: Duration,
@@ -170,6 +177,17 @@ impl StoreBuilder {
     /// Sets whether schemas are installed as server-side validators.
     pub fn server_validation(mut self, validation: ServerValidation) -> StoreBuilder {
         self.validation = validation;
+        self
+    }
+
+    /// Sets whether the store checks, when it opens its first collection, that the server has
+    /// the behaviours the transaction protocol cannot do without (`$expr` with `$$NOW`, pipeline
+    /// updates and their upserts, one `$$NOW` per statement, numeric `_id` equality,
+    /// findAndModify with a pipeline: a few commands on a scratch collection). Default: yes; a
+    /// server that lacks one is refused with [`RepoError::ServerUnsuitable`] naming it, before
+    /// anything is written. `mongotx-probe` runs these checks and more.
+    pub fn check_server(mut self, check: bool) -> StoreBuilder {
+        self.check_server = check;
         self
     }
 
@@ -212,6 +230,8 @@ impl StoreBuilder {
                 txns_collection: self.txns_collection,
                 validation: self.validation,
                 validator_support: OnceCell::new(),
+                check_server: self.check_server,
+                server_checked: OnceCell::new(),
                 durability: self.durability,
                 topology: OnceCell::new(),
                 clock: ServerClock::new(self.clock_resample),
@@ -240,6 +260,7 @@ impl Store {
             resolver: None,
             txns_collection: TRANSACTIONS_COLLECTION.to_string(),
             validation: ServerValidation::default(),
+            check_server: true,
             durability: Durability::default(),
             clock_resample: Duration::from_secs(30),
             floor_grace: Duration::from_secs(20),
@@ -348,6 +369,7 @@ impl Store {
         T: Serialize + DeserializeOwned + Send + Sync,
     {
         spec.check_upgrades()?;
+        self.ensure_server_suits().await?;
         let name = spec.name().to_string();
         let db_error = |operation: &'static str| {
             let collection = name.clone();
@@ -636,6 +658,28 @@ impl Store {
         Ok(false)
     }
 
+    /// Checks once per store that the server has what the protocol needs (see
+    /// [`StoreBuilder::check_server`]).
+    pub(crate) async fn ensure_server_suits(&self) -> Result<(), RepoError> {
+        if !self.inner.check_server {
+            return Ok(());
+        }
+        let checked = self
+            .inner
+            .server_checked
+            .get_or_try_init(|| semantics::essentials(&self.inner.db))
+            .await
+            .map_err(|source| RepoError::database("*", "*", "checking the server", source))?;
+        match checked {
+            Ok(()) => Ok(()),
+            Err(missing) => Err(RepoError::ServerUnsuitable {
+                name: missing.name,
+                what: missing.what,
+                detail: missing.detail.clone(),
+            }),
+        }
+    }
+
     async fn installs_validator(&self) -> bool {
         match self.inner.validation {
             ServerValidation::Always => true,
@@ -650,7 +694,29 @@ impl Store {
         }
     }
 
+    /// Installs the collection's schema as its server-side validator, for documents of this
+    /// code's schema version only.
+    ///
+    /// Tombstones (user fields cleared) and fence placeholders (never had any) are let through.
+    /// So are documents of *other* schema versions: during a rolling upgrade, processes of the
+    /// old and the new version write at once, each validated on its own client; refusing the
+    /// other version's documents would refuse valid writes until every process runs the same
+    /// code. A validator is never replaced by one of an older version (a process of the old
+    /// version that restarts late leaves the new one in place); if two installs race, the one
+    /// that lands last wins, and either of them accepts every valid write of both versions.
     async fn install_validator(&self, spec: &CollectionSpec) -> Result<(), mongodb::error::Error> {
+        let version = spec.schema_version();
+        if let Some(installed) = self.installed_validator_version(spec.name()).await? {
+            if installed > version {
+                tracing::info!(
+                    collection = spec.name(),
+                    installed,
+                    version,
+                    "the server's validator is of a newer schema version; left in place"
+                );
+                return Ok(());
+            }
+        }
         let mut schema = spec.schema().to_document();
         // Holds are written by the protocol, not by callers: declare them whatever the schema says.
         if let Ok(properties) = schema.get_document_mut("properties") {
@@ -658,26 +724,90 @@ impl Store {
                 properties.insert(fields::HOLD, doc! { "bsonType": "object" });
             }
         }
-        // Tombstones have their user fields cleared, and a fence's placeholder never had any, so
-        // the schema applies to live documents only.
         let validator = doc! {
             "$or": [
                 { fields::DELETED: { "$exists": true } },
                 { hold::FENCE: true, fields::VERSION: 0_i64 },
-                { "$jsonSchema": schema },
+                { fields::SCHEMA_VERSION: { "$type": "long", "$ne": version } },
+                { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },
             ]
         };
+        self.put_validator(spec.name(), validator).await
+    }
+
+    /// The schema version whose validator `collection` has, if mongotx installed one.
+    async fn installed_validator_version(
+        &self,
+        collection: &str,
+    ) -> Result<Option<i64>, mongodb::error::Error> {
+        let listed = self
+            .inner
+            .db
+            .run_command(doc! { "listCollections": 1, "filter": { "name": collection } })
+            .await?;
+        let validator = listed
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .and_then(|batch| {
+                batch
+                    .iter()
+                    .filter_map(Bson::as_document)
+                    .find(|entry| entry.get_str("name").ok() == Some(collection))
+            })
+            .and_then(|entry| entry.get_document("options").ok())
+            .and_then(|options| options.get_document("validator").ok());
+        let Some(clauses) = validator.and_then(|v| v.get_array("$or").ok()) else {
+            return Ok(None);
+        };
+        Ok(clauses
+            .iter()
+            .filter_map(Bson::as_document)
+            .find_map(|clause| {
+                clause
+                    .get_document(fields::SCHEMA_VERSION)
+                    .ok()
+                    .and_then(|condition| condition.get_i64("$ne").ok())
+            }))
+    }
+
+    /// Installs `schema` (JSON Schema text) as the validator of a collection that only a
+    /// protocol writes (no system fields, no tombstones), where the store installs validators;
+    /// returns the collection with the protocol's concerns.
+    pub(crate) async fn validated_protocol_collection(
+        &self,
+        name: &str,
+        schema: &str,
+    ) -> mongodb::error::Result<Collection<Document>> {
+        self.ensure_server_suits()
+            .await
+            .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
+        if self.installs_validator().await {
+            let parsed = JsonSchema::parse(name, schema)
+                .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
+            self.put_validator(name, doc! { "$jsonSchema": parsed.to_document() })
+                .await?;
+        }
+        self.protocol_collection(name).await
+    }
+
+    /// Creates `collection` with `validator`, or replaces the validator of an existing one.
+    async fn put_validator(
+        &self,
+        collection: &str,
+        validator: Document,
+    ) -> Result<(), mongodb::error::Error> {
         let created = self
             .inner
             .db
-            .run_command(doc! { "create": spec.name(), "validator": validator.clone() })
+            .run_command(doc! { "create": collection, "validator": validator.clone() })
             .await;
         match created {
             Ok(_) => Ok(()),
             Err(e) if probe::error_code(&e) == Some(NAMESPACE_EXISTS) => self
                 .inner
                 .db
-                .run_command(doc! { "collMod": spec.name(), "validator": validator })
+                .run_command(doc! { "collMod": collection, "validator": validator })
                 .await
                 .map(|_| ()),
             Err(e) => Err(e),

@@ -12,6 +12,7 @@ pub(crate) mod clock;
 pub(crate) mod http;
 pub mod local;
 pub(crate) mod probe;
+pub(crate) mod semantics;
 pub mod test_server;
 #[cfg(feature = "cli")]
 pub mod toxiproxy;

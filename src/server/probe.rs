@@ -6,20 +6,25 @@
 //! callers change the same document at once (fencing tokens and claims hand out values that way);
 //! and the server tells its time, by which every deadline is decided. A server that lacks one of
 //! them would corrupt data silently, so it is refused up front, with the property named.
-//! Server-side `$jsonSchema` validation, MongoDB 8.0's `bulkWrite` (one message for a round of
-//! writes) and the deployment's topology are probed too, and only reported.
+//! Beyond those, the server behaviours the protocol relies on (`$expr` and `$$NOW` in filters,
+//! pipeline updates and their upserts, one `$$NOW` per statement, numeric `_id` equality,
+//! findAndModify with a pipeline) are checked one by one ([`crate::server::semantics`]), and a
+//! server without one of them is refused, naming it; the others (validators and their details,
+//! comparison order, `$inc` overflow, the shape of errors, `let`, MongoDB 8.0's `bulkWrite`) and
+//! the deployment's topology are reported.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bson::{doc, oid::ObjectId, Document};
+use bson::{doc, oid::ObjectId, Bson, Document};
 use futures::future::join_all;
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 use thiserror::Error;
 
 use crate::server::clock::{self, Topology};
+use crate::server::semantics::{self, Semantic};
 use crate::server::summarize;
 
 /// Error code MongoDB uses for a duplicate key.
@@ -44,6 +49,9 @@ pub struct ServerCapabilities {
     pub contention_tasks: usize,
     /// How many compare-and-set attempts lost the race and retried (shows the check contended).
     pub contention_retries: u64,
+    /// Every relied-on behaviour checked, held or not (the needed ones all held, or the probe
+    /// would have refused the server).
+    pub semantics: Vec<Semantic>,
 }
 
 /// A required property the server does not have, or a failure while checking.
@@ -102,6 +110,16 @@ pub enum ProbeError {
     /// The server does not report its time, by which mongotx decides every deadline.
     #[error("server refused: its hello reply carries no localTime, and mongotx decides expiry by the server's clock")]
     NoServerTime,
+    /// The server lacks a behaviour the transaction protocol cannot do without.
+    #[error("server refused: it lacks `{name}` ({what}): {detail}")]
+    Lacks {
+        /// The behaviour's short name (see [`Semantic::name`]).
+        name: &'static str,
+        /// What it is.
+        what: &'static str,
+        /// What the server did instead.
+        detail: String,
+    },
     /// A probe step failed with a driver error.
     #[error(
         "server probe step `{step}` failed on collection {collection}: {}",
@@ -140,6 +158,11 @@ pub async fn probe_with(db: &Database, tasks: usize) -> Result<ServerCapabilitie
     let outcome = run_checks(db, &coll, &name, tasks.max(2)).await;
     // Best effort: a leftover scratch collection is harmless and must not mask the verdict.
     let _ = coll.drop().await;
+    if let Ok(names) = db.list_collection_names().await {
+        for leftover in names.iter().filter(|n| n.starts_with(&name)) {
+            let _ = db.collection::<Document>(leftover).drop().await;
+        }
+    }
     outcome
 }
 
@@ -263,7 +286,19 @@ async fn run_checks(
         return Err(ProbeError::NoServerTime);
     }
 
-    let json_schema_validation = validator_support(db).await;
+    let found = semantics::all(db, name)
+        .await
+        .map_err(fail("behaviours mongotx relies on"))?;
+    if let Some(missing) = found.iter().find(|s| s.needed && !s.held) {
+        return Err(ProbeError::Lacks {
+            name: missing.name,
+            what: missing.what,
+            detail: missing.detail.clone(),
+        });
+    }
+    let json_schema_validation = found
+        .iter()
+        .any(|s| s.name == "json_schema_validation" && s.held);
     let bulk_write = bulk_write_support(db, coll).await;
     let version = db
         .run_command(doc! { "buildInfo": 1 })
@@ -278,6 +313,7 @@ async fn run_checks(
         bulk_write,
         contention_tasks: tasks,
         contention_retries: retries.load(Ordering::Relaxed),
+        semantics: found,
     })
 }
 
@@ -385,4 +421,128 @@ pub(crate) fn duplicate_key_index(error: &mongodb::error::Error) -> Option<Strin
     };
     let rest = message.split("index: ").nth(1)?;
     Some(rest.split_whitespace().next()?.to_string())
+}
+
+/// The field and rule a server's validation failure (code 121) names, from its explanation
+/// (`errInfo.details`, MongoDB 5.0+): the first property that failed, followed through nested
+/// objects and array items, with the rule it broke. `None` when the error is not a validation
+/// failure; `("(document)", ...)` when the server gave no details (before 5.0).
+pub(crate) fn validation_failure(error: &mongodb::error::Error) -> Option<(String, String)> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    if error_code(error) != Some(VALIDATION_FAILED) {
+        return None;
+    }
+    let info = match error.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) => e.details.as_ref(),
+        _ => None,
+    };
+    let explained = info
+        .and_then(|info| info.get_document("details").ok())
+        .and_then(|details| explain(details, ""));
+    Some(explained.unwrap_or_else(|| {
+        (
+            "(document)".to_string(),
+            "Document failed validation (the server gave no details)".to_string(),
+        )
+    }))
+}
+
+fn joined(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+fn shown(prefix: &str) -> String {
+    if prefix.is_empty() {
+        "(document)".to_string()
+    } else {
+        prefix.to_string()
+    }
+}
+
+/// One operator's explanation: `$jsonSchema` and the logical operators lead to the rules.
+fn explain(details: &Document, prefix: &str) -> Option<(String, String)> {
+    let operator = details.get_str("operatorName").unwrap_or("");
+    match operator {
+        "$jsonSchema" => rules(details.get_array("schemaRulesNotSatisfied").ok()?, prefix),
+        "$and" | "$or" => {
+            let clauses: Vec<&Document> = details
+                .get_array("clausesNotSatisfied")
+                .ok()?
+                .iter()
+                .filter_map(|c| c.as_document()?.get_document("details").ok())
+                .collect();
+            // A `$jsonSchema` clause says the most (mongotx's validator is `$or` of the tombstone
+            // and fence branches and the schema).
+            let best = clauses
+                .iter()
+                .find(|c| c.get_str("operatorName").ok() == Some("$jsonSchema"))
+                .or_else(|| clauses.first())?;
+            explain(best, prefix)
+        }
+        _ => Some((shown(prefix), describe(details))),
+    }
+}
+
+fn rules(failed: &[Bson], prefix: &str) -> Option<(String, String)> {
+    let first = failed.iter().filter_map(Bson::as_document).next()?;
+    rule(first, prefix)
+}
+
+fn rule(rule: &Document, prefix: &str) -> Option<(String, String)> {
+    if let Ok(properties) = rule.get_array("propertiesNotSatisfied") {
+        let property = properties.iter().filter_map(Bson::as_document).next()?;
+        let name = property.get_str("propertyName").unwrap_or("?");
+        let at = joined(prefix, name);
+        return match property.get_array("details") {
+            Ok(inner) => rules(inner, &at).or(Some((at, describe(rule)))),
+            Err(_) => Some((at, describe(rule))),
+        };
+    }
+    if let Ok(missing) = rule.get_array("missingProperties") {
+        let name = missing.first().and_then(Bson::as_str).unwrap_or("?");
+        return Some((joined(prefix, name), "is required".to_string()));
+    }
+    if let Ok(extra) = rule.get_array("additionalProperties") {
+        let name = extra.first().and_then(Bson::as_str).unwrap_or("?");
+        return Some((
+            joined(prefix, name),
+            "is not allowed (additionalProperties)".to_string(),
+        ));
+    }
+    if let (Ok(index), Ok(inner)) = (rule.get_i32("itemIndex"), rule.get_array("details")) {
+        let at = joined(prefix, &index.to_string());
+        return rules(inner, &at).or(Some((at, describe(rule))));
+    }
+    if let Ok(schemas) = rule.get_array("schemasNotSatisfied") {
+        if let Some(inner) = schemas
+            .iter()
+            .filter_map(Bson::as_document)
+            .find_map(|s| s.get_array("details").ok())
+        {
+            if let Some(found) = rules(inner, prefix) {
+                return Some(found);
+            }
+        }
+    }
+    Some((shown(prefix), describe(rule)))
+}
+
+/// A rule in words: its keyword, what it specified and why it failed.
+fn describe(rule: &Document) -> String {
+    let operator = rule.get_str("operatorName").unwrap_or("rule");
+    let mut text = operator.to_string();
+    if let Ok(specified) = rule.get_document("specifiedAs") {
+        text.push_str(&format!(" {specified}"));
+    }
+    if let Ok(reason) = rule.get_str("reason") {
+        text.push_str(&format!(": {reason}"));
+    }
+    if let Some(value) = rule.get("consideredValue") {
+        text.push_str(&format!(" (found {value})"));
+    }
+    text
 }

@@ -10,13 +10,14 @@ use bson::{doc, oid::ObjectId, Document};
 use clap::Args;
 use futures::TryStreamExt;
 use mongodb::Client;
+use mongotx::local_server::LocalServer;
 use mongotx::test_server::TestServer;
 use mongotx::toxiproxy::Toxiproxy;
 use mongotx::{fields, Gc, GcOptions, Query, TRANSACTIONS_COLLECTION};
 use rand::Rng;
 
 use crate::children::{add, Kind, Recipe, Report, Slot};
-use crate::roles::{account_id, Account, Bank};
+use crate::roles::{account_id, accounts_collection, Account, Bank, TRANSFERS};
 use crate::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 
 /// Arguments of a torture run.
@@ -58,6 +59,15 @@ pub(crate) struct RunArgs {
     /// Share of write commands the wire proxy delivers late.
     #[arg(long, default_value_t = 0.01)]
     late_rate: f64,
+    /// Collections the accounts are spread over (`accounts`, `accounts_1`, ...).
+    #[arg(long, default_value_t = 1)]
+    collections: usize,
+    /// Clocks of their own for collections, as the shards of a cluster whose clocks disagree:
+    /// the run starts its own local test server with `--clock-offset <this>` (for example
+    /// `mongotx_transactions=+30s,accounts=-30s,accounts_1=+30s`; `*` names the clock `hello`
+    /// reports). Needs MONGODB_URI unset.
+    #[arg(long)]
+    clock_offsets: Option<String>,
 }
 
 /// The longest a command is held back.
@@ -131,11 +141,46 @@ struct Faults {
     restarts: u64,
 }
 
+/// The server of a run, kept alive until the run ends.
+enum Server {
+    Chosen(TestServer),
+    Skewed(LocalServer),
+}
+
+impl Server {
+    fn uri(&self) -> String {
+        match self {
+            Server::Chosen(server) => server.uri().to_string(),
+            Server::Skewed(server) => server.uri(),
+        }
+    }
+}
+
+async fn start_server(args: &RunArgs) -> Result<Server, String> {
+    let Some(offsets) = args.clock_offsets.clone() else {
+        return tokio::task::spawn_blocking(TestServer::start)
+            .await
+            .map_err(|e| format!("start the server: {e}"))?
+            .map(Server::Chosen)
+            .map_err(|e| e.to_string());
+    };
+    if std::env::var(mongotx::test_server::URI_ENV).is_ok_and(|uri| !uri.trim().is_empty()) {
+        return Err(
+            "--clock-offsets needs the local test server (per-collection clocks); unset MONGODB_URI"
+                .into(),
+        );
+    }
+    tokio::task::spawn_blocking(move || {
+        LocalServer::start_with(&["--clock-offset".to_string(), offsets])
+    })
+    .await
+    .map_err(|e| format!("start the server: {e}"))?
+    .map(Server::Skewed)
+    .map_err(|e| e.to_string())
+}
+
 pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
-    let server = tokio::task::spawn_blocking(TestServer::start)
-        .await
-        .map_err(|e| format!("start the server: {e}"))?
-        .map_err(|e| e.to_string())?;
+    let server = start_server(&args).await?;
     let db_name = format!("mongotx_torture_{}", ObjectId::new().to_hex());
     let direct = Client::with_uri_str(server.uri())
         .await
@@ -156,6 +201,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
             format!(", clock skews {:?} ms", args.skews)
         }
     );
+    if let Some(offsets) = &args.clock_offsets {
+        println!(
+            "torture: accounts over {} collections, collection clocks {offsets}, transaction timeout {:?}",
+            args.collections.max(1),
+            args.txn_timeout
+        );
+    }
 
     // The bank.
     let bank_direct = Bank {
@@ -163,10 +215,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         db: db_name.clone(),
         accounts: args.accounts,
         txn_timeout: args.txn_timeout,
+        collections: args.collections.max(1),
     };
     let (store, accounts) = bank_direct.open().await?;
     for i in 0..args.accounts {
         accounts
+            .of(i)
             .insert(&Account {
                 id: account_id(i),
                 owner: format!("owner {i}"),
@@ -189,7 +243,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         count: AtomicU64::new(0),
     });
     let proxy =
-        WireProxy::try_start(server.uri(), "127.0.0.1:0", SharedRules(Arc::clone(&late))).await?;
+        WireProxy::try_start(&server.uri(), "127.0.0.1:0", SharedRules(Arc::clone(&late))).await?;
     let toxiproxy = if args.no_faults {
         None
     } else {
@@ -221,6 +275,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
             args.accounts.to_string(),
             "--txn-timeout".into(),
             format!("{}ms", args.txn_timeout.as_millis()),
+            "--collections".into(),
+            args.collections.max(1).to_string(),
         ]
     };
     let mut recipes = Vec::new();
@@ -377,7 +433,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     }
     // Let every held-back command land before recovering.
     tokio::time::sleep(MAX_LATE + Duration::from_millis(500)).await;
-    let recovery = recover(&store, &db).await?;
+    let recovery = recover(&store, &db, args.collections.max(1), args.txn_timeout).await?;
 
     // Verify.
     let (workers, _) = summed(&slots, Kind::Worker);
@@ -391,20 +447,68 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         }
         rounds
     };
-    let found = accounts
+    let mut committed_total: i64 = 0;
+    let mut balances = std::collections::BTreeMap::new();
+    let mut raw: Vec<Document> = Vec::new();
+    for (k, repo) in accounts.all().iter().enumerate() {
+        let found = repo
+            .find(Query::new())
+            .await
+            .map_err(|e| format!("final read: {e}"))?;
+        committed_total += found.iter().map(|a| a.balance).sum::<i64>();
+        balances.extend(found.iter().map(|a| (a.value.id.clone(), a.balance)));
+        let stored: Vec<Document> = db
+            .collection::<Document>(&accounts_collection(k))
+            .find(doc! {})
+            .await
+            .map_err(|e| format!("final raw read: {e}"))?
+            .try_collect()
+            .await
+            .map_err(|e| format!("final raw read: {e}"))?;
+        raw.extend(stored);
+    }
+    let stored_total: i64 = raw.iter().filter_map(|d| d.get_i64("balance").ok()).sum();
+    // The journal: every transfer a worker saw commit is there, and every balance is the
+    // opening balance moved by exactly the journal's transfers (so no committed transfer was
+    // lost and none was applied in part).
+    let journal = accounts
+        .transfers
         .find(Query::new())
         .await
-        .map_err(|e| format!("final read: {e}"))?;
-    let committed_total: i64 = found.iter().map(|a| a.balance).sum();
-    let raw: Vec<Document> = db
-        .collection::<Document>("accounts")
-        .find(doc! {})
+        .map_err(|e| format!("read the journal: {e}"))?;
+    let recorded: std::collections::BTreeSet<String> =
+        journal.iter().map(|t| t.value.id.clone()).collect();
+    let mut expected_balances: std::collections::BTreeMap<String, i64> = (0..args.accounts)
+        .map(|i| (account_id(i), args.balance))
+        .collect();
+    for t in &journal {
+        *expected_balances.entry(t.from.clone()).or_insert(0) -= t.amount;
+        *expected_balances.entry(t.to.clone()).or_insert(0) += t.amount;
+    }
+    let reported: Vec<String> = slots
+        .iter()
+        .filter(|s| s.recipe.kind == Kind::Worker)
+        .filter_map(|s| s.reports.lock().ok().map(|r| r.committed.clone()))
+        .flatten()
+        .collect();
+    let lost: Vec<&String> = reported
+        .iter()
+        .filter(|id| !recorded.contains(*id))
+        .collect();
+    let off_balances: Vec<String> = expected_balances
+        .iter()
+        .filter(|(id, want)| balances.get(*id) != Some(*want))
+        .map(|(id, want)| format!("{id}: {:?} (journal says {want})", balances.get(id)))
+        .collect();
+    let journal_raw: Vec<Document> = db
+        .collection::<Document>(TRANSFERS)
+        .find(doc! { fields::ACTIVE_TXN: { "$exists": true } })
         .await
-        .map_err(|e| format!("final raw read: {e}"))?
+        .map_err(|e| format!("read the journal: {e}"))?
         .try_collect()
         .await
-        .map_err(|e| format!("final raw read: {e}"))?;
-    let stored_total: i64 = raw.iter().filter_map(|d| d.get_i64("balance").ok()).sum();
+        .map_err(|e| format!("read the journal: {e}"))?;
+    raw.extend(journal_raw);
     let held = raw
         .iter()
         .filter(|d| d.contains_key(fields::ACTIVE_TXN) || d.contains_key(fields::DELETING))
@@ -461,6 +565,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         );
     }
     println!(
+        "  journal: {} transfers recorded, {} seen committed by their workers, {} of those missing; {} balances off the journal",
+        journal.len(),
+        reported.len(),
+        lost.len(),
+        off_balances.len()
+    );
+    println!(
         "  end state: total {committed_total} (stored {stored_total}, expected {total}), {held} held documents, {records} records left"
     );
 
@@ -472,6 +583,19 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     }
     if held != 0 {
         problems.push(format!("{held} documents are still held"));
+    }
+    if !lost.is_empty() {
+        problems.push(format!(
+            "{} transfers seen committed are not in the journal (lost): {:?}",
+            lost.len(),
+            &lost[..lost.len().min(5)]
+        ));
+    }
+    if !off_balances.is_empty() {
+        problems.push(format!(
+            "balances differ from the journal: {:?}",
+            &off_balances[..off_balances.len().min(5)]
+        ));
     }
     if records != 0 {
         problems.push(format!("{records} transaction records are left"));
@@ -537,10 +661,17 @@ fn summed(slots: &[Slot], kind: Kind) -> (Report, Vec<String>) {
 /// GC rounds as if every deadline had passed, until nothing is left to do; returns the rounds.
 /// Undecided and aborted records are decided and deleted by the server's own clock, so rounds
 /// are spaced out until the last deadline (a transaction timeout at most) has really passed.
-async fn recover(store: &mongotx::Store, db: &mongodb::Database) -> Result<u32, String> {
+async fn recover(
+    store: &mongotx::Store,
+    db: &mongodb::Database,
+    collections: usize,
+    timeout: Duration,
+) -> Result<u32, String> {
     let gc = Gc::with_store(store, GcOptions::default());
     let mut last = String::new();
-    for round in 1..=60 {
+    // 15 s, or a whole transaction timeout and 15 s more when that is longer.
+    let rounds = 60.max(((timeout.as_millis() + 15_000) / 250) as u32);
+    for round in 1..=rounds {
         if round > 1 {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -555,31 +686,43 @@ async fn recover(store: &mongotx::Store, db: &mongodb::Database) -> Result<u32, 
             .count_documents(doc! {})
             .await
             .map_err(|e| e.to_string())?;
-        let held = db
-            .collection::<Document>("accounts")
-            .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut held = 0;
+        let names = (0..collections)
+            .map(accounts_collection)
+            .chain([TRANSFERS.to_string()]);
+        for name in names {
+            held += db
+                .collection::<Document>(&name)
+                .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         if records == 0 && held == 0 && summary.skipped == 0 {
             return Ok(round);
         }
         last = format!("{records} records, {held} held, last round {summary:?}");
     }
-    let left = leftovers(db).await.unwrap_or_else(|e| e.to_string());
+    let left = leftovers(db, collections)
+        .await
+        .unwrap_or_else(|e| e.to_string());
     Err(format!(
-        "recovery did not settle within 60 GC rounds (15 s): {last}\n{left}"
+        "recovery did not settle within {rounds} GC rounds: {last}\n{left}"
     ))
 }
 
 /// The records and held accounts still there, for the failure message.
-async fn leftovers(db: &mongodb::Database) -> mongodb::error::Result<String> {
+async fn leftovers(db: &mongodb::Database, collections: usize) -> mongodb::error::Result<String> {
     let mut out = String::new();
-    for (name, filter) in [
-        (TRANSACTIONS_COLLECTION, doc! {}),
-        ("accounts", doc! { fields::ACTIVE_TXN: { "$exists": true } }),
-    ] {
+    let mut places = vec![(TRANSACTIONS_COLLECTION.to_string(), doc! {})];
+    for name in (0..collections)
+        .map(accounts_collection)
+        .chain([TRANSFERS.to_string()])
+    {
+        places.push((name, doc! { fields::ACTIVE_TXN: { "$exists": true } }));
+    }
+    for (name, filter) in places {
         let docs: Vec<Document> = db
-            .collection::<Document>(name)
+            .collection::<Document>(&name)
             .find(filter)
             .await?
             .try_collect()

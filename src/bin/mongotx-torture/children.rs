@@ -51,6 +51,8 @@ pub(crate) struct Reports {
     pub(crate) rounds: Report,
     /// Lines that report a broken invariant, kept verbatim.
     pub(crate) alarms: Vec<String>,
+    /// Transfers a worker saw commit (by id), to be found in the journal at the end.
+    pub(crate) committed: Vec<String>,
 }
 
 impl Reports {
@@ -126,6 +128,8 @@ impl Slot {
                         *reports.rounds.entry("rounds".into()).or_insert(0) += 1;
                     } else if line.starts_with("bad-snapshot") {
                         reports.alarms.push(line);
+                    } else if let Some(id) = line.strip_prefix("committed-transfer ") {
+                        reports.committed.push(id.trim().to_string());
                     }
                 }
             });

@@ -33,6 +33,50 @@ pub(crate) fn account_id(i: usize) -> String {
     format!("acc{i:03}")
 }
 
+/// The name of the bank's `k`-th accounts collection.
+pub(crate) fn accounts_collection(k: usize) -> String {
+    if k == 0 {
+        "accounts".to_string()
+    } else {
+        format!("accounts_{k}")
+    }
+}
+
+/// A transfer as the journal records it: inserted by the transfer's own transaction, so it is in
+/// the journal exactly when the transfer committed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Transfer {
+    #[serde(rename = "_id")]
+    pub(crate) id: String,
+    pub(crate) from: String,
+    pub(crate) to: String,
+    pub(crate) amount: i64,
+}
+
+/// The journal's collection.
+pub(crate) const TRANSFERS: &str = "transfers";
+
+/// The bank's accounts, spread over one or more collections (account `i` in collection
+/// `i % collections`), so that a transfer may span collections whose clocks disagree, and the
+/// journal of transfers.
+#[derive(Clone)]
+pub(crate) struct Accounts {
+    repos: Vec<Repository<Account>>,
+    pub(crate) transfers: Repository<Transfer>,
+}
+
+impl Accounts {
+    /// The repository holding account `i`.
+    pub(crate) fn of(&self, i: usize) -> &Repository<Account> {
+        &self.repos[i % self.repos.len()]
+    }
+
+    /// Every collection's repository.
+    pub(crate) fn all(&self) -> &[Repository<Account>] {
+        &self.repos
+    }
+}
+
 /// What every process needs to reach the bank.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Bank {
@@ -48,11 +92,14 @@ pub(crate) struct Bank {
     /// A transaction's timeout (after it, anyone may abort it).
     #[arg(long, default_value = "3s", value_parser = crate::duration)]
     pub(crate) txn_timeout: Duration,
+    /// Collections the accounts are spread over.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) collections: usize,
 }
 
 impl Bank {
-    /// Opens the accounts repository on a store of its own client.
-    pub(crate) async fn open(&self) -> Result<(Store, Repository<Account>), String> {
+    /// Opens the accounts repositories on a store of its own client.
+    pub(crate) async fn open(&self) -> Result<(Store, Accounts), String> {
         let mut options = ClientOptions::parse(&self.uri)
             .await
             .map_err(|e| format!("bad --uri: {e}"))?;
@@ -65,11 +112,28 @@ impl Bank {
                 ..LockWait::default()
             })
             .build();
-        let accounts = store
-            .repository::<Account>(accounts_spec()?)
+        let mut repos = Vec::new();
+        for k in 0..self.collections.max(1) {
+            let name = accounts_collection(k);
+            repos.push(
+                store
+                    .repository::<Account>(accounts_spec(&name)?)
+                    .await
+                    .map_err(|e| format!("open {name}: {e}"))?,
+            );
+        }
+        let transfers = store
+            .repository::<Transfer>(
+                CollectionSpec::new(
+                    TRANSFERS,
+                    1,
+                    include_str!("../../../schemas/transfers.json"),
+                )
+                .map_err(|e| format!("schemas/transfers.json: {e}"))?,
+            )
             .await
-            .map_err(|e| format!("open accounts: {e}"))?;
-        Ok((store, accounts))
+            .map_err(|e| format!("open {TRANSFERS}: {e}"))?;
+        Ok((store, Accounts { repos, transfers }))
     }
 
     /// Transactions with this bank's timeout.
@@ -87,14 +151,10 @@ impl Bank {
     }
 }
 
-/// The accounts collection (the project's `schemas/accounts.json`).
-pub(crate) fn accounts_spec() -> Result<CollectionSpec, String> {
-    CollectionSpec::new(
-        "accounts",
-        1,
-        include_str!("../../../schemas/accounts.json"),
-    )
-    .map_err(|e| format!("schemas/accounts.json: {e}"))
+/// An accounts collection (the project's `schemas/accounts.json`).
+pub(crate) fn accounts_spec(name: &str) -> Result<CollectionSpec, String> {
+    CollectionSpec::new(name, 1, include_str!("../../../schemas/accounts.json"))
+        .map_err(|e| format!("schemas/accounts.json: {e}"))
 }
 
 /// Arguments of a worker process.
@@ -174,7 +234,7 @@ async fn clock_offset(store: &Store) -> i64 {
 
 /// What a worker or checker process runs with.
 struct Process {
-    accounts: Repository<Account>,
+    accounts: Accounts,
     txns: Transactions,
     counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
@@ -211,20 +271,29 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
     let (accounts, txns, counters) = (&process.accounts, &process.txns, &process.counters);
     let n = args.bank.accounts;
     while process.running() {
-        let (from, to, amount, plain) = {
+        let (from_i, to_i, amount, plain) = {
             let mut rng = rand::rng();
             let from = rng.random_range(0..n);
             (
-                account_id(from),
-                account_id((from + rng.random_range(1..n)) % n),
+                from,
+                (from + rng.random_range(1..n)) % n,
                 rng.random_range(1..=50_i64),
                 rng.random_bool(0.1),
             )
         };
+        let (from, to) = (account_id(from_i), account_id(to_i));
+        let (from_repo, to_repo) = (accounts.of(from_i).clone(), accounts.of(to_i).clone());
+        let journal = accounts.transfers.clone();
+        let transfer = Transfer {
+            id: bson::oid::ObjectId::new().to_hex(),
+            from: from.clone(),
+            to: to.clone(),
+            amount,
+        };
         if plain {
-            if let Ok(read) = accounts.get(from.as_str()).await {
+            if let Ok(read) = from_repo.get(from.as_str()).await {
                 let note = Update::new().set("note", format!("touched by {}", std::process::id()));
-                if accounts
+                if from_repo
                     .update(from.as_str(), read.version, &note)
                     .await
                     .is_ok()
@@ -236,20 +305,22 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
         }
         let result = txns
             .run(|tx| {
-                let accounts = accounts.clone();
+                let (from_repo, to_repo) = (from_repo.clone(), to_repo.clone());
                 let (from, to) = (from.clone(), to.clone());
+                let (journal, transfer) = (journal.clone(), transfer.clone());
                 async move {
-                    let a = accounts.get(from.as_str()).await?;
-                    let b = accounts.get(to.as_str()).await?;
+                    tx.insert(&journal, &transfer).await?;
+                    let a = from_repo.get(from.as_str()).await?;
+                    let b = to_repo.get(to.as_str()).await?;
                     tx.adjust(
-                        &accounts,
+                        &from_repo,
                         from.as_str(),
                         a.version,
                         &Adjust::new().by("balance", -amount),
                     )
                     .await?;
                     tx.adjust(
-                        &accounts,
+                        &to_repo,
                         to.as_str(),
                         b.version,
                         &Adjust::new().by("balance", amount),
@@ -258,6 +329,10 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
                 }
             })
             .await;
+        if result.is_ok() {
+            // The run checks that every transfer reported here is in the journal at the end.
+            println!("committed-transfer {}", transfer.id);
+        }
         let counter = match &result {
             Ok(_) => &counters.committed,
             Err(TxnError::CommitUnknown { .. }) => &counters.unknown,
@@ -292,8 +367,8 @@ pub(crate) async fn checker(args: CheckerArgs) -> Result<(), String> {
                     let mut total = 0;
                     for i in 0..n {
                         let id = account_id(i);
-                        let read = accounts.get(id.as_str()).await?;
-                        tx.check(&accounts, id.as_str(), read.version)?;
+                        let read = accounts.of(i).get(id.as_str()).await?;
+                        tx.check(accounts.of(i), id.as_str(), read.version)?;
                         total += read.balance;
                     }
                     Ok(total)
