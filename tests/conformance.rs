@@ -114,6 +114,14 @@ async fn ids(coll: &Collection<Document>, filter: Document, sort: Document) -> V
         .collect()
 }
 
+/// Asserts that `filter` matches exactly the documents with the `_id`s `expected`, sorted by `_id`.
+async fn assert_matches(coll: &Collection<Document>, filter: Document, expected: &[i32]) {
+    let shown = filter.to_string();
+    let found = ids(coll, filter, doc! { "_id": 1 }).await;
+    let expected: Vec<Bson> = expected.iter().map(|i| Bson::Int32(*i)).collect();
+    assert_eq!(found, expected, "{shown}");
+}
+
 /// Creates `name` with `validator` (and any extra options) and returns it.
 async fn with_validator(db: &Database, name: &str, options: Document) -> Collection<Document> {
     let mut create = doc! { "create": name };
@@ -828,38 +836,10 @@ async fn expressions_tell_a_missing_field_from_null() {
     ])
     .await
     .expect("insert");
-    let by_id = doc! { "_id": 1 };
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "$expr": { "$eq": ["$a", Bson::Null] } },
-            by_id.clone()
-        )
-        .await,
-        vec![Bson::Int32(2)]
-    );
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "$expr": { "$lt": ["$a", Bson::Null] } },
-            by_id.clone()
-        )
-        .await,
-        vec![Bson::Int32(1)]
-    );
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "$expr": { "$gt": ["$a", Bson::Null] } },
-            by_id.clone()
-        )
-        .await,
-        vec![Bson::Int32(3)]
-    );
-    assert_eq!(
-        ids(&coll, doc! { "a": Bson::Null }, by_id).await,
-        vec![Bson::Int32(1), Bson::Int32(2)]
-    );
+    assert_matches(&coll, doc! { "$expr": { "$eq": ["$a", Bson::Null] } }, &[2]).await;
+    assert_matches(&coll, doc! { "$expr": { "$lt": ["$a", Bson::Null] } }, &[1]).await;
+    assert_matches(&coll, doc! { "$expr": { "$gt": ["$a", Bson::Null] } }, &[3]).await;
+    assert_matches(&coll, doc! { "a": Bson::Null }, &[1, 2]).await;
 }
 
 /// https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/#strings : strings
@@ -888,19 +868,13 @@ async fn strings_compare_and_sort_by_their_utf8_bytes() {
             Bson::Int32(1)
         ]
     );
-    assert_eq!(
-        ids(&coll, doc! { "s": { "$gt": half_stop } }, doc! { "_id": 1 }).await,
-        vec![Bson::Int32(1)]
-    );
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "$expr": { "$lt": ["$s", half_stop] } },
-            doc! { "_id": 1 }
-        )
-        .await,
-        vec![Bson::Int32(3), Bson::Int32(4)]
-    );
+    assert_matches(&coll, doc! { "s": { "$gt": half_stop } }, &[1]).await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$lt": ["$s", half_stop] } },
+        &[3, 4],
+    )
+    .await;
 }
 
 /// https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/ : values of
@@ -952,28 +926,9 @@ async fn numbers_compare_exactly_across_types() {
     ])
     .await
     .expect("insert");
-    assert_eq!(
-        ids(&coll, doc! { "v": { "$lt": 5.5 } }, doc! { "_id": 1 }).await,
-        vec![Bson::Int32(1), Bson::Int32(2)]
-    );
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "v": { "$gt": 4.5, "$lt": 5.1 } },
-            doc! { "_id": 1 }
-        )
-        .await,
-        vec![Bson::Int32(1)]
-    );
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "$expr": { "$lt": ["$v", 5.1] } },
-            doc! { "_id": 1 }
-        )
-        .await,
-        vec![Bson::Int32(1)]
-    );
+    assert_matches(&coll, doc! { "v": { "$lt": 5.5 } }, &[1, 2]).await;
+    assert_matches(&coll, doc! { "v": { "$gt": 4.5, "$lt": 5.1 } }, &[1]).await;
+    assert_matches(&coll, doc! { "$expr": { "$lt": ["$v", 5.1] } }, &[1]).await;
     assert_eq!(
         ids(&coll, doc! {}, doc! { "v": -1 }).await[..2].to_vec(),
         vec![Bson::Int32(3), Bson::Int32(4)]
@@ -1428,25 +1383,11 @@ async fn in_and_nin_take_a_missing_field_as_null() {
     ])
     .await
     .expect("insert");
-    let by_id = doc! { "_id": 1 };
-    let none: Vec<Bson> = Vec::new();
-    assert_eq!(
-        ids(&coll, doc! { "a": { "$in": [Bson::Null] } }, by_id.clone()).await,
-        vec![Bson::Int32(1), Bson::Int32(2)]
-    );
-    assert_eq!(
-        ids(&coll, doc! { "a": { "$nin": [Bson::Null] } }, by_id.clone()).await,
-        vec![Bson::Int32(3)]
-    );
-    assert_eq!(
-        ids(&coll, doc! { "a": { "$ne": Bson::Null } }, by_id.clone()).await,
-        vec![Bson::Int32(3)]
-    );
-    assert_eq!(
-        ids(&coll, doc! { "a": { "$nin": [1] } }, by_id.clone()).await,
-        vec![Bson::Int32(1), Bson::Int32(2)]
-    );
-    assert_eq!(ids(&coll, doc! { "a": { "$in": [5] } }, by_id).await, none);
+    assert_matches(&coll, doc! { "a": { "$in": [Bson::Null] } }, &[1, 2]).await;
+    assert_matches(&coll, doc! { "a": { "$nin": [Bson::Null] } }, &[3]).await;
+    assert_matches(&coll, doc! { "a": { "$ne": Bson::Null } }, &[3]).await;
+    assert_matches(&coll, doc! { "a": { "$nin": [1] } }, &[1, 2]).await;
+    assert_matches(&coll, doc! { "a": { "$in": [5] } }, &[]).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1545,25 +1486,13 @@ async fn expressions_compare_and_compute_dates() {
     coll.insert_many([doc! { "_id": 1, "d": past }, doc! { "_id": 2, "d": future }])
         .await
         .expect("insert");
-    let by_id = doc! { "_id": 1 };
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "$expr": { "$lt": ["$d", "$$NOW"] } },
-            by_id.clone()
-        )
-        .await,
-        vec![Bson::Int32(1)]
-    );
-    assert_eq!(
-        ids(
-            &coll,
-            doc! { "$expr": { "$gt": [{ "$add": ["$d", 120_000] }, "$$NOW"] } },
-            by_id.clone()
-        )
-        .await,
-        vec![Bson::Int32(1), Bson::Int32(2)]
-    );
+    assert_matches(&coll, doc! { "$expr": { "$lt": ["$d", "$$NOW"] } }, &[1]).await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$gt": [{ "$add": ["$d", 120_000] }, "$$NOW"] } },
+        &[1, 2],
+    )
+    .await;
     let reply = command(
         &t.db,
         doc! { "aggregate": "dates", "pipeline": [

@@ -486,6 +486,7 @@ async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
         "statement_now",
         "numeric_ids",
         "pipeline_find_and_modify",
+        "upsert_seeding_paths",
         "missing_below_null",
         "binary_string_order",
         "unique_missing_as_null",

@@ -80,6 +80,15 @@ where
     }
 }
 
+/// A few GC rounds as if two hours had passed: every stranded transaction is decided and cleared.
+async fn gc_rounds(gc: &Gc) {
+    for _ in 0..4 {
+        gc.run_round_at(common::hours_from_now(2), &AtomicBool::new(false))
+            .await
+            .expect("GC round");
+    }
+}
+
 #[tokio::test]
 async fn the_server_refuses_a_raw_invalid_write_and_passes_every_write_mongotx_makes() {
     let t = TestDb::new().await;
@@ -198,11 +207,7 @@ async fn the_server_refuses_a_raw_invalid_write_and_passes_every_write_mongotx_m
     })
     .await;
     let gc = Gc::with_store(&t.store, GcOptions::default());
-    for _ in 0..4 {
-        gc.run_round_at(common::hours_from_now(2), &AtomicBool::new(false))
-            .await
-            .expect("GC round");
-    }
+    gc_rounds(&gc).await;
     let b2 = accounts.get("b").await.unwrap();
     stranded(&t.store, COMMIT_AFTER, 0, |tx| {
         let accounts = accounts.clone();
@@ -218,11 +223,7 @@ async fn the_server_refuses_a_raw_invalid_write_and_passes_every_write_mongotx_m
         }
     })
     .await;
-    for _ in 0..4 {
-        gc.run_round_at(common::hours_from_now(2), &AtomicBool::new(false))
-            .await
-            .expect("GC round");
-    }
+    gc_rounds(&gc).await;
     common::assert_settled(&t, &["accounts"], "after the GC").await;
     assert_eq!(accounts.get("b").await.unwrap().balance, 109);
     assert_eq!(accounts.get("c").await.unwrap().note, None);

@@ -9,13 +9,20 @@ mod common;
 use std::process::Command;
 
 fn torture(args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"))
-        .arg("run")
-        .args(args)
-        // The harness's server: the run starts none of its own.
-        .env("MONGODB_URI", common::server_uri())
-        .output()
-        .expect("start mongotx-torture");
+    // The harness's server: the run starts none of its own.
+    run_torture(args, Some(common::server_uri()))
+}
+
+/// Runs `mongotx-torture run` on the server of `uri`, or (None) on a local test server of its own,
+/// and returns its report, which must say the run kept every invariant.
+fn run_torture(args: &[&str], uri: Option<String>) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"));
+    command.arg("run").args(args);
+    match uri {
+        Some(uri) => command.env("MONGODB_URI", uri),
+        None => command.env_remove("MONGODB_URI"),
+    };
+    let output = command.output().expect("start mongotx-torture");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     println!("{stdout}");
     assert!(
@@ -104,24 +111,10 @@ fn processes_a_minute_ahead_or_behind_never_take_a_live_transaction_for_expired(
 }
 
 /// Runs the torture on a local test server of its own whose collections keep clocks of their own
-/// (`--clock-offsets`), as the shards of a sharded cluster whose clocks disagree.
+/// (`--clock-offsets`), as the shards of a sharded cluster whose clocks disagree: only the local
+/// test server can give collections clocks, whatever server the suite uses.
 fn torture_on_own_server(args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_mongotx-torture"))
-        .arg("run")
-        .args(args)
-        // Per-collection clocks need the local test server, whatever server the suite uses.
-        .env_remove("MONGODB_URI")
-        .output()
-        .expect("start mongotx-torture");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "torture run failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("RESULT ok"), "{stdout}");
-    stdout
+    run_torture(args, None)
 }
 
 #[test]

@@ -103,6 +103,23 @@ async fn run(args: Args) -> DemoResult {
             "no: the writes of a commit round go as one command each, all at once"
         }
     );
+    let needed = caps.semantics.iter().filter(|s| s.needed).count();
+    let held = caps.semantics.iter().filter(|s| s.held).count();
+    let missing: Vec<&str> = caps
+        .semantics
+        .iter()
+        .filter(|s| !s.held)
+        .map(|s| s.name)
+        .collect();
+    println!(
+        "  behaviours mongotx relies on: {held} of {} held, all {needed} it cannot do without among them; not held: {}",
+        caps.semantics.len(),
+        if missing.is_empty() {
+            "none".to_string()
+        } else {
+            missing.join(", ")
+        }
+    );
 
     let store = Store::builder(db.clone())
         .lock_wait(LockWait {
@@ -364,7 +381,31 @@ async fn tour_bad_input(accounts: &Repository<Account>, db: &mongodb::Database) 
             Ok(_) => return Err("bad input was accepted".into()),
         }
     }
-    expect(count().await? == before, "no document count change")
+    expect(count().await? == before, "no document count change")?;
+    // Where the server enforces the schema too, a write that bypasses mongotx is refused there.
+    let raw = accounts_raw
+        .insert_one(doc! { "_id": "raw", "owner": "", "balance": "lots", "_schema": 1_i64, "_version": 1_i64 })
+        .await;
+    match raw {
+        Err(e) => println!(
+            "  a raw driver insert of the same kind of document: refused by the server's validator ({})",
+            mongotx_code(&e)
+        ),
+        Ok(_) => println!(
+            "  a raw driver insert of the same kind of document: stored (this server does not enforce validators; mongotx's client-side check is the only one)"
+        ),
+    }
+    Ok(())
+}
+
+/// The server's error code in a driver error, for display.
+fn mongotx_code(error: &mongodb::error::Error) -> String {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match error.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) => format!("code {}", e.code),
+        ErrorKind::Command(e) => format!("code {}", e.code),
+        _ => error.to_string(),
+    }
 }
 
 async fn tour_locked(store: &Store, accounts: &Repository<Account>) -> DemoResult {

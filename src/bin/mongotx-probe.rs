@@ -1,4 +1,6 @@
-//! Checks whether a server offers the guarantees mongotx needs, and prints what it found.
+//! Checks whether a server offers the guarantees mongotx needs, and prints what it found. Without
+//! `--uri` (and `MONGODB_URI`) it probes the local test server, which it starts itself
+//! (`MONGOTX_TEST_SERVER_ARGS=--no-bulk-write` plays MongoDB 4.4).
 
 use clap::Parser;
 use mongodb::Client;
@@ -7,9 +9,9 @@ use mongodb::Client;
 #[derive(Debug, Parser)]
 #[command(name = "mongotx-probe", version)]
 struct Args {
-    /// Connection string of the server to probe.
+    /// Connection string of the server to probe (default: a local test server started for it).
     #[arg(long, env = "MONGODB_URI")]
-    uri: String,
+    uri: Option<String>,
     /// Database in which the probe creates (and drops) its scratch collections.
     #[arg(long, default_value = "mongotx_probe")]
     db: String,
@@ -21,7 +23,32 @@ struct Args {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let client = match Client::with_uri_str(&args.uri).await {
+    // Kept alive until the probe is done.
+    let mut _local = None;
+    let uri = match args.uri.clone().filter(|u| !u.trim().is_empty()) {
+        Some(uri) => uri,
+        None => {
+            match tokio::task::spawn_blocking(mongotx::local_server::LocalServer::start).await {
+                Ok(Ok(server)) => {
+                    let uri = server.uri();
+                    println!("probing the local test server at {uri}");
+                    _local = Some(server);
+                    uri
+                }
+                Ok(Err(e)) => {
+                    eprintln!(
+                        "mongotx-probe: no --uri given and the local test server failed: {e}"
+                    );
+                    std::process::exit(2);
+                }
+                Err(e) => {
+                    eprintln!("mongotx-probe: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
+    };
+    let client = match Client::with_uri_str(&uri).await {
         Ok(client) => client,
         Err(e) => {
             eprintln!("mongotx-probe: invalid connection string: {e}");

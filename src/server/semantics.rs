@@ -51,8 +51,13 @@ const PIPELINE_UPDATES: Check = Check {
 };
 const UPSERT_SEEDING: Check = Check {
     name: "upsert_seeding",
-    what: "an upsert starts from the filter's equalities, dotted paths and $and included",
+    what: "a pipeline upsert starts from the filter's _id and top-level equalities",
     needed: true,
+};
+const UPSERT_SEEDING_PATHS: Check = Check {
+    name: "upsert_seeding_paths",
+    what: "an upsert also takes equalities on dotted paths and inside $and",
+    needed: false,
 };
 const STATEMENT_NOW: Check = Check {
     name: "statement_now",
@@ -166,9 +171,11 @@ fn outcome(check: &Check, result: Checked) -> Result<Semantic, mongodb::error::E
     })
 }
 
-/// A stage that keeps the server busy for a moment between two readings of `$$NOW`.
+/// A stage that keeps the server busy for a moment between two readings of `$$NOW`. The needed
+/// checks use the stages mongotx itself sends (`$addFields`, `$replaceRoot`), not their 4.2
+/// aliases.
 fn spin() -> Document {
-    doc! { "$set": { "_spin": { "$size": { "$range": [0, 100_000] } } } }
+    doc! { "$addFields": { "_spin": { "$size": { "$range": [0, 100_000] } } } }
 }
 
 async fn expr_now(coll: &Collection<Document>) -> Checked {
@@ -192,7 +199,7 @@ async fn pipeline_updates(coll: &Collection<Document>) -> Checked {
     let done = coll
         .update_one(
             doc! { "_id": "pipe" },
-            vec![doc! { "$set": { "at": "$$NOW", "n": { "$add": ["$n", 1] } } }],
+            vec![doc! { "$addFields": { "at": "$$NOW", "n": { "$add": ["$n", 1] } } }],
         )
         .await
         .map_err(fail("a pipeline update"))?;
@@ -210,19 +217,42 @@ async fn pipeline_updates(coll: &Collection<Document>) -> Checked {
 }
 
 async fn upsert_seeding(coll: &Collection<Document>) -> Checked {
-    coll.update_one(
-        doc! { "_id": "seed", "a.b": 1, "$and": [{ "c": 2 }], "e": { "$gt": 5 } },
-        vec![doc! { "$set": { "x": "$c" } }],
+    seeded(
+        coll,
+        doc! { "_id": "seed", "kind": "k", "e": { "$gt": 5 } },
+        doc! { "_id": "seed", "kind": "k", "x": "k" },
+        "$kind",
     )
-    .upsert(true)
     .await
-    .map_err(fail("a pipeline upsert"))?;
+}
+
+async fn upsert_seeding_paths(coll: &Collection<Document>) -> Checked {
+    seeded(
+        coll,
+        doc! { "_id": "seed2", "a.b": 1, "$and": [{ "c": 2 }], "e": { "$gt": 5 } },
+        doc! { "_id": "seed2", "a": { "b": 1 }, "c": 2, "x": 2 },
+        "$c",
+    )
+    .await
+}
+
+/// A pipeline upsert on `filter` that sets `x` to `from` must make `expected`.
+async fn seeded(
+    coll: &Collection<Document>,
+    filter: Document,
+    expected: Document,
+    from: &str,
+) -> Checked {
+    let id = filter.get("_id").cloned().unwrap_or(Bson::Null);
+    coll.update_one(filter, vec![doc! { "$addFields": { "x": from } }])
+        .upsert(true)
+        .await
+        .map_err(fail("a pipeline upsert"))?;
     let stored = coll
-        .find_one(doc! { "_id": "seed" })
+        .find_one(doc! { "_id": id })
         .await
         .map_err(fail("read back"))?
         .unwrap_or_default();
-    let expected = doc! { "_id": "seed", "a": { "b": 1 }, "c": 2, "x": 2 };
     if stored == expected {
         Ok(())
     } else {
@@ -239,9 +269,9 @@ async fn statement_now(coll: &Collection<Document>) -> Checked {
     coll.update_one(
         doc! { "_id": "now" },
         vec![
-            doc! { "$set": { "a": "$$NOW" } },
+            doc! { "$addFields": { "a": "$$NOW" } },
             spin(),
-            doc! { "$set": { "b": "$$NOW" } },
+            doc! { "$addFields": { "b": "$$NOW" } },
             doc! { "$unset": "_spin" },
         ],
     )
@@ -284,7 +314,7 @@ async fn pipeline_find_and_modify(coll: &Collection<Document>) -> Checked {
     let made = coll
         .find_one_and_update(
             doc! { "_id": "fam", "kind": "k" },
-            vec![doc! { "$set": { "n": { "$add": [{ "$ifNull": ["$n", 0] }, 1] } } }],
+            vec![doc! { "$addFields": { "n": { "$add": [{ "$ifNull": ["$n", 0] }, 1] } } }],
         )
         .upsert(true)
         .return_document(ReturnDocument::After)
@@ -606,6 +636,7 @@ async fn all_in(
             &PIPELINE_FIND_AND_MODIFY,
             pipeline_find_and_modify(coll).await,
         )?,
+        outcome(&UPSERT_SEEDING_PATHS, upsert_seeding_paths(coll).await)?,
         outcome(&MISSING_BELOW_NULL, missing_below_null(db, name).await)?,
         outcome(&BINARY_STRINGS, binary_strings(db, name).await)?,
         outcome(&UNIQUE_MISSING, unique_missing(db, name).await)?,
