@@ -50,6 +50,8 @@
 //! only match the document at the version the transaction read, i.e. before its own change: it
 //! puts the same hold back, which resolves the same way again.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::Collection;
@@ -306,6 +308,22 @@ pub trait HoldResolver: Send + Sync + 'static {
     /// is committed, and is written so).
     async fn status(&self, store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError>;
 
+    /// What the records of `txns` say, for a reader: nothing is written, and a staging record
+    /// whose participants are all in place reads as committed. The standard resolver reads them
+    /// all in a bounded number of commands (see `RecordResolver`); this default asks
+    /// [`HoldResolver::status`] for each, all at once.
+    async fn statuses(
+        &self,
+        store: &Store,
+        txns: &[ObjectId],
+    ) -> Result<HashMap<ObjectId, TxnStatus>, HoldError> {
+        let found = futures::future::join_all(txns.iter().map(|t| self.status(store, *t))).await;
+        txns.iter()
+            .zip(found)
+            .map(|(t, status)| status.map(|s| (*t, s)))
+            .collect()
+    }
+
     /// Decides `txn` if it is still undecided with a deadline at or before `now` (server time):
     /// commits it if every participant is in place, else fences the missing ones and aborts it.
     /// Returns the status after the attempt.
@@ -325,6 +343,14 @@ pub struct RecordResolver;
 impl HoldResolver for RecordResolver {
     async fn status(&self, store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError> {
         staging::status(store, txn).await
+    }
+
+    async fn statuses(
+        &self,
+        store: &Store,
+        txns: &[ObjectId],
+    ) -> Result<HashMap<ObjectId, TxnStatus>, HoldError> {
+        staging::read_statuses(store, txns).await
     }
 
     async fn abort_expired(

@@ -3,29 +3,32 @@
 //! A held document stores its transaction's post-image, which is not committed until the commit
 //! point; its committed value is the pre-image its hold describes (or nothing, for an insert), or
 //! the stored document once its transaction is known to have committed. Filter, sort and limit
-//! must see committed values, so they cannot simply run on what is stored. Instead one
-//! aggregation computes the committed value of every candidate on the server and evaluates the
-//! caller's filter, sort and limit on that:
+//! must see committed values, so they run in an aggregation that computes each candidate's
+//! committed value on the server. A query is at most two such passes, with the holders' outcomes
+//! read in between:
 //!
-//! 1. `$match`: free live documents matching the filter, and every held document (a held one may
-//!    match on its committed value even where the stored value does not);
-//! 2. `$replaceRoot`: documents held by transactions known not to have committed become their
-//!    pre-image (merge `_hold.restore`, drop `_hold.unset`, `_txn`, `_hold`, `_deleting`); a
-//!    pending insert becomes an absent marker;
-//! 3. `$match`: the filter on the committed values, live and not a committed delete, plus every
-//!    document held by a transaction whose state is not known yet (tagged);
-//! 4. `$sort` (tagged first, then the caller's sort) and `$limit`.
+//! 1. **Holders** ([`holders_pass`]): the free live documents matching the filter, sorted and
+//!    limited, and, for every held document that can match (its stored value or its pre-image:
+//!    see [`either_image`]), just its id and holder. Held documents that cannot match are never
+//!    read, so the cost does not depend on what is held elsewhere. No held candidate: the free
+//!    documents are the answer (one command).
+//! 2. The holders' outcomes, in one batch (`HoldResolver::statuses`: one command for their
+//!    records, one per collection for the participants of staging ones).
+//! 3. **Values** ([`values_pass`]): every candidate becomes its committed value (the stored one
+//!    for holders known to have committed, the pre-image for every other), then the filter, sort
+//!    and limit run on those.
 //!
-//! If tagged documents come back, their transactions' records are read, the transactions join the
-//! known sets, and the query runs again; untagged results are final. Each run reads each document
-//! once, atomically, so every result is a value that was committed at some moment during the call.
+//! A holder the second pass meets that the first did not report put its hold there after the
+//! first pass read that document, so the pre-image was the committed value then, during the call:
+//! every result is a value that was committed at some moment during the call (read committed per
+//! document), and nothing waits for a holder or fails because of one.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
 use crate::repo::fields;
 use crate::repo::hold::ALWAYS_UNSET;
 
-/// Field the pipeline adds to tell results apart from held documents of unknown state.
+/// Field the first pass adds to tell free documents (1) from held candidates (0).
 pub(crate) const KNOWN_TAG: &str = "_mongotx_known";
 
 /// Top-level names a caller's filter or sort may not use: they describe holds, not values.
@@ -75,22 +78,129 @@ fn names(filter: &Document) -> Box<dyn Iterator<Item = &str> + '_> {
     }))
 }
 
-/// The aggregation that evaluates `filter`, `sort` and `limit` on committed values, given the
-/// transactions known not to have committed (`pending`) and known to have (`committed`).
-pub(crate) fn pipeline(
+/// The most held candidates a limited first pass reports beyond the limit; with more than this
+/// many, their holders are read apart, once each ([`holders_of`]).
+pub(crate) const HOLDER_BATCH: i64 = 1_000;
+
+/// A filter that every held document matches whose stored value or pre-image matches `filter`
+/// (a superset: the exact test runs on the committed value later).
+///
+/// The pre-image differs from the stored document only in the top-level fields of the hold's
+/// `restore` (set back) and `unset` (removed), so a field's pre-image value is either its stored
+/// value, its `_hold.restore` copy, or missing (and then the restore copy is missing too). A
+/// condition on a field therefore holds on the pre-image only if it holds on the stored field or
+/// on the restore copy. Conditions that cannot be moved that way (`$expr`, `$jsonSchema`, `$nor`
+/// and other top-level operators) are left out, which only widens the superset.
+pub(crate) fn either_image(filter: &Document) -> Document {
+    let mut clauses: Vec<Document> = Vec::new();
+    for (key, value) in filter {
+        let branches = || -> Option<Vec<Document>> {
+            let items = value.as_array()?;
+            items
+                .iter()
+                .map(|item| item.as_document().map(either_image))
+                .collect()
+        };
+        match key.as_str() {
+            "$and" => {
+                if let Some(parts) = branches() {
+                    clauses.extend(parts.into_iter().filter(|p| !p.is_empty()));
+                }
+            }
+            "$or" => {
+                if let Some(parts) = branches() {
+                    if !parts.is_empty() && parts.iter().all(|p| !p.is_empty()) {
+                        let parts: Vec<Bson> = parts.into_iter().map(Bson::Document).collect();
+                        clauses.push(doc! { "$or": parts });
+                    }
+                }
+            }
+            name if !name.starts_with('$') => {
+                let restored = format!("{}.restore.{name}", fields::HOLD);
+                clauses.push(doc! { "$or": [
+                    { name: value.clone() },
+                    { restored: value.clone() },
+                ] });
+            }
+            _ => {}
+        }
+    }
+    match clauses.len() {
+        0 => Document::new(),
+        1 => clauses.pop().unwrap_or_default(),
+        _ => doc! { "$and": clauses },
+    }
+}
+
+/// The `$match` of both passes: free live documents matching `filter`, and held documents whose
+/// stored value or pre-image can match it.
+fn candidates(filter: &Document) -> Document {
+    let held = doc! { fields::ACTIVE_TXN: { "$exists": true } };
+    doc! { "$match": { "$or": [
+        { "$and": [filter.clone(), fields::live_filter(), { fields::ACTIVE_TXN: { "$exists": false } }] },
+        { "$and": [held, either_image(filter)] },
+    ] } }
+}
+
+fn holder() -> Document {
+    doc! { "$ifNull": [format!("${}", fields::ACTIVE_TXN), Bson::Null] }
+}
+
+/// The first pass: the answer if nothing that can match is held, and otherwise the holders of
+/// the held candidates (each as `{_id, _txn, KNOWN_TAG: 0}`, sorted first, at most
+/// [`HOLDER_BATCH`] beyond a limit).
+pub(crate) fn holders_pass(
     filter: &Document,
     sort: Option<&Document>,
     limit: Option<i64>,
-    pending: &[ObjectId],
+) -> Vec<Document> {
+    let mut stages = vec![
+        candidates(filter),
+        doc! { "$addFields": { KNOWN_TAG: { "$cond": [{ "$eq": [holder(), Bson::Null] }, 1, 0] } } },
+    ];
+    match (sort, limit) {
+        (sort, Some(limit)) => {
+            let mut sort_by = doc! { KNOWN_TAG: 1 };
+            if let Some(sort) = sort {
+                sort_by.extend(sort.clone());
+            }
+            stages.push(doc! { "$sort": sort_by });
+            stages.push(doc! { "$limit": limit.saturating_add(HOLDER_BATCH) });
+        }
+        (Some(sort), None) => stages.push(doc! { "$sort": sort.clone() }),
+        (None, None) => {}
+    }
+    // A held candidate's value is not needed yet, only its holder.
+    stages.push(doc! { "$replaceRoot": { "newRoot": { "$cond": [
+        { "$eq": [format!("${KNOWN_TAG}"), 0] },
+        { "_id": "$_id", fields::ACTIVE_TXN: format!("${}", fields::ACTIVE_TXN), KNOWN_TAG: 0 },
+        "$$ROOT",
+    ] } } });
+    stages
+}
+
+/// Every holder of a held document that can match `filter`, once each (`{_id: holder}`): the
+/// first pass's complement when it was filled with held candidates before it reached them all.
+pub(crate) fn holders_of(filter: &Document) -> Vec<Document> {
+    vec![
+        doc! { "$match": { "$and": [
+            { fields::ACTIVE_TXN: { "$exists": true } },
+            either_image(filter),
+        ] } },
+        doc! { "$group": { "_id": format!("${}", fields::ACTIVE_TXN) } },
+    ]
+}
+
+/// The second pass: `filter`, `sort` and `limit` on committed values, the stored value standing
+/// for documents held by a transaction in `committed` and the pre-image for every other hold.
+pub(crate) fn values_pass(
+    filter: &Document,
+    sort: Option<&Document>,
+    limit: Option<i64>,
     committed: &[ObjectId],
 ) -> Vec<Document> {
-    let pending: Vec<Bson> = pending.iter().map(|t| Bson::ObjectId(*t)).collect();
     let committed: Vec<Bson> = committed.iter().map(|t| Bson::ObjectId(*t)).collect();
-    let mut known = committed.clone();
-    known.push(Bson::Null);
-    let holder = doc! { "$ifNull": [format!("${}", fields::ACTIVE_TXN), Bson::Null] };
     let always_unset: Vec<Bson> = ALWAYS_UNSET.iter().map(|s| Bson::from(*s)).collect();
-
     let pre_image = doc! {
         "$cond": [
             { "$eq": [format!("${}.op", fields::HOLD), "insert"] },
@@ -108,51 +218,38 @@ pub(crate) fn pipeline(
             } } },
         ]
     };
-    let free_or_committed = doc! { "$or": [
-        { fields::ACTIVE_TXN: { "$exists": false } },
-        { fields::ACTIVE_TXN: { "$in": committed.clone() } },
-    ] };
-    let unknown = doc! { fields::ACTIVE_TXN: { "$exists": true, "$nin": committed.clone() } };
-
-    let mut sort_by = doc! { KNOWN_TAG: 1 };
-    if let Some(sort) = sort {
-        sort_by.extend(sort.clone());
-    }
     let mut stages = vec![
-        doc! { "$match": { "$or": [
-            { "$and": [filter.clone(), fields::live_filter(), { fields::ACTIVE_TXN: { "$exists": false } }] },
-            { fields::ACTIVE_TXN: { "$exists": true } },
-        ] } },
+        candidates(filter),
         doc! { "$replaceRoot": { "newRoot": {
             // A fence never carries a change: it reads as the document it sits on, or as nothing.
             "$cond": [
-                { "$or": [
-                    { "$in": [holder.clone(), pending] },
-                    { "$eq": [format!("${}.fence", fields::HOLD), true] },
+                { "$and": [
+                    { "$ne": [holder(), Bson::Null] },
+                    { "$or": [
+                        { "$not": [{ "$in": [holder(), committed] }] },
+                        { "$eq": [format!("${}.fence", fields::HOLD), true] },
+                    ] },
                 ] },
                 pre_image,
                 "$$ROOT",
             ]
         } } },
-        doc! { "$match": { "$or": [
-            { "$and": [
-                filter.clone(),
-                fields::live_filter(),
-                { fields::DELETING: { "$exists": false } },
-                free_or_committed,
-            ] },
-            unknown,
+        doc! { "$match": { "$and": [
+            filter.clone(),
+            fields::live_filter(),
+            { fields::DELETING: { "$exists": false } },
         ] } },
-        doc! { "$addFields": { KNOWN_TAG: { "$cond": [{ "$in": [holder, known] }, 1, 0] } } },
-        doc! { "$sort": sort_by },
     ];
+    if let Some(sort) = sort {
+        stages.push(doc! { "$sort": sort.clone() });
+    }
     if let Some(limit) = limit {
         stages.push(doc! { "$limit": limit });
     }
     stages
 }
 
-/// The transaction a result is held by, if its state was not known to the pipeline.
+/// The holder a first-pass row reports, if it is a held candidate.
 pub(crate) fn unknown_holder(result: &Document) -> Option<ObjectId> {
     match result.get(KNOWN_TAG) {
         Some(Bson::Int32(0)) | Some(Bson::Int64(0)) => {
@@ -184,19 +281,35 @@ mod tests {
     }
 
     #[test]
-    fn the_pipeline_sorts_unknown_holds_first_and_limits_last() {
-        let t = ObjectId::new();
-        let stages = pipeline(
-            &doc! { "n": 1 },
-            Some(&doc! { "n": -1 }),
-            Some(3),
-            &[t],
-            &[],
+    fn the_first_pass_sorts_held_candidates_first_and_leaves_room_for_them() {
+        let stages = holders_pass(&doc! { "n": 1 }, Some(&doc! { "n": -1 }), Some(3));
+        assert_eq!(stages.len(), 5);
+        assert_eq!(stages[2], doc! { "$sort": { KNOWN_TAG: 1, "n": -1 } });
+        assert_eq!(stages[3], doc! { "$limit": 3 + HOLDER_BATCH });
+        assert_eq!(holders_pass(&doc! {}, None, None).len(), 3);
+        let last = values_pass(&doc! { "n": 1 }, Some(&doc! { "n": -1 }), Some(3), &[]);
+        assert_eq!(last.len(), 5);
+        assert_eq!(last[4], doc! { "$limit": 3_i64 });
+    }
+
+    #[test]
+    fn either_image_moves_field_conditions_onto_the_restore_copy() {
+        assert_eq!(
+            either_image(&doc! { "a.b": { "$gt": 1 } }),
+            doc! { "$or": [{ "a.b": { "$gt": 1 } }, { "_hold.restore.a.b": { "$gt": 1 } }] }
         );
-        assert_eq!(stages.len(), 6);
-        assert_eq!(stages[4], doc! { "$sort": { KNOWN_TAG: 1, "n": -1 } });
-        assert_eq!(stages[5], doc! { "$limit": 3_i64 });
-        assert!(pipeline(&doc! {}, None, None, &[], &[]).len() == 5);
+        let both = either_image(&doc! { "a": 1, "$or": [{ "b": 2 }, { "c": 3 }] });
+        assert_eq!(both.get_array("$and").map(Vec::len), Ok(2));
+        // What cannot be moved widens the filter instead of narrowing it.
+        assert_eq!(
+            either_image(&doc! { "$expr": { "$gt": ["$a", 1] } }),
+            doc! {}
+        );
+        assert_eq!(either_image(&doc! { "$nor": [{ "a": 1 }] }), doc! {});
+        assert_eq!(
+            either_image(&doc! { "$or": [{ "a": 1 }, { "$expr": true }] }),
+            doc! {}
+        );
     }
 
     #[test]

@@ -33,9 +33,6 @@ use crate::server::{clock, probe};
 /// The version a document has right after insert into a collection that was never purged.
 pub const FIRST_VERSION: i64 = 1;
 
-/// How many times `find` runs again to learn the state of transactions holding candidates.
-const MAX_QUERY_PASSES: usize = 16;
-
 /// A document as read: the caller's value plus its id, version and schema version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stamped<T> {
@@ -320,6 +317,13 @@ where
 
     /// Finds live documents matching the query, with filter, sort and limit evaluated on
     /// committed values (tombstones and uncommitted changes are never seen).
+    ///
+    /// Never waits for a transaction and never fails because a document is held: a held
+    /// document reads as its committed value. The cost does not depend on what is held
+    /// elsewhere: one command when nothing the filter can match is held; otherwise three plus one
+    /// per collection that the holders' staging transactions touch (see `repo::query`), and one
+    /// more under a limit when over a thousand held documents can match. (Long results add the
+    /// cursor's `getMore`s, as any query's do.)
     pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {
         if let Some(reason) = query::problem(&query.filter, query.sort.as_ref()) {
             return Err(RepoError::InvalidQuery {
@@ -327,67 +331,77 @@ where
                 reason,
             });
         }
-        let started = Instant::now();
-        let mut pending: Vec<ObjectId> = Vec::new();
-        let mut committed: Vec<ObjectId> = Vec::new();
-        let mut last_unknown = None;
-        for _ in 0..MAX_QUERY_PASSES {
-            let stages = query::pipeline(
-                &query.filter,
-                query.sort.as_ref(),
-                query.limit,
-                &pending,
-                &committed,
-            );
-            let results: Vec<Document> = self
-                .coll
-                .aggregate(stages)
-                .await
-                .map_err(|e| self.db_error("*", "find", e))?
-                .try_collect()
-                .await
-                .map_err(|e| self.db_error("*", "find", e))?;
-            let mut unknown: Vec<ObjectId> =
-                results.iter().filter_map(query::unknown_holder).collect();
-            if unknown.is_empty() {
-                return results
-                    .into_iter()
-                    .map(|mut doc| {
-                        doc.remove(query::KNOWN_TAG);
-                        let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-                        let shown = show_id(&id);
-                        self.decode(&id, &shown, doc)
-                    })
-                    .collect();
-            }
-            unknown.sort();
-            unknown.dedup();
-            last_unknown = unknown.first().copied();
-            let statuses = futures::future::join_all(
-                unknown
-                    .iter()
-                    .map(|t| self.store.inner.resolver.status(&self.store, *t)),
-            )
-            .await;
-            for (txn, status) in unknown.into_iter().zip(statuses) {
-                match status.map_err(|source| self.hold_error("*", txn, source))? {
-                    TxnStatus::Committed => committed.push(txn),
-                    // An absent record means "not committed" for any hold still left of it.
-                    TxnStatus::Pending { .. } | TxnStatus::Aborted | TxnStatus::Absent => {
-                        pending.push(txn)
-                    }
-                }
-            }
-            if started.elapsed() >= self.store.inner.lock_wait.max_wait {
-                break;
-            }
+        let (filter, sort, limit) = (&query.filter, query.sort.as_ref(), query.limit);
+        // Under a limit the whole first pass fits one reply (held candidates are a few bytes).
+        let batch = limit.and_then(|l| u32::try_from(l.saturating_add(query::HOLDER_BATCH)).ok());
+        let rows = self
+            .aggregate(query::holders_pass(filter, sort, limit), batch)
+            .await?;
+        let mut holders: Vec<ObjectId> = rows.iter().filter_map(query::unknown_holder).collect();
+        if holders.is_empty() {
+            // The pass left room for held candidates beyond the limit; there were none.
+            let limit = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(0));
+            return rows
+                .into_iter()
+                .take(limit)
+                .map(|row| self.decode_row(row))
+                .collect();
         }
-        Err(RepoError::Locked {
-            collection: self.name().to_string(),
-            id: "*".to_string(),
-            holder: last_unknown,
-            waited: started.elapsed(),
-        })
+        // Under a limit the held candidates come first; a pass they filled may have left some.
+        if limit.is_some_and(|l| holders.len() as i64 >= l.saturating_add(query::HOLDER_BATCH)) {
+            let all = self
+                .aggregate(query::holders_of(filter), Some(u32::MAX >> 1))
+                .await?;
+            holders.extend(all.iter().filter_map(|row| row.get_object_id("_id").ok()));
+        }
+        holders.sort();
+        holders.dedup();
+        let mut committed: Vec<ObjectId> = Vec::new();
+        if let Some(first) = holders.first().copied() {
+            let statuses = self
+                .store
+                .inner
+                .resolver
+                .statuses(&self.store, &holders)
+                .await
+                .map_err(|source| self.hold_error("*", first, source))?;
+            committed.extend(
+                statuses
+                    .into_iter()
+                    .filter(|(_, status)| *status == TxnStatus::Committed)
+                    .map(|(txn, _)| txn),
+            );
+        }
+        let batch = limit.and_then(|l| u32::try_from(l).ok());
+        self.aggregate(query::values_pass(filter, sort, limit, &committed), batch)
+            .await?
+            .into_iter()
+            .map(|row| self.decode_row(row))
+            .collect()
+    }
+
+    async fn aggregate(
+        &self,
+        stages: Vec<Document>,
+        batch: Option<u32>,
+    ) -> Result<Vec<Document>, RepoError> {
+        let mut action = self.coll.aggregate(stages);
+        if let Some(batch) = batch {
+            action = action.batch_size(batch);
+        }
+        action
+            .await
+            .map_err(|e| self.db_error("*", "find", e))?
+            .try_collect()
+            .await
+            .map_err(|e| self.db_error("*", "find", e))
+    }
+
+    fn decode_row(&self, mut row: Document) -> Result<Stamped<T>, RepoError> {
+        row.remove(query::KNOWN_TAG);
+        let id = row.get("_id").cloned().unwrap_or(Bson::Null);
+        let shown = show_id(&id);
+        self.decode(&id, &shown, row)
     }
 
     /// Sets and unsets fields of the document at `expected_version`; returns the new version.

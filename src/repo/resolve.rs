@@ -43,7 +43,15 @@ pub(crate) async fn committed(
         if hold.fence {
             return Ok(pre(&hold, &stored));
         }
-        match store.inner.resolver.status(store, holder).await? {
+        // A reader needs the outcome, not to decide it: read in a bounded number of commands.
+        let status = store
+            .inner
+            .resolver
+            .statuses(store, &[holder])
+            .await?
+            .remove(&holder)
+            .unwrap_or(TxnStatus::Absent);
+        match status {
             TxnStatus::Committed if sys.deleting => return Ok(Committed::Deleted(sys.version)),
             TxnStatus::Committed => {
                 let mut doc = stored;

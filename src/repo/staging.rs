@@ -15,12 +15,16 @@
 //! before the deadline, so a resolver that fences after the deadline always finds every
 //! participant in place for such a transaction and commits it: the two never disagree.
 
+use std::collections::{HashMap, HashSet};
+
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::future::join_all;
+use futures::TryStreamExt;
 use mongodb::Collection;
 
 use crate::repo::fields;
 use crate::repo::hold::{self, record, status_of, Hold, HoldError, TxnState, TxnStatus};
+use crate::repo::ids;
 use crate::repo::resolve;
 use crate::repo::store::Store;
 
@@ -115,6 +119,107 @@ pub(crate) async fn status(store: &Store, txn: ObjectId) -> Result<TxnStatus, Ho
         }
         other => Ok(other),
     }
+}
+
+/// What the records of `txns` say, read without writing anything and in a bounded number of
+/// commands however many there are: one for the records, then, for the staging ones, one per
+/// collection their participants live in. A staging record whose participants are all applied
+/// reads as committed (it is, whether or not anyone has written so); a missing record as
+/// [`TxnStatus::Absent`]. Readers use this: they need each holder's outcome, never to decide it.
+pub(crate) async fn read_statuses(
+    store: &Store,
+    txns: &[ObjectId],
+) -> Result<HashMap<ObjectId, TxnStatus>, HoldError> {
+    let mut statuses: HashMap<ObjectId, TxnStatus> =
+        txns.iter().map(|t| (*t, TxnStatus::Absent)).collect();
+    if txns.is_empty() {
+        return Ok(statuses);
+    }
+    let found: Vec<Document> = records(store)
+        .await?
+        .find(doc! { "_id": { "$in": txns.to_vec() } })
+        .await
+        .map_err(|e| HoldError::database("reading transaction records", e))?
+        .try_collect()
+        .await
+        .map_err(|e| HoldError::database("reading transaction records", e))?;
+    // Staging transactions, and for each collection the (transaction, id) pairs to look at.
+    let mut staging: Vec<ObjectId> = Vec::new();
+    let mut by_coll: HashMap<String, Vec<(ObjectId, Bson)>> = HashMap::new();
+    for record in &found {
+        let Ok(txn) = record.get_object_id("_id") else {
+            continue;
+        };
+        let status = status_of(record).map_err(HoldError::new)?;
+        if let TxnStatus::Pending { .. } = status {
+            staging.push(txn);
+            for p in participants(record)? {
+                by_coll.entry(p.coll).or_default().push((txn, p.id));
+            }
+        }
+        statuses.insert(txn, status);
+    }
+    if staging.is_empty() {
+        return Ok(statuses);
+    }
+    let looked = join_all(
+        by_coll
+            .iter()
+            .map(|(coll, wanted)| applied_among(store, coll, wanted)),
+    )
+    .await;
+    let mut missing: HashSet<ObjectId> = HashSet::new();
+    for found in looked {
+        missing.extend(found?);
+    }
+    for txn in staging {
+        if !missing.contains(&txn) {
+            statuses.insert(txn, TxnStatus::Committed);
+        }
+    }
+    Ok(statuses)
+}
+
+/// Reads the participants `wanted` of collection `coll` in one command and returns the
+/// transactions with a participant there that is not held by their own apply.
+async fn applied_among(
+    store: &Store,
+    coll: &str,
+    wanted: &[(ObjectId, Bson)],
+) -> Result<HashSet<ObjectId>, HoldError> {
+    let ids: Vec<Bson> = wanted.iter().map(|(_, id)| id.clone()).collect();
+    let held: Vec<Document> = store
+        .protocol_collection(coll)
+        .await
+        .map_err(|e| HoldError::database("reading participants", e))?
+        .find(doc! { "_id": { "$in": ids } })
+        .projection(doc! { fields::ACTIVE_TXN: 1, hold::FENCE: 1 })
+        .await
+        .map_err(|e| HoldError::database("reading participants", e))?
+        .try_collect()
+        .await
+        .map_err(|e| HoldError::database("reading participants", e))?;
+    let applied: HashMap<String, ObjectId> = held
+        .iter()
+        .filter(|d| !is_fence(d))
+        .filter_map(|d| {
+            let holder = d.get_object_id(fields::ACTIVE_TXN).ok()?;
+            Some((ids::key(d.get("_id")?), holder))
+        })
+        .collect();
+    Ok(wanted
+        .iter()
+        .filter(|(txn, id)| applied.get(&ids::key(id)) != Some(txn))
+        .map(|(txn, _)| *txn)
+        .collect())
+}
+
+fn is_fence(found: &Document) -> bool {
+    found
+        .get_document(fields::HOLD)
+        .ok()
+        .and_then(|h| h.get_bool("fence").ok())
+        .unwrap_or(false)
 }
 
 /// Decides the staging transaction `txn` (record `found`) whose deadline has passed: commits it if
@@ -339,12 +444,7 @@ async fn place(
     };
     Ok(match found.get(fields::ACTIVE_TXN) {
         Some(Bson::ObjectId(holder)) if *holder == txn => {
-            let fence = found
-                .get_document(fields::HOLD)
-                .ok()
-                .and_then(|h| h.get_bool("fence").ok())
-                .unwrap_or(false);
-            if fence {
+            if is_fence(&found) {
                 Place::Fenced
             } else {
                 Place::Applied

@@ -31,7 +31,9 @@ use crate::txn::recovery::{self, Env, Resolution};
 pub struct GcOptions {
     /// The collection of ActiveTransaction records.
     pub transactions_collection: String,
-    /// How many expired transactions (and held documents per collection) one round handles at most.
+    /// How many expired transaction records a round reads and resolves at once (a page; a round
+    /// goes through every page), and how many holders and held documents per holder one
+    /// collection's sweep handles at most.
     pub batch_size: usize,
     /// Purge tombstones deleted longer ago than this (`None`: keep them).
     pub tombstone_retention: Option<Duration>,
@@ -44,7 +46,7 @@ impl Default for GcOptions {
     fn default() -> GcOptions {
         GcOptions {
             transactions_collection: TRANSACTIONS_COLLECTION.to_string(),
-            batch_size: 100,
+            batch_size: 500,
             tombstone_retention: None,
             durability: Durability::default(),
             faults: None,
@@ -70,7 +72,7 @@ impl GcOptions {
         self
     }
 
-    /// Sets how many expired transactions one round handles at most.
+    /// Sets the page size of a round (see [`GcOptions::batch_size`]).
     pub fn batch_size(mut self, batch_size: usize) -> GcOptions {
         self.batch_size = batch_size;
         self
@@ -110,6 +112,10 @@ pub struct RoundSummary {
     /// Tombstones purged.
     pub purged: u64,
 }
+
+/// How many expired staging transactions a GC round decides at once (each decision reads its
+/// participants and may fence one).
+const PARALLEL_DECISIONS: usize = 32;
 
 /// A GC over one database.
 #[derive(Debug, Clone)]
@@ -200,54 +206,78 @@ impl Gc {
         Ok(summary)
     }
 
-    /// Finishes or rolls back every transaction whose deadline is at or before `now`.
+    /// Finishes or rolls back every transaction whose deadline is at or before `now`, a page of
+    /// `batch_size` records at a time (in deadline order, each record visited once a round):
+    /// each page is resolved together (see `recovery::resolve_expired_many`), so a page costs a
+    /// few commands whatever its size, besides the staging transactions it has to decide.
     async fn resolve_expired(
         &self,
         now: DateTime,
         stop: &AtomicBool,
         summary: &mut RoundSummary,
     ) -> Result<(), TxnError> {
-        let limit = i64::try_from(self.options.batch_size.max(1)).unwrap_or(i64::MAX);
-        let expired: Vec<Document> = self
-            .env
-            .records(None)
-            .await?
-            .find(doc! { "deadline": { "$lte": now } })
-            .projection(doc! { "_id": 1 })
-            .sort(doc! { "deadline": 1 })
-            .limit(limit)
-            .await
-            .map_err(|e| TxnError::database(None, "find expired transactions", e))?
-            .try_collect()
-            .await
-            .map_err(|e| TxnError::database(None, "find expired transactions", e))?;
-
-        for item in expired {
-            if stop.load(Ordering::SeqCst) {
-                break;
+        let page_size = self.options.batch_size.max(1);
+        let limit = i64::try_from(page_size).unwrap_or(i64::MAX);
+        let records = self.env.records(None).await?;
+        let mut after: Option<(DateTime, ObjectId)> = None;
+        while !stop.load(Ordering::SeqCst) {
+            let mut filter = doc! { "deadline": { "$lte": now } };
+            if let Some((deadline, id)) = after {
+                filter.insert(
+                    "$or",
+                    vec![
+                        doc! { "deadline": { "$gt": deadline } },
+                        doc! { "deadline": deadline, "_id": { "$gt": id } },
+                    ],
+                );
             }
-            let Ok(t) = item.get_object_id("_id") else {
-                tracing::warn!(item = %item, "skipping a record without an ObjectId");
-                summary.skipped += 1;
-                continue;
+            let page: Vec<Document> = records
+                .find(filter)
+                .sort(doc! { "deadline": 1, "_id": 1 })
+                .limit(limit)
+                .batch_size(u32::try_from(page_size).unwrap_or(u32::MAX))
+                .await
+                .map_err(|e| TxnError::database(None, "find expired transactions", e))?
+                .try_collect()
+                .await
+                .map_err(|e| TxnError::database(None, "find expired transactions", e))?;
+            let Some(last) = page.last() else {
+                break;
             };
-            match recovery::resolve_expired(&self.env, t, now).await {
-                Ok(Resolution::Finished) => summary.finished += 1,
-                Ok(Resolution::RolledBack) => summary.rolled_back += 1,
-                Ok(Resolution::Gone | Resolution::NotExpired) => {}
-                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
-                Err(e) => {
-                    tracing::warn!(txn = %t, error = %e, "GC could not resolve transaction; retrying next round");
+            after = match (last.get_datetime("deadline"), last.get_object_id("_id")) {
+                (Ok(deadline), Ok(id)) => Some((*deadline, id)),
+                _ => {
+                    tracing::warn!(record = %last, "a transaction record without a deadline or an ObjectId; the round stops here");
                     summary.skipped += 1;
+                    break;
                 }
+            };
+            let full = page.len() == page_size;
+            let resolved =
+                recovery::resolve_expired_many(&self.env, page, now, PARALLEL_DECISIONS).await?;
+            for (t, resolution) in resolved {
+                match resolution {
+                    Ok(Resolution::Finished) => summary.finished += 1,
+                    Ok(Resolution::RolledBack) => summary.rolled_back += 1,
+                    Ok(Resolution::Gone | Resolution::NotExpired) => {}
+                    Err(e) => {
+                        tracing::warn!(txn = %t, error = %e, "GC could not resolve transaction; retrying next round");
+                        summary.skipped += 1;
+                    }
+                }
+            }
+            if !full {
+                break;
             }
         }
         Ok(())
     }
 
-    /// Undoes the held documents of `collection` whose transaction has no record: holds left by
-    /// applies the server ran after their transaction had ended (see `repo::hold`). Holds of
-    /// transactions that still have a record are the expired-record pass's business.
+    /// Resolves the held documents of `collection` whose transaction is decided or has no record:
+    /// holds left by applies the server ran after their transaction had ended (see `repo::hold`),
+    /// and holds of decided transactions nobody has finished. The holders are listed once each
+    /// (one command, whatever is held) and their outcomes read in one batch, so holds of
+    /// undecided transactions cost nothing more: those are the expired-record pass's business.
     async fn sweep(
         &self,
         collection: &str,
@@ -256,45 +286,76 @@ impl Gc {
         summary: &mut RoundSummary,
     ) -> Result<(), TxnError> {
         let limit = i64::try_from(self.options.batch_size.max(1)).unwrap_or(i64::MAX);
-        let held: Vec<Document> = self
-            .env
-            .collection(None, collection)
-            .await?
-            .find(doc! { fields::ACTIVE_TXN: { "$exists": true } })
-            .projection(doc! { "_id": 1, fields::ACTIVE_TXN: 1 })
-            .limit(limit)
+        let coll = self.env.collection(None, collection).await?;
+        let holders: Vec<ObjectId> = coll
+            .aggregate(vec![
+                doc! { "$match": { fields::ACTIVE_TXN: { "$exists": true } } },
+                doc! { "$group": { "_id": format!("${}", fields::ACTIVE_TXN) } },
+                doc! { "$limit": limit },
+            ])
             .await
-            .map_err(|e| TxnError::database(None, "find held documents", e))?
-            .try_collect()
+            .map_err(|e| TxnError::database(None, "list the holders of held documents", e))?
+            .try_collect::<Vec<Document>>()
             .await
-            .map_err(|e| TxnError::database(None, "find held documents", e))?;
-        for doc in held {
-            if stop.load(Ordering::SeqCst) {
-                break;
-            }
-            let (Some(id), Ok(holder)) = (doc.get("_id"), doc.get_object_id(fields::ACTIVE_TXN))
-            else {
+            .map_err(|e| TxnError::database(None, "list the holders of held documents", e))?
+            .iter()
+            .filter_map(|d| d.get_object_id("_id").ok())
+            .collect();
+        if holders.is_empty() {
+            return Ok(());
+        }
+        let store = &self.env.store;
+        let statuses = store
+            .resolver()
+            .statuses(store, &holders)
+            .await
+            .map_err(|source| TxnError::Resolve {
+                txn: holders[0],
+                source,
+            })?;
+        for holder in holders {
+            // Holds of an undecided transaction are the record pass's business (once it
+            // expires); any other is resolved here, including holds left of a transaction whose
+            // record is an aborted one put in place of a missing record (it lists no entries).
+            if matches!(statuses.get(&holder), Some(TxnStatus::Pending { .. })) {
                 continue;
-            };
-            match self.undo_orphan(collection, id, holder, now).await {
-                Ok(true) => {
-                    summary.swept += 1;
-                    tracing::info!(collection, txn = %holder, "undid a hold whose transaction had ended");
+            }
+            let held: Vec<Document> = coll
+                .find(doc! { fields::ACTIVE_TXN: holder })
+                .projection(doc! { "_id": 1 })
+                .limit(limit)
+                .await
+                .map_err(|e| TxnError::database(None, "find held documents", e))?
+                .try_collect()
+                .await
+                .map_err(|e| TxnError::database(None, "find held documents", e))?;
+            for doc in held {
+                if stop.load(Ordering::SeqCst) {
+                    return Ok(());
                 }
-                Ok(false) => {}
-                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
-                Err(e) => {
-                    tracing::warn!(collection, txn = %holder, error = %e, "GC could not resolve a hold; retrying next round");
-                    summary.skipped += 1;
+                let Some(id) = doc.get("_id") else {
+                    continue;
+                };
+                match self.undo_orphan(collection, id, holder, now).await {
+                    Ok(true) => {
+                        summary.swept += 1;
+                        tracing::info!(collection, txn = %holder, "undid a hold whose transaction had ended");
+                    }
+                    Ok(false) => {}
+                    Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+                    Err(e) => {
+                        tracing::warn!(collection, txn = %holder, error = %e, "GC could not resolve a hold; retrying next round");
+                        summary.skipped += 1;
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Resolves the hold of `holder` on `id` unless `holder` is undecided: a hold whose record is
-    /// absent is taken for abandoned (an aborted record is put in place of the missing one first);
-    /// says whether this call undid the hold.
+    /// Resolves the hold of `holder` (a decided or absent transaction) on `id`: a hold whose
+    /// record is absent is taken for abandoned (an aborted record is put in place of the missing
+    /// one first); says whether this call undid the hold.
     async fn undo_orphan(
         &self,
         collection: &str,
@@ -304,17 +365,6 @@ impl Gc {
     ) -> Result<bool, TxnError> {
         let store = &self.env.store;
         let hold_error = |source| TxnError::hold(Some(holder), collection, id, holder, source);
-        let status = store
-            .resolver()
-            .status(store, holder)
-            .await
-            .map_err(hold_error)?;
-        // Holds of an undecided transaction are the record pass's business (once it expires);
-        // any other is resolved here, including holds left of a transaction whose record is an
-        // aborted one put in place of a missing record (it lists no entries).
-        if matches!(status, TxnStatus::Pending { .. }) {
-            return Ok(false);
-        }
         self.env
             .point(Some(holder), failpoint::GC_SWEEP_BEFORE, 0)?;
         let (_, undone) = resolve::settle_at(store, collection, id, holder, Some(now))

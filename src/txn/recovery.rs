@@ -8,8 +8,11 @@
 
 use std::time::Duration;
 
+use std::collections::HashSet;
+
 use bson::{doc, oid::ObjectId, DateTime, Document};
 use futures::future::join_all;
+use futures::{StreamExt, TryStreamExt};
 use mongodb::Collection;
 
 use crate::repo::hold::{self, TxnState, TxnStatus};
@@ -159,36 +162,91 @@ where
     }
 }
 
-/// Runs one round of recovery writes for transaction `t`, one per entry (its finish or its
-/// undo): sent together (one message where the server allows it: see `write::run_together`) once
-/// each entry's `before` failpoint has passed (see [`Env::points`]), then each settled by
-/// `settle` (given its index and the result of that first send) and passed through its `after`
-/// failpoint. A crash before the round ends it once the writes before it have settled.
+/// The writes of one recovery round, for one or many transactions: each transaction's writes
+/// are a contiguous span of `writes`, in the order of `txns`.
+struct Round<'a> {
+    txns: Vec<&'a ActiveTransaction>,
+    writes: Vec<(Collection<Document>, Write)>,
+    /// For each write: the index of its transaction in `txns` and of its entry in that one.
+    owner: Vec<(usize, usize)>,
+}
+
+/// What a round did for each of its transactions, and the injected crash that ended it early.
+struct Settled {
+    /// Per transaction: `Ok` if every write of it was sent and settled.
+    each: Vec<Result<(), TxnError>>,
+    crash: Option<TxnError>,
+}
+
+/// Runs one round of recovery writes (a finish or an undo per entry, for every transaction of
+/// `round`): each write's `before` failpoint in order, transaction by transaction (see
+/// [`Env::points`]; a crash stops that write and every later one, as a dead process sends
+/// nothing more), then the writes that passed sent together (one message where the server
+/// allows it: see `write::run_together`), then each settled by `settle` (given its index and the
+/// result of that first send) and passed through its `after` failpoint.
 async fn run_round<F, Fut>(
     env: &Env,
-    t: ObjectId,
     (before, after): (&'static str, &'static str),
-    writes: &[(Collection<Document>, Write)],
+    round: &Round<'_>,
     settle: F,
-) -> Result<(), TxnError>
+) -> Settled
 where
     F: Fn(usize, mongodb::error::Result<u64>) -> Fut,
     Fut: std::future::Future<Output = Result<(), TxnError>>,
 {
-    let (passed, crash) = env.points(Some(t), before, writes.len());
-    let sent = write::run_together(&env.store, &writes[..passed]).await;
+    let mut each: Vec<Result<(), TxnError>> = round.txns.iter().map(|_| Ok(())).collect();
+    let mut passed = 0;
+    let mut crash = None;
+    for (k, txn) in round.txns.iter().enumerate() {
+        let n = round.owner.iter().filter(|(owner, _)| *owner == k).count();
+        let (through, crashed) = env.points(Some(txn.id), before, n);
+        passed += through;
+        if let Some(crashed) = crashed {
+            // This transaction and every later one are left for whoever comes next.
+            for left in each.iter_mut().skip(k) {
+                *left = Err(TxnError::Crashed {
+                    txn: Some(txn.id),
+                    at: crashed_at(&crashed),
+                });
+            }
+            crash = Some(crashed);
+            break;
+        }
+    }
+    let sent = write::run_together(&env.store, &round.writes[..passed]).await;
     let settled = join_all(sent.into_iter().enumerate().map(|(i, first)| {
         let work = settle(i, first);
+        let (k, step) = round.owner[i];
+        let t = round.txns[k].id;
         async move {
             work.await?;
-            env.point(Some(t), after, i)
+            env.point(Some(t), after, step)
         }
     }))
     .await;
-    if let Some(crash) = crash {
-        return Err(crash);
+    for (i, result) in settled.into_iter().enumerate() {
+        if let Err(e) = result {
+            let k = round.owner[i].0;
+            if matches!(e, TxnError::Crashed { .. }) && crash.is_none() {
+                crash = Some(e);
+                continue;
+            }
+            if each[k].is_ok() {
+                each[k] = Err(e);
+            }
+        }
     }
-    settled.into_iter().collect()
+    Settled { each, crash }
+}
+
+fn crashed_at(e: &TxnError) -> failpoint::Failpoint {
+    match e {
+        TxnError::Crashed { at, .. } => *at,
+        _ => failpoint::Failpoint {
+            name: "unknown",
+            step: 0,
+        },
+    }
 }
 
 /// Frees every document of a committed transaction (one round of writes), then deletes its
@@ -198,24 +256,67 @@ pub(crate) async fn finish_all(
     txn: &ActiveTransaction,
     role: Role,
 ) -> Result<(), TxnError> {
-    let t = txn.id;
-    let fail = |e| TxnError::database(Some(t), "finish", e);
-    let mut writes = Vec::with_capacity(txn.entries.len());
-    for entry in &txn.entries {
-        let coll = env.collection(Some(t), &entry.coll).await?;
-        let write = if entry.deletes() {
-            let filter = hold::applied_by(&entry.id, t);
-            env.store
-                .tombstone_write(coll.name(), filter, &entry.id, entry.schema, entry.applied)
-                .await
-                .map_err(fail)?
-        } else {
-            entry.finish(t)
-        };
-        writes.push((coll, write));
+    one(finish_many(env, &[txn], role).await)
+}
+
+/// The single result of a batch of one.
+fn one(done: Result<Vec<Result<(), TxnError>>, TxnError>) -> Result<(), TxnError> {
+    done?.into_iter().next().unwrap_or(Ok(()))
+}
+
+/// Frees every document of each committed transaction of `txns`, all in one round of writes,
+/// then deletes their records in one command. Returns each transaction's result; `Err` only
+/// for an injected crash (after what went before it was done).
+pub(crate) async fn finish_many(
+    env: &Env,
+    txns: &[&ActiveTransaction],
+    role: Role,
+) -> Result<Vec<Result<(), TxnError>>, TxnError> {
+    let mut round = Round {
+        txns: txns.to_vec(),
+        writes: Vec::new(),
+        owner: Vec::new(),
+    };
+    let mut each: Vec<Result<(), TxnError>> = txns.iter().map(|_| Ok(())).collect();
+    for (k, txn) in txns.iter().enumerate() {
+        let t = txn.id;
+        for (step, entry) in txn.entries.iter().enumerate() {
+            let built = async {
+                let coll = env.collection(Some(t), &entry.coll).await?;
+                let write = if entry.deletes() {
+                    let filter = hold::applied_by(&entry.id, t);
+                    env.store
+                        .tombstone_write(
+                            coll.name(),
+                            filter,
+                            &entry.id,
+                            entry.schema,
+                            entry.applied,
+                        )
+                        .await
+                        .map_err(|e| TxnError::database(Some(t), "finish", e))?
+                } else {
+                    entry.finish(t)
+                };
+                Ok::<_, TxnError>((coll, write))
+            };
+            match built.await {
+                Ok(write) => {
+                    round.writes.push(write);
+                    round.owner.push((k, step));
+                }
+                Err(e) => each[k] = Err(e),
+            }
+        }
     }
-    run_round(env, t, role.finish, &writes, |i, first| {
-        let (entry, (coll, write)) = (&txn.entries[i], &writes[i]);
+    // A transaction whose writes could not all be built is left whole for later.
+    round = keep(round, &each);
+    let settled = run_round(env, role.finish, &round, |i, first| {
+        let (k, step) = round.owner[i];
+        let t = round.txns[k].id;
+        let entry = &round.txns[k].entries[step];
+        let (coll, write) = &round.writes[i];
+        let fail = move |e| TxnError::database(Some(t), "finish", e);
         async move {
             if !entry.deletes() {
                 retry_transient_after(Some(first), "finish", || write::run(coll, write))
@@ -239,8 +340,53 @@ pub(crate) async fn finish_all(
             Ok(())
         }
     })
-    .await?;
-    end(env, t, role.end, Deletion::Now).await.map(|_| ())
+    .await;
+    let each = merge(txns, each, &round, settled.each);
+    if let Some(crash) = settled.crash {
+        return Err(crash);
+    }
+    let ended = end_many(env, txns, each, role.end, Deletion::Now).await?;
+    Ok(ended.into_iter().map(|r| r.map(|_| ())).collect())
+}
+
+/// `round` without the writes of transactions whose result in `each` is already an error.
+fn keep<'a>(round: Round<'a>, each: &[Result<(), TxnError>]) -> Round<'a> {
+    let ok: Vec<usize> = (0..round.txns.len()).filter(|k| each[*k].is_ok()).collect();
+    if ok.len() == round.txns.len() {
+        return round;
+    }
+    let mut kept = Round {
+        txns: ok.iter().map(|k| round.txns[*k]).collect(),
+        writes: Vec::new(),
+        owner: Vec::new(),
+    };
+    for (write, (k, step)) in round.writes.into_iter().zip(round.owner) {
+        if let Some(at) = ok.iter().position(|o| *o == k) {
+            kept.writes.push(write);
+            kept.owner.push((at, step));
+        }
+    }
+    kept
+}
+
+/// Each transaction's result: its earlier error, or else what its round did.
+fn merge(
+    txns: &[&ActiveTransaction],
+    before: Vec<Result<(), TxnError>>,
+    round: &Round<'_>,
+    settled: Vec<Result<(), TxnError>>,
+) -> Vec<Result<(), TxnError>> {
+    let mut settled = settled.into_iter();
+    txns.iter()
+        .zip(before)
+        .map(|(txn, earlier)| {
+            earlier?;
+            match round.txns.iter().position(|r| r.id == txn.id) {
+                Some(_) => settled.next().unwrap_or(Ok(())),
+                None => Ok(()),
+            }
+        })
+        .collect()
 }
 
 /// When the record of a transaction that did not commit may go.
@@ -266,14 +412,46 @@ pub(crate) async fn rollback_all(
     role: Role,
     deletion: Deletion,
 ) -> Result<bool, TxnError> {
-    let t = txn.id;
-    let mut writes = Vec::with_capacity(txn.entries.len());
-    for entry in &txn.entries {
-        let coll = env.collection(Some(t), &entry.coll).await?;
-        writes.push((coll, entry.rollback(t, txn.deadline)));
+    rollback_many(env, &[txn], role, deletion)
+        .await?
+        .into_iter()
+        .next()
+        .unwrap_or(Ok(false))
+}
+
+/// [`rollback_all`] for each of `txns`, all in one round of writes and one command for the
+/// records. Returns each transaction's result; `Err` only for an injected crash.
+pub(crate) async fn rollback_many(
+    env: &Env,
+    txns: &[&ActiveTransaction],
+    role: Role,
+    deletion: Deletion,
+) -> Result<Vec<Result<bool, TxnError>>, TxnError> {
+    let mut round = Round {
+        txns: txns.to_vec(),
+        writes: Vec::new(),
+        owner: Vec::new(),
+    };
+    let mut each: Vec<Result<(), TxnError>> = txns.iter().map(|_| Ok(())).collect();
+    for (k, txn) in txns.iter().enumerate() {
+        for (step, entry) in txn.entries.iter().enumerate() {
+            match env.collection(Some(txn.id), &entry.coll).await {
+                Ok(coll) => {
+                    round
+                        .writes
+                        .push((coll, entry.rollback(txn.id, txn.deadline)));
+                    round.owner.push((k, step));
+                }
+                Err(e) => each[k] = Err(e),
+            }
+        }
     }
-    run_round(env, t, role.rollback, &writes, |i, first| {
-        let (entry, (coll, undo)) = (&txn.entries[i], &writes[i]);
+    round = keep(round, &each);
+    let settled = run_round(env, role.rollback, &round, |i, first| {
+        let (k, step) = round.owner[i];
+        let t = round.txns[k].id;
+        let entry = &round.txns[k].entries[step];
+        let (coll, undo) = &round.writes[i];
         async move {
             let undone = retry_transient_after(Some(first), "rollback", || write::run(coll, undo))
                 .await
@@ -286,35 +464,111 @@ pub(crate) async fn rollback_all(
             Ok(())
         }
     })
-    .await?;
-    end(env, t, role.rollback_end, deletion).await
+    .await;
+    let each = merge(txns, each, &round, settled.each);
+    if let Some(crash) = settled.crash {
+        return Err(crash);
+    }
+    end_many(env, txns, each, role.rollback_end, deletion).await
 }
 
-async fn end(
+/// Deletes the records of those of `txns` whose result in `each` is `Ok`, in one command, as
+/// `deletion` allows (each passing its failpoints in order); returns for each whether its
+/// record is gone, or its earlier error. `Err` only for an injected crash.
+async fn end_many(
     env: &Env,
-    t: ObjectId,
+    txns: &[&ActiveTransaction],
+    each: Vec<Result<(), TxnError>>,
     (before, after): (&'static str, &'static str),
     deletion: Deletion,
-) -> Result<bool, TxnError> {
-    env.point(Some(t), before, 0)?;
-    let records = env.records(Some(t)).await?;
-    let filter = match deletion {
-        Deletion::Now => doc! { "_id": t },
-        Deletion::AfterDeadline => doc! {
-            "_id": t,
-            "$expr": { "$gt": ["$$NOW", format!("${}", hold::record::DEADLINE)] },
-        },
-    };
-    retry_transient("delete the record", || async {
-        records.delete_one(filter.clone()).await
+) -> Result<Vec<Result<bool, TxnError>>, TxnError> {
+    let mut ending: Vec<ObjectId> = Vec::new();
+    let mut crash = None;
+    for (txn, result) in txns.iter().zip(&each) {
+        if result.is_err() {
+            continue;
+        }
+        if let Err(crashed) = env.point(Some(txn.id), before, 0) {
+            crash = Some(crashed);
+            break;
+        }
+        ending.push(txn.id);
+    }
+    let mut gone: HashSet<ObjectId> = HashSet::new();
+    let mut failed = None;
+    if !ending.is_empty() {
+        match delete_records(env, &ending, deletion).await {
+            Ok(deleted) => gone = deleted,
+            Err(e) => failed = Some(e),
+        }
+    }
+    if failed.is_none() {
+        for t in &ending {
+            env.point(Some(*t), after, 0)?;
+        }
+    }
+    if let Some(crash) = crash {
+        return Err(crash);
+    }
+    Ok(txns
+        .iter()
+        .zip(each)
+        .map(|(txn, result)| {
+            result?;
+            match &failed {
+                Some(e) if ending.contains(&txn.id) => Err(TxnError::database(
+                    Some(txn.id),
+                    "delete the record",
+                    e.clone(),
+                )),
+                _ => Ok(gone.contains(&txn.id)),
+            }
+        })
+        .collect())
+}
+
+/// Deletes the records `ts` (for [`Deletion::AfterDeadline`], those whose deadline the server's
+/// clock has passed) and returns those that are gone.
+async fn delete_records(
+    env: &Env,
+    ts: &[ObjectId],
+    deletion: Deletion,
+) -> mongodb::error::Result<HashSet<ObjectId>> {
+    let records = env
+        .store
+        .protocol_collection(env.store.transactions_collection())
+        .await?;
+    let mut filter = doc! { "_id": { "$in": ts.to_vec() } };
+    if deletion == Deletion::AfterDeadline {
+        filter.insert(
+            "$expr",
+            doc! { "$gt": ["$$NOW", format!("${}", hold::record::DEADLINE)] },
+        );
+    }
+    retry_transient("delete the records", || async {
+        if ts.len() == 1 {
+            records.delete_one(filter.clone()).await
+        } else {
+            records.delete_many(filter.clone()).await
+        }
     })
-    .await
-    .map_err(|e| TxnError::database(Some(t), "delete the record", e))?;
-    env.point(Some(t), after, 0)?;
+    .await?;
     match deletion {
-        Deletion::Now => Ok(true),
+        Deletion::Now => Ok(ts.iter().copied().collect()),
         // A lost reply of a delete that landed reads as "not deleted" on the resend: ask.
-        Deletion::AfterDeadline => Ok(load(env, t).await?.is_none()),
+        Deletion::AfterDeadline => {
+            let left: Vec<Document> = records
+                .find(doc! { "_id": { "$in": ts.to_vec() } })
+                .projection(doc! { "_id": 1 })
+                .await?
+                .try_collect()
+                .await?;
+            let left: HashSet<ObjectId> = left
+                .iter()
+                .filter_map(|d| d.get_object_id("_id").ok())
+                .collect();
+            Ok(ts.iter().copied().filter(|t| !left.contains(t)).collect())
+        }
     }
 }
 
@@ -363,6 +617,114 @@ pub(crate) enum Resolution {
     RolledBack,
 }
 
+/// Resolves many expired transactions at once (a GC page): the staging ones are decided,
+/// `parallel` at a time; then every committed one is finished in one round of writes and every
+/// aborted one rolled back in another, and their records go in one command each. `found` are
+/// the records as read. Returns each transaction's resolution; `Err` only for an injected crash.
+pub(crate) async fn resolve_expired_many(
+    env: &Env,
+    found: Vec<Document>,
+    now: DateTime,
+    parallel: usize,
+) -> Result<Vec<(ObjectId, Result<Resolution, TxnError>)>, TxnError> {
+    let mut out = Vec::new();
+    let mut committed: Vec<ActiveTransaction> = Vec::new();
+    let mut aborted: Vec<ActiveTransaction> = Vec::new();
+    let mut staging: Vec<(ActiveTransaction, Document)> = Vec::new();
+    for record in found {
+        let Ok(t) = record.get_object_id("_id") else {
+            continue;
+        };
+        let txn = match bson::from_document::<ActiveTransaction>(record.clone()) {
+            Ok(txn) => txn,
+            Err(e) => {
+                out.push((
+                    t,
+                    Err(TxnError::Malformed {
+                        txn: t,
+                        reason: e.to_string(),
+                    }),
+                ));
+                continue;
+            }
+        };
+        if txn.deadline > now {
+            out.push((t, Ok(Resolution::NotExpired)));
+            continue;
+        }
+        match txn.state {
+            TxnState::Committed => committed.push(txn),
+            TxnState::Aborted => aborted.push(txn),
+            TxnState::Staging => staging.push((txn, record)),
+        }
+    }
+    let decided: Vec<_> = futures::stream::iter(staging)
+        .map(|(txn, record)| async move {
+            let decided = decide_staging(env, txn.id, &record).await;
+            (txn, decided)
+        })
+        .buffer_unordered(parallel.max(1))
+        .collect()
+        .await;
+    for (mut txn, decided) in decided {
+        match decided {
+            Ok(TxnStatus::Committed) => {
+                txn.state = TxnState::Committed;
+                committed.push(txn);
+            }
+            Ok(TxnStatus::Aborted) => {
+                txn.state = TxnState::Aborted;
+                aborted.push(txn);
+            }
+            // A participant is held by another live transaction: next round.
+            Ok(TxnStatus::Pending { .. }) => out.push((txn.id, Ok(Resolution::NotExpired))),
+            Ok(TxnStatus::Absent) => out.push((txn.id, Ok(Resolution::Gone))),
+            Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+            Err(e) => out.push((txn.id, Err(e))),
+        }
+    }
+    let committed: Vec<&ActiveTransaction> = committed.iter().collect();
+    let aborted: Vec<&ActiveTransaction> = aborted.iter().collect();
+    let (finished, rolled_back) = futures::join!(
+        finish_many(env, &committed, COLLECTOR),
+        rollback_many(env, &aborted, COLLECTOR, Deletion::AfterDeadline),
+    );
+    let (finished, rolled_back) = (finished?, rolled_back?);
+    for (txn, result) in committed.iter().zip(finished) {
+        out.push((txn.id, result.map(|()| Resolution::Finished)));
+    }
+    for (txn, result) in aborted.iter().zip(rolled_back) {
+        // Undone; a record that stays waits for the server's clock to pass its deadline.
+        let resolution = |gone| {
+            if gone {
+                Resolution::RolledBack
+            } else {
+                Resolution::NotExpired
+            }
+        };
+        out.push((txn.id, result.map(resolution)));
+    }
+    Ok(out)
+}
+
+/// Decides the expired staging transaction `t` (record `found`) with the GC's failpoints.
+async fn decide_staging(env: &Env, t: ObjectId, found: &Document) -> Result<TxnStatus, TxnError> {
+    let point = |name: &'static str, step: usize| {
+        let name = match name {
+            staging::FENCE_BEFORE => failpoint::GC_FENCE_BEFORE,
+            staging::FENCE_AFTER => failpoint::GC_FENCE_AFTER,
+            staging::DECIDE_BEFORE => failpoint::GC_CLAIM_BEFORE,
+            _ => failpoint::GC_CLAIM_AFTER,
+        };
+        env.point(Some(t), name, step)
+    };
+    staging::decide_expired(&env.store, t, found, &point, &|source| TxnError::Resolve {
+        txn: t,
+        source,
+    })
+    .await
+}
+
 /// Finishes or rolls back transaction `t` if its deadline is at or before `now` (server time).
 ///
 /// A staging transaction is first decided: committed if every participant is in place, else a
@@ -401,19 +763,7 @@ pub(crate) async fn resolve_expired(
                 else {
                     return Ok(Resolution::Gone);
                 };
-                let point = |name: &'static str, step: usize| {
-                    let name = match name {
-                        staging::FENCE_BEFORE => failpoint::GC_FENCE_BEFORE,
-                        staging::FENCE_AFTER => failpoint::GC_FENCE_AFTER,
-                        staging::DECIDE_BEFORE => failpoint::GC_CLAIM_BEFORE,
-                        _ => failpoint::GC_CLAIM_AFTER,
-                    };
-                    env.point(Some(t), name, step)
-                };
-                let decided = staging::decide_expired(&env.store, t, &found, &point, &|source| {
-                    TxnError::Resolve { txn: t, source }
-                })
-                .await?;
+                let decided = decide_staging(env, t, &found).await?;
                 if matches!(decided, TxnStatus::Pending { .. }) {
                     // A participant is held by another live transaction: next round.
                     return Ok(Resolution::NotExpired);

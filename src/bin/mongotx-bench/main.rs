@@ -6,6 +6,7 @@ mod plots;
 mod queue;
 mod quota;
 mod ratelimit;
+mod scale;
 
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,8 @@ enum Section {
     Queue,
     /// Commits, domain operations and transfer throughput behind toxiproxy at set latencies.
     Network,
+    /// Query cost next to held documents, GC throughput by backlog, commits up to 256 documents.
+    Scale,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -133,6 +136,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if run(Section::Queue) {
         queue::rows(&db)
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    if run(Section::Scale) {
+        scale::rows(server.uri(), db.name(), 50)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
     }

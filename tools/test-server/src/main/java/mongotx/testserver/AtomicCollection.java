@@ -12,6 +12,7 @@ import de.bwaldvogel.mongo.backend.QueryParameters;
 import de.bwaldvogel.mongo.backend.QueryResult;
 import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
 import de.bwaldvogel.mongo.bson.Document;
+import de.bwaldvogel.mongo.bson.ObjectId;
 import de.bwaldvogel.mongo.oplog.NoopOplog;
 
 /**
@@ -55,6 +56,29 @@ final class AtomicCollection extends MemoryCollection {
             copies.add(document == null ? null : document.cloneDeeply());
         }
         return super.createQueryResult(copies, batchSize);
+    }
+
+    /**
+     * Looks a filter with an {@code _id} equality and other conditions up in the {@code _id} index,
+     * then checks the whole filter on the one document found, as MongoDB's planner does. The stock
+     * collection uses an index only when the filter names exactly its keys, so every conditional
+     * write by id (all of mongotx's) scanned the whole collection: a cost that grew with the
+     * collection, which MongoDB does not have.
+     */
+    @Override
+    protected QueryResult queryDocuments(Document query, Document orderBy, int skip, int limit, int batchSize,
+            Document fieldSelector) {
+        Object id = query.get("_id");
+        if (query.size() > 1 && (id instanceof String || id instanceof Number || id instanceof ObjectId)) {
+            Document byId = new Document("_id", id);
+            for (Index<Integer> index : getIndexes()) {
+                if (index.canHandle(byId)) {
+                    return matchDocuments(query, index.getPositions(byId), orderBy, skip, limit, batchSize,
+                            fieldSelector);
+                }
+            }
+        }
+        return super.queryDocuments(query, orderBy, skip, limit, batchSize, fieldSelector);
     }
 
     /** Copies of the documents matching {@code filter}, in {@code sort} order (may be null), at most {@code limit} (0: all). */

@@ -1,0 +1,314 @@
+//! Scale rows: what a query costs next to held documents, how fast one GC runner clears a
+//! backlog of expired transactions, and commit latency up to 256 documents, each next to the raw
+//! driver measured in the same run.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Document};
+use futures::StreamExt;
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Collection, Database};
+use mongotx::failpoint::{self, CrashAt, Failpoint};
+use mongotx::{
+    Adjust, CollectionSpec, Gc, GcOptions, Query, Repository, Store, Transactions, TxnError,
+    TxnOptions,
+};
+
+use crate::{stats, Account};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Counts the commands a client starts while switched on.
+#[derive(Clone, Default)]
+struct Counter {
+    on: Arc<AtomicBool>,
+    seen: Arc<AtomicUsize>,
+}
+
+impl Counter {
+    async fn client(&self, uri: &str) -> Result<Client> {
+        let mut options = ClientOptions::parse(uri).await?;
+        let counter = self.clone();
+        options.command_event_handler = Some(EventHandler::callback(move |event| {
+            if matches!(event, CommandEvent::Started(_)) && counter.on.load(Ordering::SeqCst) {
+                counter.seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+        Ok(Client::with_options(options)?)
+    }
+
+    async fn count<T>(&self, work: impl std::future::Future<Output = T>) -> (T, usize) {
+        self.seen.store(0, Ordering::SeqCst);
+        self.on.store(true, Ordering::SeqCst);
+        let out = work.await;
+        self.on.store(false, Ordering::SeqCst);
+        (out, self.seen.load(Ordering::SeqCst))
+    }
+}
+
+fn spec(name: &str) -> Result<CollectionSpec> {
+    Ok(CollectionSpec::new(
+        name,
+        1,
+        include_str!("../../../schemas/accounts.json"),
+    )?)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Median of `samples` runs of `op`.
+async fn median<F, Fut, T>(samples: usize, mut op: F) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let t = Instant::now();
+        op().await?;
+        times.push(t.elapsed());
+    }
+    Ok(stats(times).median)
+}
+
+/// The three tables.
+pub(crate) async fn rows(uri: &str, db_name: &str, samples: usize) -> Result<()> {
+    let counter = Counter::default();
+    let client = counter.client(uri).await?;
+    let db = client.database(db_name);
+    let store = Store::new(db.clone());
+    queries(&store, &db, &counter, samples).await?;
+    gc_backlog(&store, &db).await?;
+    commits(&store, &db, samples).await?;
+    Ok(())
+}
+
+/// Query cost next to H documents held by a pending transaction, H = 0 .. 10,000.
+async fn queries(store: &Store, db: &Database, counter: &Counter, samples: usize) -> Result<()> {
+    let repo: Repository<Account> = store.repository(spec("scale_query")?).await?;
+    let raw: Collection<Document> = db.collection("scale_query");
+    // 10 targets and 10,000 others, inserted raw in the stored shape.
+    let docs: Vec<Document> = (0..10_010)
+        .map(|i| {
+            let owner = if i < 10 { "target" } else { "crowd" };
+            doc! { "_id": format!("q{i:05}"), "owner": owner, "balance": i as i64, "_schema": 1_i64, "_version": 1_i64 }
+        })
+        .collect();
+    raw.insert_many(docs).await?;
+    let filter = doc! { "owner": "target" };
+    let pending = ObjectId::new();
+    let hour = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 3_600_000);
+    db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
+        .insert_one(doc! {
+            "_id": pending, "state": "staging", "created": bson::DateTime::now(), "deadline": hour,
+            "entries": [{ "coll": "scale_phantoms", "id": "missing", "expected": 0_i64, "applied": 1_i64,
+                          "schema": 1_i64, "op": { "kind": "insert", "doc": {} } }],
+        })
+        .await?;
+    println!("\nquery cost next to H documents held by a pending transaction (10,010 documents, the filter matches 10; {samples} samples)");
+    println!("| H held | commands per query | find(filter) / raw | find(filter, sort desc, limit 10) / raw |");
+    println!("| ---: | ---: | ---: | ---: |");
+    let mut held = 0;
+    for h in [0_usize, 100, 1_000, 10_000] {
+        // Hold the next h - held of the crowd (a change of balance, not committed).
+        let ids: Vec<String> = (10 + held..10 + h).map(|i| format!("q{i:05}")).collect();
+        if !ids.is_empty() {
+            raw.update_many(
+                doc! { "_id": { "$in": ids } },
+                vec![doc! { "$set": {
+                    "_txn": pending,
+                    "_hold": { "exp": hour, "op": "update", "restore": { "balance": "$balance", "_version": 1_i64 }, "unset": [] },
+                    "balance": { "$add": ["$balance", 1_000_000_i64] },
+                    "_version": 2_i64,
+                } }],
+            )
+            .await?;
+        }
+        held = h;
+        let (found, commands) = counter
+            .count(repo.find(Query::new().filter(filter.clone())))
+            .await;
+        if found?.len() != 10 {
+            return Err("the query did not find its 10 documents".into());
+        }
+        let sorted = || {
+            Query::new()
+                .filter(filter.clone())
+                .sort(doc! { "balance": -1 })
+                .limit(10)
+        };
+        let find = median(samples, || async {
+            Ok(repo.find(Query::new().filter(filter.clone())).await?)
+        })
+        .await?;
+        let base = median(samples, || async {
+            let c = raw.find(filter.clone()).await?;
+            Ok(c.collect::<Vec<_>>().await)
+        })
+        .await?;
+        let find_sorted = median(samples, || async { Ok(repo.find(sorted()).await?) }).await?;
+        let base_sorted = median(samples, || async {
+            let c = raw
+                .find(filter.clone())
+                .sort(doc! { "balance": -1 })
+                .limit(10)
+                .await?;
+            Ok(c.collect::<Vec<_>>().await)
+        })
+        .await?;
+        println!(
+            "| {h} | {commands} | {:.2}x ({:.2} ms) | {:.2}x ({:.2} ms) |",
+            find.as_secs_f64() / base.as_secs_f64(),
+            ms(find),
+            find_sorted.as_secs_f64() / base_sorted.as_secs_f64(),
+            ms(find_sorted),
+        );
+    }
+    // An idle GC round next to the 10,000 pending holds.
+    let gc = Gc::with_store(store, GcOptions::default());
+    gc.run_round().await?;
+    let (round, commands) = counter.count(gc.run_round()).await;
+    round?;
+    println!("an idle GC round next to 10,000 pending holds: {commands} commands");
+    Ok(())
+}
+
+/// One GC runner clearing N expired 4-document transactions, N = 10 .. 10,000.
+async fn gc_backlog(store: &Store, db: &Database) -> Result<()> {
+    let raw: Collection<Document> = db.collection("scale_raw");
+    raw.insert_one(doc! { "_id": 0, "n": 0_i64 }).await?;
+    let one_update = median(200, || async {
+        Ok(raw
+            .update_one(doc! { "_id": 0 }, doc! { "$inc": { "n": 1_i64 } })
+            .await?)
+    })
+    .await?;
+    println!("\nGC throughput: one runner, N expired transactions of 4 documents each (committed by their applies, coordinators gone), default page of {}", GcOptions::default().batch_size);
+    println!(
+        "| N expired | round | transactions/s | per transaction / one update ({:.3} ms) |",
+        ms(one_update)
+    );
+    println!("| ---: | ---: | ---: | ---: |");
+    for n in [10_usize, 100, 1_000, 10_000] {
+        let repo: Repository<Account> = store.repository(spec(&format!("scale_gc_{n}"))?).await?;
+        let docs: Vec<Document> = (0..4 * n)
+            .map(|i| doc! { "_id": format!("g{i:06}"), "owner": "gc", "balance": 100_i64, "_schema": 1_i64, "_version": 1_i64 })
+            .collect();
+        db.collection::<Document>(&format!("scale_gc_{n}"))
+            .insert_many(docs)
+            .await?;
+        let timeout = Duration::from_secs(2);
+        // A coordinator that dies stops for good: one per transaction.
+        let dying = || {
+            Transactions::with_options(
+                store,
+                TxnOptions::default()
+                    .timeout(timeout)
+                    .fault_injector(Arc::new(CrashAt(Failpoint {
+                        name: failpoint::COMMIT_AFTER,
+                        step: 0,
+                    }))),
+            )
+        };
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let (txns, repo) = (dying(), &repo);
+                async move {
+                    let tx = txns.begin();
+                    for j in 0..4 {
+                        let id = format!("g{:06}", 4 * i + j);
+                        tx.adjust(repo, id.as_str(), 1, &Adjust::new().by("balance", 1_i64))
+                            .await?;
+                    }
+                    match tx.commit().await {
+                        Err(TxnError::Crashed { .. }) => Ok(()),
+                        Err(e) => Err(e.into()),
+                        Ok(_) => Err("the coordinator should have stopped".into()),
+                    }
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<Result<()>>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>>>()?;
+        // The last one's deadline has passed too.
+        tokio::time::sleep(timeout + Duration::from_millis(300)).await;
+        let gc = Gc::with_store(store, GcOptions::default());
+        let t = Instant::now();
+        let mut finished = 0;
+        while finished < n {
+            let round = gc.run_round().await?;
+            if round.finished == 0 {
+                break;
+            }
+            finished += round.finished;
+        }
+        let took = t.elapsed();
+        if finished != n {
+            return Err(format!("the GC finished {finished} of {n}").into());
+        }
+        println!(
+            "| {n} | {:.0} ms | {:.0} | {:.1}x |",
+            ms(took),
+            n as f64 / took.as_secs_f64(),
+            took.as_secs_f64() / n as f64 / one_update.as_secs_f64(),
+        );
+    }
+    Ok(())
+}
+
+/// Commit latency for k documents (adjusts), k = 1 .. 256, next to one raw update.
+async fn commits(store: &Store, db: &Database, samples: usize) -> Result<()> {
+    let raw: Collection<Document> = db.collection("scale_raw");
+    let repo: Repository<Account> = store.repository(spec("scale_commit")?).await?;
+    let txns = Transactions::new(store);
+    let samples = samples.clamp(5, 50);
+    println!("\ncommit latency by k (adjusts, finished before returning; {samples} samples)");
+    println!("| k | commit | / one update |");
+    println!("| ---: | ---: | ---: |");
+    for k in [1_usize, 4, 16, 64, 256] {
+        let docs: Vec<Document> = (0..k)
+            .map(|i| doc! { "_id": format!("k{k}-{i:03}"), "owner": "c", "balance": 0_i64, "_schema": 1_i64, "_version": 1_i64 })
+            .collect();
+        db.collection::<Document>("scale_commit")
+            .insert_many(docs)
+            .await?;
+        let one_update = median(samples, || async {
+            Ok(raw
+                .update_one(doc! { "_id": 0 }, doc! { "$inc": { "n": 1_i64 } })
+                .await?)
+        })
+        .await?;
+        let mut times = Vec::with_capacity(samples);
+        for version in 1..=samples as i64 {
+            let tx = txns.begin();
+            for i in 0..k {
+                let id = format!("k{k}-{i:03}");
+                tx.adjust(
+                    &repo,
+                    id.as_str(),
+                    version,
+                    &Adjust::new().by("balance", 1_i64),
+                )
+                .await?;
+            }
+            let t = Instant::now();
+            tx.commit().await?;
+            times.push(t.elapsed());
+        }
+        let commit = stats(times).median;
+        println!(
+            "| {k} | {:.2} ms | {:.2}x |",
+            ms(commit),
+            commit.as_secs_f64() / one_update.as_secs_f64()
+        );
+    }
+    Ok(())
+}
