@@ -245,7 +245,7 @@ impl Fixture {
     async fn staged_through(&self, faults: &Faults, batch: bool) -> (WireProxy, Transaction) {
         let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
         let (store, accounts) = self.through(&proxy, batch).await;
-        let tx = Transactions::new(&store).begin();
+        let tx = common::finishing(&store).begin();
         Fixture::stage(&tx, &accounts).await.expect("stage");
         (proxy, tx)
     }
@@ -410,6 +410,7 @@ async fn dead_coordinator(f: &Fixture, at: Failpoint, spoil: bool) {
     let txns = Transactions::with_options(
         &f.t.store,
         TxnOptions::default()
+            .finish(mongotx::Finish::BeforeReturning)
             .timeout(DEAD_TIMEOUT)
             .fault_injector(Arc::new(CrashAt(at))),
     );
@@ -515,7 +516,9 @@ async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
     let (store, accounts) = f.through(&proxy, true).await;
     let txns = Transactions::with_options(
         &store,
-        TxnOptions::default().timeout(Duration::from_secs(60)),
+        TxnOptions::default()
+            .finish(mongotx::Finish::BeforeReturning)
+            .timeout(Duration::from_secs(60)),
     );
     let bodies = AtomicUsize::new(0);
     let err = txns

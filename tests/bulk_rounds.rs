@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use bson::{doc, Document};
 use common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use common::{Account, TestDb};
-use mongotx::{Adjust, Repository, Store, Transaction, Transactions, Update};
+use mongotx::{Adjust, Repository, Store, Transaction, Update};
 
 /// How the proxied server differs from the test server.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -116,7 +116,7 @@ impl Fixture {
 
     /// Stages a transfer a → b that also updates c and deletes d, at version `v` of each.
     async fn staged(&self, v: i64) -> Transaction {
-        let tx = Transactions::new(&self.store).begin();
+        let tx = common::finishing(&self.store).begin();
         let repo = &self.accounts;
         tx.adjust(repo, "a", v, &Adjust::new().by("balance", -10_i64))
             .await
@@ -215,7 +215,7 @@ async fn a_server_without_the_command_is_asked_once_and_then_written_write_by_wr
 
     // Later transactions go write by write from the start.
     f.server.take();
-    let tx = Transactions::new(&f.store).begin();
+    let tx = common::finishing(&f.store).begin();
     tx.adjust(&f.accounts, "a", 2, &Adjust::new().by("balance", 1_i64))
         .await
         .expect("stage");

@@ -218,7 +218,9 @@ impl Worker {
     }
 
     fn txns(&self, injector: Option<Failpoint>) -> Transactions {
-        let options = TxnOptions::default().timeout(TIMEOUT);
+        let options = TxnOptions::default()
+            .finish(mongotx::Finish::BeforeReturning)
+            .timeout(TIMEOUT);
         let options = match injector {
             Some(point) => options.fault_injector(Arc::new(CrashAt(point))),
             None => options,

@@ -11,7 +11,7 @@ use bson::Document;
 use common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use common::TestDb;
 use mongotx::failpoint::BEGIN_BEFORE;
-use mongotx::{Adjust, Durability, Store, Topology, Transactions, TRANSACTIONS_COLLECTION};
+use mongotx::{Adjust, Durability, Store, Topology, TRANSACTIONS_COLLECTION};
 
 /// Records every command; optionally answers `hello` / `isMaster` as a replica-set member.
 #[derive(Clone)]
@@ -92,7 +92,7 @@ async fn exercise(
     common::seed_accounts(&accounts, &[("a", 100), ("b", 0), ("c", 5)]).await;
     let seeding = recorder.take();
 
-    let tx = Transactions::new(&store).begin();
+    let tx = common::finishing(&store).begin();
     tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -10_i64))
         .await
         .expect("stage");

@@ -111,7 +111,12 @@ impl Fixture {
 
     /// A transfer a → b with a check of e, through the proxy.
     async fn transfer(&self, timeout: Duration) -> Result<mongotx::Outcome, mongotx::TxnError> {
-        let txns = Transactions::with_options(&self.store, TxnOptions::default().timeout(timeout));
+        let txns = Transactions::with_options(
+            &self.store,
+            TxnOptions::default()
+                .finish(mongotx::Finish::BeforeReturning)
+                .timeout(timeout),
+        );
         let tx = txns.begin();
         let repo = &self.via_proxy;
         tx.adjust(repo, "a", 1, &Adjust::new().by("balance", -10_i64))
@@ -193,7 +198,7 @@ async fn a_check_delivered_after_its_transaction_committed_does_not_block_anyone
 async fn an_apply_delivered_after_its_transaction_rolled_back_is_swept_in_one_gc_round() {
     let f = Fixture::new(adjust_apply).await;
     // b changes under the transaction, so it rolls back after the applies.
-    let txns = Transactions::new(&f.store);
+    let txns = common::finishing(&f.store);
     let tx = txns.begin();
     tx.adjust(&f.via_proxy, "a", 1, &Adjust::new().by("balance", -10_i64))
         .await

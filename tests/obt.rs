@@ -13,7 +13,7 @@ use mongotx::obt::{
     Fence, FenceError, MemoryFence, MongoFence, NewObt, Obt, ObtError, Token, FENCES_COLLECTION,
     OBTS_COLLECTION, TOKENS_COLLECTION,
 };
-use mongotx::{RepoError, Store, Transactions, Update};
+use mongotx::{RepoError, Store, Update};
 
 async fn obts(t: &TestDb) -> Obt {
     Obt::open(&t.store).await.unwrap()
@@ -312,7 +312,7 @@ async fn an_owned_transaction_commits_only_while_owned() {
         .insert(&doc! { "_id": "dlv0", "status": "available", "by": 0_i64 })
         .await
         .unwrap();
-    let txns = Transactions::new(&t.store);
+    let txns = common::finishing(&t.store);
     let mut api1 = obt
         .create(NewObt::new("dlv0", "api-1").lease(Duration::from_secs(30)))
         .await
@@ -431,7 +431,7 @@ async fn a_paused_owner_is_taken_over_after_its_lease_and_everything_it_tries_is
     for node in &nodes {
         node.admit("dlv0", api2.token).await.unwrap();
     }
-    let txns = Transactions::new(&t.store);
+    let txns = common::finishing(&t.store);
     let tx = txns.begin();
     let v = volumes.get("dlv0").await.unwrap().version;
     tx.update(
@@ -647,7 +647,7 @@ async fn a_transaction_guard_takes_plain_equalities_and_fails_the_commit_when_th
         .insert(&doc! { "_id": "dlv0", "status": "available", "by": 1_i64 })
         .await
         .unwrap();
-    let txns = Transactions::new(&t.store);
+    let txns = common::finishing(&t.store);
     let tx = txns.begin();
     for bad in [
         doc! {},

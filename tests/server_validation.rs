@@ -70,6 +70,7 @@ where
         store,
         TxnOptions::default()
             .timeout(Duration::from_secs(3600))
+            .finish(mongotx::Finish::BeforeReturning)
             .fault_injector(Arc::new(CrashAt(Failpoint { name: point, step }))),
     );
     let tx = txns.begin();

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::DateTime;
+use bson::{doc, DateTime};
 use common::{raw_snapshot, Account, CrashAt, Note, TestDb};
 use mongotx::failpoint::{self, Failpoint};
 use mongotx::{
@@ -42,7 +42,7 @@ async fn a_transaction_applies_all_five_actions_across_collections() {
             .await
             .expect("seed");
     }
-    let txns = Transactions::new(&t.store);
+    let txns = common::finishing(&t.store);
     let tx = txns.begin();
     let note_id = tx
         .insert(
@@ -109,7 +109,7 @@ async fn one_failing_entry_leaves_every_document_as_it_was() {
         .expect("bump c to version 2");
     let before = raw_snapshot(&t.db, "accounts").await;
 
-    let txns = Transactions::new(&t.store);
+    let txns = common::finishing(&t.store);
     let tx = txns.begin();
     tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -5_i64))
         .await
@@ -180,10 +180,12 @@ async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
         }
         let txns = Transactions::with_options(
             &t.store,
-            TxnOptions::default().fault_injector(Arc::new(CrashAt(Failpoint {
-                name: crash,
-                step: 0,
-            }))),
+            TxnOptions::default()
+                .finish(mongotx::Finish::BeforeReturning)
+                .fault_injector(Arc::new(CrashAt(Failpoint {
+                    name: crash,
+                    step: 0,
+                }))),
         );
         let tx = txns.begin();
         tx.adjust(&accounts, "a", 1, &Adjust::new().by("balance", -30_i64))
@@ -280,7 +282,9 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
             assert!(matches!(err, TxnError::Crashed { .. }), "{err:?}");
         }
     };
-    let unexpired = TxnOptions::default().timeout(Duration::from_secs(600));
+    let unexpired = TxnOptions::default()
+        .finish(mongotx::Finish::BeforeReturning)
+        .timeout(Duration::from_secs(600));
     crashed_transfer(unexpired, failpoint::FINISH_BEFORE, 1, 30).await;
     let held = |id: &'static str| {
         let db = t.db.clone();
@@ -314,7 +318,13 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
     assert_eq!(accounts.get("b").await.expect("b").balance, 80);
 
     // A transaction whose record never went out: its holds are orphans, each undone and counted.
-    crashed_transfer(TxnOptions::default(), failpoint::BEGIN_BEFORE, 2, 1).await;
+    crashed_transfer(
+        TxnOptions::default().finish(mongotx::Finish::BeforeReturning),
+        failpoint::BEGIN_BEFORE,
+        2,
+        1,
+    )
+    .await;
     let summary = gc
         .run_round_at(
             DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000),
@@ -347,6 +357,7 @@ async fn a_writer_resolves_an_expired_holder_instead_of_waiting() {
     let txns = Transactions::with_options(
         &t.store,
         TxnOptions::default()
+            .finish(mongotx::Finish::BeforeReturning)
             .timeout(timeout)
             .fault_injector(Arc::new(CrashAt(Failpoint {
                 name: failpoint::ABORT_BEFORE,
@@ -476,7 +487,7 @@ async fn bank_transfers_keep_the_total_and_consistent_readers_see_it() {
 
     let reader = {
         let repo = repo.clone();
-        let txns = Transactions::new(&t.store);
+        let txns = common::finishing(&t.store);
         let done = Arc::clone(&done);
         tokio::spawn(async move {
             let seen = Arc::new(Mutex::new(Vec::new()));
@@ -533,4 +544,71 @@ async fn bank_transfers_keep_the_total_and_consistent_readers_see_it() {
         sums.len()
     );
     assert_no_transaction_left(&t).await;
+}
+
+/// The default commit returns after its one round: the caller's own reads and the next writer
+/// see the committed values at once, and the background task frees the documents soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_commit_returns_after_one_round_and_its_documents_are_freed_behind_it() {
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("a", 100), ("b", 0)]).await;
+    let txns = Transactions::new(&t.store);
+    for round in 0..20_i64 {
+        let (a, b) = (
+            accounts.get("a").await.expect("a"),
+            accounts.get("b").await.expect("b"),
+        );
+        let tx = txns.begin();
+        tx.adjust(
+            &accounts,
+            "a",
+            a.version,
+            &Adjust::new().by("balance", -1_i64),
+        )
+        .await
+        .expect("stage");
+        tx.adjust(
+            &accounts,
+            "b",
+            b.version,
+            &Adjust::new().by("balance", 1_i64),
+        )
+        .await
+        .expect("stage");
+        let outcome = tx.commit().await.expect("commit");
+        assert!(!outcome.finished, "the default returns before finishing");
+        // Read back at once, and write again at once: no wait, committed values.
+        let a = accounts.get("a").await.expect("a after");
+        assert_eq!(a.value.balance, 99 - round);
+        assert_eq!(a.version, 2 + round);
+        let found = accounts
+            .find(Query::new().filter(doc! { "balance": { "$gte": 50_i64 } }))
+            .await
+            .expect("find");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].value.balance, 99 - round);
+    }
+    // Behind the caller, every document is freed and every record ended.
+    let mut clean = false;
+    for _ in 0..100 {
+        let held = raw_snapshot(&t.db, "accounts")
+            .await
+            .iter()
+            .filter(|d| d.contains_key("_txn"))
+            .count();
+        let records =
+            t.db.collection::<bson::Document>(mongotx::TRANSACTIONS_COLLECTION)
+                .count_documents(doc! {})
+                .await
+                .expect("count");
+        if held == 0 && records == 0 {
+            clean = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(clean, "the background finishes freed everything");
+    let b = accounts.get("b").await.expect("b");
+    assert_eq!(b.value.balance, 20);
 }

@@ -12,7 +12,7 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongotx::{Adjust, Store, Transactions, Update};
+use mongotx::{Adjust, Store, Update};
 
 const WRITE_COMMANDS: &[&str] = &["insert", "update", "delete", "findAndModify"];
 
@@ -62,7 +62,7 @@ async fn a_committed_transaction_of_k_documents_takes_at_most_2k_plus_3_writes()
             .repository::<Account>(common::accounts_spec())
             .await
             .expect("open");
-        let txns = Transactions::new(&store);
+        let txns = common::finishing(&store);
         let bulk = batch && server_bulk;
 
         for k in 1..=8_usize {

@@ -12,8 +12,8 @@ use mongodb::Client;
 use mongotx::failpoint::{self, CrashAt, Failpoint};
 use mongotx::test_server::TestServer;
 use mongotx::{
-    fields, Adjust, CollectionSpec, Gc, GcOptions, LockWait, Query, RepoError, Repository, Stamped,
-    Store, Transaction, Transactions, TxnError, TxnOptions, Update,
+    fields, Adjust, CollectionSpec, Finish, Gc, GcOptions, LockWait, Query, RepoError, Repository,
+    Stamped, Store, Transaction, Transactions, TxnError, TxnOptions, Update,
 };
 use serde::{Deserialize, Serialize};
 
@@ -419,6 +419,7 @@ async fn tour_locked(store: &Store, accounts: &Repository<Account>) -> DemoResul
         store,
         TxnOptions::default()
             .timeout(timeout)
+            .finish(Finish::BeforeReturning)
             .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
                 name: failpoint::ABORT_BEFORE,
                 step: 0,
@@ -603,6 +604,7 @@ async fn tour_crash_recovery(
             store,
             TxnOptions::default()
                 .timeout(timeout)
+                .finish(Finish::BeforeReturning)
                 .fault_injector(std::sync::Arc::new(CrashAt(Failpoint { name: at, step }))),
         )
     };
@@ -721,6 +723,7 @@ async fn tour_orphan(
         store,
         TxnOptions::default()
             .timeout(Duration::from_secs(3600))
+            .finish(Finish::BeforeReturning)
             .fault_injector(std::sync::Arc::new(CrashAt(Failpoint {
                 name: failpoint::BEGIN_BEFORE,
                 step: 0,

@@ -47,7 +47,7 @@ use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
 use crate::repo::store::{LockWait, Store};
 use crate::txn::failpoint::{FaultInjector, Faults};
-use crate::txn::transaction::{Transactions, TxnOptions};
+use crate::txn::transaction::{Finish, Transactions, TxnOptions};
 
 pub use error::{QuotaError, Refusal};
 pub use model::{
@@ -197,9 +197,13 @@ impl Quota {
             }
         })?;
         let repo = store.repository::<ProviderDoc>(spec).await?;
+        // Providers are hot documents, shared by every consumer: returning before the finish
+        // gains nothing there (the next consumer would meet the hold and finish it itself), and
+        // a consume that returns with its providers free keeps their usage readable raw.
         let mut txn_options = TxnOptions::default()
             .timeout(options.txn_timeout)
-            .retry(options.retry);
+            .retry(options.retry)
+            .finish(Finish::BeforeReturning);
         if let Some(faults) = &options.faults {
             txn_options = txn_options.fault_injector(Arc::clone(faults));
         }

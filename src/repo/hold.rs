@@ -116,18 +116,35 @@ impl HoldKind {
 }
 
 impl Hold {
-    /// The stored form of the hold (what serde would write, built without a fallible encoder).
+    /// The stored form of the hold: what serde would write (built without a fallible encoder),
+    /// plus the fields it changed (see [`Hold::changed`]), which reading it back ignores.
     pub(crate) fn to_document(&self) -> Document {
         let mut stored = doc! {
             "exp": self.exp,
             "op": self.op.as_str(),
             "restore": self.restore.clone(),
             "unset": self.unset.clone(),
+            CHANGED: self.changed(),
         };
         if self.fence {
             stored.insert("fence", true);
         }
         stored
+    }
+
+    /// The top-level fields whose committed value differs from the stored one while the hold is
+    /// on (restored or removed by its undo). Stored beside the hold so that a query can find the
+    /// held documents whose pre-image may match it where the stored value does not, by an index,
+    /// without looking at every held document (see `repo::query`).
+    pub(crate) fn changed(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.restore.keys().cloned().collect();
+        names.extend(
+            self.unset
+                .iter()
+                .filter(|n| !self.restore.contains_key(n.as_str()))
+                .cloned(),
+        );
+        names
     }
 
     /// The fence a resolver puts on a participant of `txn`'s: `placeholder` when the document does
@@ -191,6 +208,12 @@ impl Hold {
         Write::Update(held, update)
     }
 }
+
+/// Where a hold lists the fields it changed (see [`Hold::changed`]), under `_hold`.
+pub(crate) const CHANGED: &str = "changed";
+
+/// The stored path of the list of changed fields, indexed in every managed collection.
+pub(crate) const CHANGED_PATH: &str = "_hold.changed";
 
 /// The stored path of a hold's fence flag.
 pub(crate) const FENCE: &str = "_hold.fence";
@@ -537,8 +560,10 @@ mod tests {
     #[test]
     fn holds_round_trip_through_bson() {
         let h = hold(HoldKind::Delete, doc! { "_version": 2_i64 }, &["x"]);
-        let stored = h.to_document();
+        let mut stored = h.to_document();
+        let changed = stored.remove(CHANGED);
         assert_eq!(stored, bson::to_document(&h).expect("encode"));
+        assert_eq!(changed, Some(bson::bson!(["_version", "x"])));
         assert_eq!(stored.get_str("op").ok(), Some("delete"));
         assert_eq!(bson::from_document::<Hold>(stored).expect("decode"), h);
     }

@@ -26,7 +26,7 @@
 use bson::{doc, oid::ObjectId, Bson, Document};
 
 use crate::repo::fields;
-use crate::repo::hold::ALWAYS_UNSET;
+use crate::repo::hold::{self, ALWAYS_UNSET};
 
 /// Field the first pass adds to tell free documents (1) from held candidates (0).
 pub(crate) const KNOWN_TAG: &str = "_mongotx_known";
@@ -132,14 +132,45 @@ pub(crate) fn either_image(filter: &Document) -> Document {
     }
 }
 
-/// The `$match` of both passes: free live documents matching `filter`, and held documents whose
-/// stored value or pre-image can match it.
+/// The top-level fields `filter` depends on, if it depends on named fields only (field
+/// conditions under `$and`, `$or` and `$nor`); `None` if it may read any field (`$expr`,
+/// `$jsonSchema`, `$where`, `$text` and the like).
+fn depends_on(filter: &Document) -> Option<Vec<String>> {
+    let mut found = Vec::new();
+    for (key, value) in filter {
+        match key.as_str() {
+            "$and" | "$or" | "$nor" => {
+                for item in value.as_array()? {
+                    found.extend(depends_on(item.as_document()?)?);
+                }
+            }
+            "$comment" => {}
+            name if name.starts_with('$') => return None,
+            name => found.push(name.split('.').next().unwrap_or(name).to_string()),
+        }
+    }
+    Some(found)
+}
+
+/// What the first `$match` of every pass keeps: documents whose stored value matches `filter`
+/// (free and live, or held), and held documents whose pre-image can match it where the stored
+/// value does not. Those changed a field the filter depends on, which their hold lists
+/// (`_hold.changed`, indexed), so held documents that cannot match are never looked at; a filter
+/// that may read any field looks at every held document instead.
+fn candidate_filter(filter: &Document) -> Document {
+    let pre_image_differs = match depends_on(filter) {
+        Some(names) => doc! { hold::CHANGED_PATH: { "$in": names } },
+        None => doc! { fields::ACTIVE_TXN: { "$exists": true } },
+    };
+    doc! { "$or": [
+        { "$and": [filter.clone(), fields::live_filter()] },
+        { "$and": [pre_image_differs, either_image(filter)] },
+    ] }
+}
+
+/// The `$match` of both passes (see [`candidate_filter`]).
 fn candidates(filter: &Document) -> Document {
-    let held = doc! { fields::ACTIVE_TXN: { "$exists": true } };
-    doc! { "$match": { "$or": [
-        { "$and": [filter.clone(), fields::live_filter(), { fields::ACTIVE_TXN: { "$exists": false } }] },
-        { "$and": [held, either_image(filter)] },
-    ] } }
+    doc! { "$match": candidate_filter(filter) }
 }
 
 fn holder() -> Document {
@@ -185,7 +216,7 @@ pub(crate) fn holders_of(filter: &Document) -> Vec<Document> {
     vec![
         doc! { "$match": { "$and": [
             { fields::ACTIVE_TXN: { "$exists": true } },
-            either_image(filter),
+            candidate_filter(filter),
         ] } },
         doc! { "$group": { "_id": format!("${}", fields::ACTIVE_TXN) } },
     ]

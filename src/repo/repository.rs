@@ -320,8 +320,9 @@ where
     ///
     /// Never waits for a transaction and never fails because a document is held: a held
     /// document reads as its committed value. The cost does not depend on what is held
-    /// elsewhere: one command when nothing the filter can match is held; otherwise three plus one
-    /// per collection that the holders' staging transactions touch (see `repo::query`), and one
+    /// elsewhere: one command when nothing the filter can match is held; otherwise at most four
+    /// plus one per collection that the holders' staging transactions touch (see `repo::query`
+    /// and `HoldResolver::statuses`), and one
     /// more under a limit when over a thousand held documents can match. (Long results add the
     /// cursor's `getMore`s, as any query's do.)
     pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {

@@ -123,7 +123,7 @@ pub(crate) async fn status(store: &Store, txn: ObjectId) -> Result<TxnStatus, Ho
 
 /// What the records of `txns` say, read without writing anything and in a bounded number of
 /// commands however many there are: one for the records, then, for the staging ones, one per
-/// collection their participants live in. A staging record whose participants are all applied
+/// collection their participants live in (and one more for those that seem incomplete). A staging record whose participants are all applied
 /// reads as committed (it is, whether or not anyone has written so); a missing record as
 /// [`TxnStatus::Absent`]. Readers use this: they need each holder's outcome, never to decide it.
 pub(crate) async fn read_statuses(
@@ -135,14 +135,7 @@ pub(crate) async fn read_statuses(
     if txns.is_empty() {
         return Ok(statuses);
     }
-    let found: Vec<Document> = records(store)
-        .await?
-        .find(doc! { "_id": { "$in": txns.to_vec() } })
-        .await
-        .map_err(|e| HoldError::database("reading transaction records", e))?
-        .try_collect()
-        .await
-        .map_err(|e| HoldError::database("reading transaction records", e))?;
+    let found = load_many(store, txns).await?;
     // Staging transactions, and for each collection the (transaction, id) pairs to look at.
     let mut staging: Vec<ObjectId> = Vec::new();
     let mut by_coll: HashMap<String, Vec<(ObjectId, Bson)>> = HashMap::new();
@@ -172,12 +165,46 @@ pub(crate) async fn read_statuses(
     for found in looked {
         missing.extend(found?);
     }
-    for txn in staging {
-        if !missing.contains(&txn) {
-            statuses.insert(txn, TxnStatus::Committed);
+    for txn in &staging {
+        if !missing.contains(txn) {
+            statuses.insert(*txn, TxnStatus::Committed);
+        }
+    }
+    // A participant found free may have been finished since the record was read: its
+    // transaction wrote its commit point first (and ends its record only after every finish), so
+    // the record read again tells. One more command, only when a staging transaction seems
+    // incomplete.
+    let unsure: Vec<ObjectId> = staging
+        .into_iter()
+        .filter(|t| missing.contains(t))
+        .collect();
+    if !unsure.is_empty() {
+        let again: HashMap<ObjectId, Document> = load_many(store, &unsure)
+            .await?
+            .into_iter()
+            .filter_map(|record| Some((record.get_object_id("_id").ok()?, record)))
+            .collect();
+        for txn in unsure {
+            let status = match again.get(&txn) {
+                Some(record) => status_of(record).map_err(HoldError::new)?,
+                None => TxnStatus::Absent,
+            };
+            statuses.insert(txn, status);
         }
     }
     Ok(statuses)
+}
+
+async fn load_many(store: &Store, txns: &[ObjectId]) -> Result<Vec<Document>, HoldError> {
+    records(store)
+        .await?
+        .find(doc! { "_id": { "$in": txns.to_vec() } })
+        .batch_size(u32::try_from(txns.len()).unwrap_or(u32::MAX))
+        .await
+        .map_err(|e| HoldError::database("reading transaction records", e))?
+        .try_collect()
+        .await
+        .map_err(|e| HoldError::database("reading transaction records", e))
 }
 
 /// Reads the participants `wanted` of collection `coll` in one command and returns the
@@ -194,6 +221,7 @@ async fn applied_among(
         .map_err(|e| HoldError::database("reading participants", e))?
         .find(doc! { "_id": { "$in": ids } })
         .projection(doc! { fields::ACTIVE_TXN: 1, hold::FENCE: 1 })
+        .batch_size(u32::try_from(wanted.len()).unwrap_or(u32::MAX))
         .await
         .map_err(|e| HoldError::database("reading participants", e))?
         .try_collect()

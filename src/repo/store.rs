@@ -389,16 +389,21 @@ impl Store {
 
         let coll = self.inner.db.collection::<Document>(&name);
         // Sparse indexes: only tombstones and held documents carry these fields; purge, the GC's
-        // sweep and queries on committed values look documents up by them.
+        // sweep and queries on committed values look documents up by them (a query finds the held
+        // documents whose pre-image may match it by the fields their holds changed).
         let sparse = |field: &str| {
             IndexModel::builder()
                 .keys(doc! { field: 1 })
                 .options(IndexOptions::builder().sparse(true).build())
                 .build()
         };
-        coll.create_indexes([sparse(fields::DELETED), sparse(fields::ACTIVE_TXN)])
-            .await
-            .map_err(db_error("creating indexes"))?;
+        coll.create_indexes([
+            sparse(fields::DELETED),
+            sparse(fields::ACTIVE_TXN),
+            sparse(hold::CHANGED_PATH),
+        ])
+        .await
+        .map_err(db_error("creating indexes"))?;
         meta::register(&self.meta(), &name)
             .await
             .map_err(db_error("registering the collection"))?;

@@ -113,6 +113,14 @@ pub struct RoundSummary {
     pub purged: u64,
 }
 
+/// How long a runner's claim on a page of expired records keeps other runners off it.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(60);
+
+/// Record fields of a GC runner's claim: who, and until when (server time).
+const CLAIM: &str = "gc";
+const CLAIM_BY: &str = "gc.by";
+const CLAIM_UNTIL: &str = "gc.until";
+
 /// How many expired staging transactions a GC round decides at once (each decision reads its
 /// participants and may fence one).
 const PARALLEL_DECISIONS: usize = 32;
@@ -122,6 +130,8 @@ const PARALLEL_DECISIONS: usize = 32;
 pub struct Gc {
     env: Env,
     options: GcOptions,
+    /// This runner's name in the claims it puts on pages of expired records.
+    runner: ObjectId,
 }
 
 impl Gc {
@@ -147,6 +157,7 @@ impl Gc {
                 faults: Faults::new(options.faults.clone()),
             },
             options,
+            runner: ObjectId::new(),
         }
     }
 
@@ -253,24 +264,80 @@ impl Gc {
                 }
             };
             let full = page.len() == page_size;
+            let page = self.claim(&records, page, now).await?;
             let resolved =
                 recovery::resolve_expired_many(&self.env, page, now, PARALLEL_DECISIONS).await?;
+            // Records that stay (undecidable yet, an aborted one before its deadline, a failure)
+            // are let go at once, for whoever comes next; only a runner that dies keeps its
+            // claims until they run out.
+            let mut left: Vec<ObjectId> = Vec::new();
             for (t, resolution) in resolved {
                 match resolution {
                     Ok(Resolution::Finished) => summary.finished += 1,
                     Ok(Resolution::RolledBack) => summary.rolled_back += 1,
-                    Ok(Resolution::Gone | Resolution::NotExpired) => {}
+                    Ok(Resolution::Gone) => {}
+                    Ok(Resolution::NotExpired) => left.push(t),
                     Err(e) => {
                         tracing::warn!(txn = %t, error = %e, "GC could not resolve transaction; retrying next round");
                         summary.skipped += 1;
+                        left.push(t);
                     }
                 }
+            }
+            if !left.is_empty() {
+                records
+                    .update_many(
+                        doc! { "_id": { "$in": left }, CLAIM_BY: self.runner },
+                        doc! { "$unset": { CLAIM: "" } },
+                    )
+                    .await
+                    .map_err(|e| TxnError::database(None, "let go of claims", e))?;
             }
             if !full {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// Claims for this runner the records of `page` that no other runner has claimed (or whose
+    /// claim has run out) and returns those, read again: several runners then share a backlog
+    /// instead of each resolving all of it. A claim only saves work: every write of a resolution
+    /// is conditional, so two runners on one record still change each document once; a runner
+    /// that dies leaves its claims to run out after [`CLAIM_LEASE`].
+    async fn claim(
+        &self,
+        records: &mongodb::Collection<Document>,
+        page: Vec<Document>,
+        now: DateTime,
+    ) -> Result<Vec<Document>, TxnError> {
+        let ids: Vec<Bson> = page.iter().filter_map(|d| d.get("_id").cloned()).collect();
+        // The lease runs from the server's real time even in a round run as if it were later
+        // (tools and tests): a claim is about this runner's work, not about the deadlines.
+        let until = clock::plus(self.env.now(None).await?, CLAIM_LEASE);
+        let fail = |e| TxnError::database(None, "claim expired transactions", e);
+        records
+            .update_many(
+                doc! {
+                    "_id": { "$in": ids.clone() },
+                    "$or": [
+                        { CLAIM_UNTIL: { "$exists": false } },
+                        { CLAIM_UNTIL: { "$lte": now } },
+                        { CLAIM_BY: self.runner },
+                    ],
+                },
+                doc! { "$set": { CLAIM_BY: self.runner, CLAIM_UNTIL: until } },
+            )
+            .await
+            .map_err(fail)?;
+        records
+            .find(doc! { "_id": { "$in": ids }, CLAIM_BY: self.runner })
+            .batch_size(u32::try_from(page.len()).unwrap_or(u32::MAX))
+            .await
+            .map_err(fail)?
+            .try_collect()
+            .await
+            .map_err(fail)
     }
 
     /// Resolves the held documents of `collection` whose transaction is decided or has no record:

@@ -285,14 +285,16 @@ pub async fn put_hold(
     assert_eq!(result.matched_count, 1, "put a hold: no such document");
 }
 
-/// A `_hold` document: what the hold stands for, its deadline and its undo.
+/// A `_hold` document: what the hold stands for, its deadline, its undo and the fields it changed.
 pub fn hold_of(
     op: &str,
     deadline: bson::DateTime,
     restore: bson::Document,
     unset: &[&str],
 ) -> bson::Document {
-    bson::doc! { "exp": deadline, "op": op, "restore": restore, "unset": unset }
+    let mut changed: Vec<String> = restore.keys().cloned().collect();
+    changed.extend(unset.iter().map(|n| n.to_string()));
+    bson::doc! { "exp": deadline, "op": op, "restore": restore, "unset": unset, "changed": changed }
 }
 
 /// Writes a transaction record by hand with `state` and `deadline`. Its one listed participant
@@ -328,6 +330,8 @@ where
         store,
         mongotx::TxnOptions::default()
             .timeout(std::time::Duration::from_secs(3600))
+            // Every step, the finishing ones included, on the coordinator's own path.
+            .finish(mongotx::Finish::BeforeReturning)
             .fault_injector(std::sync::Arc::new(CrashAt(
                 mongotx::failpoint::Failpoint { name: at, step: 0 },
             ))),
@@ -340,4 +344,13 @@ where
         Err(mongotx::TxnError::Crashed { txn: Some(t), .. }) => t,
         other => panic!("the coordinator should stop at {at}, got {other:?}"),
     }
+}
+
+/// Transactions that finish before `commit` returns, for tests of the finishing steps (their
+/// failpoints, their writes, the documents as a raw reader sees them right after).
+pub fn finishing(store: &Store) -> mongotx::Transactions {
+    mongotx::Transactions::with_options(
+        store,
+        mongotx::TxnOptions::default().finish(mongotx::Finish::BeforeReturning),
+    )
 }

@@ -140,9 +140,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
     }
     if run(Section::Scale) {
-        scale::rows(server.uri(), db.name(), 50)
+        let measured = scale::rows(server.uri(), db.name(), 50)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+        match plots::write_scale(&args.plots, args.font.as_deref(), &measured) {
+            Ok(files) => {
+                println!("\ncharts:");
+                for file in files {
+                    println!("  {}", file.display());
+                }
+            }
+            Err(e) => println!("\ncharts not drawn: {e}"),
+        }
     }
     if run(Section::Network) {
         let runs = network::rows(

@@ -35,6 +35,113 @@ fn load_font(font: Option<&Path>) -> Result<(), String> {
         .map_err(|_| format!("{} is not a usable TrueType font", path.display()))
 }
 
+/// Writes the scale rows' charts into `dir` and returns the files written: query cost against
+/// held documents, GC throughput against backlog, commit latency against k.
+pub(crate) fn write_scale(
+    dir: &Path,
+    font: Option<&Path>,
+    run: &crate::scale::ScaleRun,
+) -> Result<Vec<PathBuf>, String> {
+    load_font(font)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let at = |i: usize| i as f64;
+    let held: Vec<String> = run.queries.iter().map(|q| q.held.to_string()).collect();
+    let mut written = Vec::new();
+    let chart = Chart {
+        caption: "a query next to H held documents, / the raw driver's (10,010 documents)".into(),
+        x_desc: leak(format!("held documents H: {}", held.join(", "))),
+        y_desc: "ratio to raw find; commands per query",
+        x_max: at(run.queries.len().saturating_sub(1)),
+        log_y: false,
+        lines: vec![
+            Line {
+                label: "find(filter) / raw".into(),
+                color: RGBColor(0, 114, 178),
+                points: run
+                    .queries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| (at(i), q.filter_ratio))
+                    .collect(),
+            },
+            Line {
+                label: "find(filter, sort, limit 10) / raw".into(),
+                color: RGBColor(0, 158, 115),
+                points: run
+                    .queries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| (at(i), q.sorted_ratio))
+                    .collect(),
+            },
+            Line {
+                label: "commands per query".into(),
+                color: VERMILION,
+                points: run
+                    .queries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| (at(i), q.commands as f64))
+                    .collect(),
+            },
+        ],
+    };
+    written.extend(chart.render(dir, "scale_queries")?);
+    let backlog: Vec<String> = run.gc.iter().map(|(n, _)| n.to_string()).collect();
+    let chart = Chart {
+        caption: "one GC runner: expired 4-document transactions cleared per second".into(),
+        x_desc: leak(format!("expired transactions: {}", backlog.join(", "))),
+        y_desc: "transactions per second",
+        x_max: at(run.gc.len().saturating_sub(1)),
+        log_y: false,
+        lines: vec![
+            Line {
+                label: "one runner".into(),
+                color: RGBColor(0, 114, 178),
+                points: run
+                    .gc
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, rate))| (at(i), *rate))
+                    .collect(),
+            },
+            Line {
+                label: "target: 1,000 per second".into(),
+                color: GREY,
+                points: (0..run.gc.len()).map(|i| (at(i), 1000.0)).collect(),
+            },
+        ],
+    };
+    written.extend(chart.render(dir, "scale_gc")?);
+    let chart = Chart {
+        caption: "commit (the default mode) / one raw update, by k".into(),
+        x_desc: "documents per transaction (k)",
+        y_desc: "latency / one update",
+        x_max: run
+            .commits
+            .iter()
+            .map(|(k, _)| *k as f64)
+            .fold(1.0, f64::max),
+        log_y: false,
+        lines: vec![Line {
+            label: "commit / one update".into(),
+            color: RGBColor(0, 114, 178),
+            points: run
+                .commits
+                .iter()
+                .map(|(k, ratio)| (*k as f64, *ratio))
+                .collect(),
+        }],
+    };
+    written.extend(chart.render(dir, "scale_commits")?);
+    Ok(written)
+}
+
+/// A label built at run time, kept for the life of the process (charts take `&'static str`).
+fn leak(text: String) -> &'static str {
+    Box::leak(text.into_boxed_str())
+}
+
 /// Writes every chart into `dir` and returns the files written.
 pub(crate) fn write(
     dir: &Path,

@@ -14,9 +14,10 @@ use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use mongotx::failpoint::{self, CrashAt, Failpoint};
 use mongotx::{
-    Adjust, CollectionSpec, Gc, GcOptions, Query, Repository, Store, Transactions, TxnError,
-    TxnOptions,
+    Adjust, CollectionSpec, Finish, Gc, GcOptions, Query, Repository, Store, Transactions,
+    TxnError, TxnOptions,
 };
+use rand::Rng;
 
 use crate::{stats, Account};
 
@@ -62,12 +63,16 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Median of `samples` runs of `op`.
+/// Median of `samples` runs of `op` (after a fifth as many unmeasured).
 async fn median<F, Fut, T>(samples: usize, mut op: F) -> Result<Duration>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
+    // A fifth as many warm-up runs first: the local server is a JVM.
+    for _ in 0..samples / 5 {
+        op().await?;
+    }
     let mut times = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t = Instant::now();
@@ -77,20 +82,46 @@ where
     Ok(stats(times).median)
 }
 
-/// The three tables.
-pub(crate) async fn rows(uri: &str, db_name: &str, samples: usize) -> Result<()> {
+/// One query row: H held, commands per query, and the two ratios to the raw driver.
+pub(crate) struct QueryRow {
+    pub(crate) held: usize,
+    pub(crate) commands: usize,
+    pub(crate) filter_ratio: f64,
+    pub(crate) sorted_ratio: f64,
+}
+
+/// What the scale rows measured, for the charts.
+#[derive(Default)]
+pub(crate) struct ScaleRun {
+    pub(crate) queries: Vec<QueryRow>,
+    /// (expired transactions, transactions per second).
+    pub(crate) gc: Vec<(usize, f64)>,
+    /// (k, commit / one update).
+    pub(crate) commits: Vec<(usize, f64)>,
+}
+
+/// The tables; returns what they measured.
+pub(crate) async fn rows(uri: &str, db_name: &str, samples: usize) -> Result<ScaleRun> {
     let counter = Counter::default();
     let client = counter.client(uri).await?;
     let db = client.database(db_name);
     let store = Store::new(db.clone());
-    queries(&store, &db, &counter, samples).await?;
-    gc_backlog(&store, &db).await?;
-    commits(&store, &db, samples).await?;
-    Ok(())
+    let mut run = ScaleRun::default();
+    queries(&store, &db, &counter, samples * 2, &mut run).await?;
+    gc_backlog(&store, &db, &mut run).await?;
+    commits(&store, &db, samples, &mut run).await?;
+    modes(uri, &db, samples).await?;
+    Ok(run)
 }
 
 /// Query cost next to H documents held by a pending transaction, H = 0 .. 10,000.
-async fn queries(store: &Store, db: &Database, counter: &Counter, samples: usize) -> Result<()> {
+async fn queries(
+    store: &Store,
+    db: &Database,
+    counter: &Counter,
+    samples: usize,
+    run: &mut ScaleRun,
+) -> Result<()> {
     let repo: Repository<Account> = store.repository(spec("scale_query")?).await?;
     let raw: Collection<Document> = db.collection("scale_query");
     // 10 targets and 10,000 others, inserted raw in the stored shape.
@@ -123,7 +154,7 @@ async fn queries(store: &Store, db: &Database, counter: &Counter, samples: usize
                 doc! { "_id": { "$in": ids } },
                 vec![doc! { "$set": {
                     "_txn": pending,
-                    "_hold": { "exp": hour, "op": "update", "restore": { "balance": "$balance", "_version": 1_i64 }, "unset": [] },
+                    "_hold": { "exp": hour, "op": "update", "restore": { "balance": "$balance", "_version": 1_i64 }, "unset": [], "changed": ["balance", "_version"] },
                     "balance": { "$add": ["$balance", 1_000_000_i64] },
                     "_version": 2_i64,
                 } }],
@@ -162,13 +193,20 @@ async fn queries(store: &Store, db: &Database, counter: &Counter, samples: usize
             Ok(c.collect::<Vec<_>>().await)
         })
         .await?;
+        let row = QueryRow {
+            held: h,
+            commands,
+            filter_ratio: find.as_secs_f64() / base.as_secs_f64(),
+            sorted_ratio: find_sorted.as_secs_f64() / base_sorted.as_secs_f64(),
+        };
         println!(
             "| {h} | {commands} | {:.2}x ({:.2} ms) | {:.2}x ({:.2} ms) |",
-            find.as_secs_f64() / base.as_secs_f64(),
+            row.filter_ratio,
             ms(find),
-            find_sorted.as_secs_f64() / base_sorted.as_secs_f64(),
+            row.sorted_ratio,
             ms(find_sorted),
         );
+        run.queries.push(row);
     }
     // An idle GC round next to the 10,000 pending holds.
     let gc = Gc::with_store(store, GcOptions::default());
@@ -180,7 +218,7 @@ async fn queries(store: &Store, db: &Database, counter: &Counter, samples: usize
 }
 
 /// One GC runner clearing N expired 4-document transactions, N = 10 .. 10,000.
-async fn gc_backlog(store: &Store, db: &Database) -> Result<()> {
+async fn gc_backlog(store: &Store, db: &Database, run: &mut ScaleRun) -> Result<()> {
     let raw: Collection<Document> = db.collection("scale_raw");
     raw.insert_one(doc! { "_id": 0, "n": 0_i64 }).await?;
     let one_update = median(200, || async {
@@ -210,6 +248,7 @@ async fn gc_backlog(store: &Store, db: &Database) -> Result<()> {
                 store,
                 TxnOptions::default()
                     .timeout(timeout)
+                    .finish(Finish::BeforeReturning)
                     .fault_injector(Arc::new(CrashAt(Failpoint {
                         name: failpoint::COMMIT_AFTER,
                         step: 0,
@@ -260,17 +299,18 @@ async fn gc_backlog(store: &Store, db: &Database) -> Result<()> {
             n as f64 / took.as_secs_f64(),
             took.as_secs_f64() / n as f64 / one_update.as_secs_f64(),
         );
+        run.gc.push((n, n as f64 / took.as_secs_f64()));
     }
     Ok(())
 }
 
 /// Commit latency for k documents (adjusts), k = 1 .. 256, next to one raw update.
-async fn commits(store: &Store, db: &Database, samples: usize) -> Result<()> {
+async fn commits(store: &Store, db: &Database, samples: usize, run: &mut ScaleRun) -> Result<()> {
     let raw: Collection<Document> = db.collection("scale_raw");
     let repo: Repository<Account> = store.repository(spec("scale_commit")?).await?;
     let txns = Transactions::new(store);
     let samples = samples.clamp(5, 50);
-    println!("\ncommit latency by k (adjusts, finished before returning; {samples} samples)");
+    println!("\ncommit latency by k (adjusts, the default mode; {samples} samples)");
     println!("| k | commit | / one update |");
     println!("| ---: | ---: | ---: |");
     for k in [1_usize, 4, 16, 64, 256] {
@@ -304,11 +344,162 @@ async fn commits(store: &Store, db: &Database, samples: usize) -> Result<()> {
             times.push(t.elapsed());
         }
         let commit = stats(times).median;
-        println!(
-            "| {k} | {:.2} ms | {:.2}x |",
-            ms(commit),
-            commit.as_secs_f64() / one_update.as_secs_f64()
-        );
+        let ratio = commit.as_secs_f64() / one_update.as_secs_f64();
+        println!("| {k} | {:.2} ms | {ratio:.2}x |", ms(commit));
+        run.commits.push((k, ratio));
     }
     Ok(())
+}
+
+const MODES: [(Finish, &str); 2] = [
+    (Finish::BeforeReturning, "finish before returning"),
+    (Finish::InBackground, "return after the round"),
+];
+
+/// The two finishing modes side by side: commit latency for k = 1, 4, 16 and the throughput of
+/// two-account transfers from 2, 8 and 32 clients, on 10 hot accounts and on 10,000.
+async fn modes(uri: &str, db: &Database, samples: usize) -> Result<()> {
+    let store = Store::new(db.clone());
+    let raw: Collection<Document> = db.collection("scale_raw");
+    let repo: Repository<Account> = store.repository(spec("scale_modes")?).await?;
+    let samples = samples.clamp(20, 200);
+    println!("\nfinishing modes: commit latency ({samples} samples, / one raw update measured alongside)");
+    println!("| k | finish before returning | return after the round |");
+    println!("| ---: | ---: | ---: |");
+    for k in [1_usize, 4, 16] {
+        let mut cells = Vec::new();
+        for (finish, name) in MODES {
+            let docs: Vec<Document> = (0..k)
+                .map(|i| doc! { "_id": format!("{name}-{k}-{i:02}"), "owner": "m", "balance": 0_i64, "_schema": 1_i64, "_version": 1_i64 })
+                .collect();
+            db.collection::<Document>("scale_modes")
+                .insert_many(docs)
+                .await?;
+            let txns = Transactions::with_options(&store, TxnOptions::default().finish(finish));
+            let (mut ours, mut base) = (Vec::new(), Vec::new());
+            for version in 1..=samples as i64 {
+                let tx = txns.begin();
+                for i in 0..k {
+                    let id = format!("{name}-{k}-{i:02}");
+                    tx.adjust(
+                        &repo,
+                        id.as_str(),
+                        version,
+                        &Adjust::new().by("balance", 1_i64),
+                    )
+                    .await?;
+                }
+                let t = Instant::now();
+                tx.commit().await?;
+                ours.push(t.elapsed());
+                let t = Instant::now();
+                raw.update_one(doc! { "_id": 0 }, doc! { "$inc": { "n": 1_i64 } })
+                    .await?;
+                base.push(t.elapsed());
+                if finish == Finish::InBackground {
+                    // Let the background finish land before the next commit of the same documents.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            let (ours, base) = (stats(ours).median, stats(base).median);
+            cells.push(format!(
+                "{:.2} ms, {:.2}x",
+                ms(ours),
+                ours.as_secs_f64() / base.as_secs_f64()
+            ));
+        }
+        println!("| {k} | {} | {} |", cells[0], cells[1]);
+    }
+    println!(
+        "\nfinishing modes: transfers per second (3 s each; conflicts retried are not counted)"
+    );
+    println!("| accounts | clients | finish before returning | return after the round |");
+    println!("| ---: | ---: | ---: | ---: |");
+    for accounts in [10_usize, 10_000] {
+        let name = format!("scale_bank_{accounts}");
+        let docs: Vec<Document> = (0..accounts)
+            .map(|i| doc! { "_id": format!("b{i}"), "owner": "b", "balance": 1_000_000_i64, "_schema": 1_i64, "_version": 1_i64 })
+            .collect();
+        db.collection::<Document>(&name).insert_many(docs).await?;
+        for clients in [2_usize, 8, 32] {
+            let mut cells = Vec::new();
+            for (finish, _) in MODES {
+                let (rate, conflicts) =
+                    transfers(uri, db.name(), &name, accounts, clients, finish).await?;
+                cells.push(format!("{rate:.0} ({conflicts} conflicts)"));
+            }
+            println!("| {accounts} | {clients} | {} | {} |", cells[0], cells[1]);
+        }
+    }
+    Ok(())
+}
+
+/// Transfers between random accounts of `coll` from `clients` clients (each its own client and
+/// store) for three seconds; committed transfers per second and conflicts.
+async fn transfers(
+    uri: &str,
+    db_name: &str,
+    coll: &str,
+    accounts: usize,
+    clients: usize,
+    finish: Finish,
+) -> Result<(f64, u64)> {
+    let done = Arc::new(AtomicUsize::new(0));
+    let conflicts = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let client = Client::with_uri_str(uri).await?;
+        let store = Store::new(client.database(db_name));
+        let bank: Repository<Account> = store.repository(spec(coll)?).await?;
+        let txns = Transactions::with_options(&store, TxnOptions::default().finish(finish));
+        bank.get("b0").await?;
+        let (done, conflicts, stop) = (done.clone(), conflicts.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let (a, b) = {
+                    let mut rng = rand::rng();
+                    let a = rng.random_range(0..accounts);
+                    let b = (a + rng.random_range(1..accounts)) % accounts;
+                    (format!("b{a}"), format!("b{b}"))
+                };
+                let moved = async {
+                    let (from, to) = tokio::try_join!(bank.get(a.as_str()), bank.get(b.as_str()))?;
+                    let tx = txns.begin();
+                    tx.adjust(
+                        &bank,
+                        a.as_str(),
+                        from.version,
+                        &Adjust::new().by("balance", -1_i64),
+                    )
+                    .await?;
+                    tx.adjust(
+                        &bank,
+                        b.as_str(),
+                        to.version,
+                        &Adjust::new().by("balance", 1_i64),
+                    )
+                    .await?;
+                    tx.commit().await?;
+                    Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+                };
+                match moved.await {
+                    Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => conflicts.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counted = done.load(Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await?;
+    }
+    Ok((
+        counted as f64 / elapsed.as_secs_f64(),
+        conflicts.load(Ordering::Relaxed) as u64,
+    ))
 }

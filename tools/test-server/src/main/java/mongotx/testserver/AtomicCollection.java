@@ -2,6 +2,8 @@ package mongotx.testserver;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Set;
+import java.util.TreeSet;
 
 import de.bwaldvogel.mongo.MongoDatabase;
 import de.bwaldvogel.mongo.backend.ArrayFilters;
@@ -59,8 +61,9 @@ final class AtomicCollection extends MemoryCollection {
     }
 
     /**
-     * Looks a filter with an {@code _id} equality and other conditions up in the {@code _id} index,
-     * then checks the whole filter on the one document found, as MongoDB's planner does. The stock
+     * Looks a filter with an {@code _id} equality and other conditions, or an {@code _id} {@code $in}
+     * list, up in the {@code _id} index, then checks the whole filter on the documents found, as
+     * MongoDB's planner does. The stock
      * collection uses an index only when the filter names exactly its keys, so every conditional
      * write by id (all of mongotx's) scanned the whole collection: a cost that grew with the
      * collection, which MongoDB does not have.
@@ -69,16 +72,41 @@ final class AtomicCollection extends MemoryCollection {
     protected QueryResult queryDocuments(Document query, Document orderBy, int skip, int limit, int batchSize,
             Document fieldSelector) {
         Object id = query.get("_id");
-        if (query.size() > 1 && (id instanceof String || id instanceof Number || id instanceof ObjectId)) {
-            Document byId = new Document("_id", id);
-            for (Index<Integer> index : getIndexes()) {
-                if (index.canHandle(byId)) {
-                    return matchDocuments(query, index.getPositions(byId), orderBy, skip, limit, batchSize,
-                            fieldSelector);
+        List<Object> wanted = null;
+        if (query.size() > 1 && plain(id)) {
+            wanted = List.of(id);
+        } else if (id instanceof Document in && in.size() == 1 && in.get("$in") instanceof List<?> values
+                && values.stream().allMatch(AtomicCollection::plain)) {
+            wanted = new ArrayList<>(values);
+        }
+        if (wanted != null) {
+            Index<Integer> byId = idIndex();
+            if (byId != null) {
+                Set<Integer> positions = new TreeSet<>();
+                for (Object value : wanted) {
+                    for (Integer position : byId.getPositions(new Document("_id", value))) {
+                        positions.add(position);
+                    }
                 }
+                return matchDocuments(query, positions, orderBy, skip, limit, batchSize, fieldSelector);
             }
         }
         return super.queryDocuments(query, orderBy, skip, limit, batchSize, fieldSelector);
+    }
+
+    /** A value the {@code _id} index can look up by equality. */
+    private static boolean plain(Object value) {
+        return value instanceof String || value instanceof Number || value instanceof ObjectId;
+    }
+
+    private Index<Integer> idIndex() {
+        Document probe = new Document("_id", 0);
+        for (Index<Integer> index : getIndexes()) {
+            if (index.canHandle(probe)) {
+                return index;
+            }
+        }
+        return null;
     }
 
     /** Copies of the documents matching {@code filter}, in {@code sort} order (may be null), at most {@code limit} (0: all). */

@@ -1,14 +1,17 @@
 package mongotx.testserver;
 
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 
 import de.bwaldvogel.mongo.MongoCollection;
 import de.bwaldvogel.mongo.backend.CollectionOptions;
 import de.bwaldvogel.mongo.backend.CursorRegistry;
 import de.bwaldvogel.mongo.backend.DatabaseResolver;
+import de.bwaldvogel.mongo.backend.aggregation.Aggregation;
 import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
 import de.bwaldvogel.mongo.backend.memory.MemoryDatabase;
 import de.bwaldvogel.mongo.bson.Document;
@@ -65,6 +68,10 @@ final class AtomicDatabase extends MemoryDatabase {
             case "aggregate":
                 if (query.get("pipeline") instanceof List<?> stages) {
                     query = with(query, "pipeline", variables(query, command).inPipeline(stages));
+                    Document matched = matchFirst(query, resolver, oplog);
+                    if (matched != null) {
+                        return matched;
+                    }
                 }
                 return super.handleCommand(channel, command, query, resolver, oplog);
             case "create":
@@ -79,6 +86,45 @@ final class AtomicDatabase extends MemoryDatabase {
             default:
                 return super.handleCommand(channel, command, query, resolver, oplog);
         }
+    }
+
+    /** Stages a pipeline that starts with {@code $match} may go on with, run over the matched documents. */
+    private static final Set<String> AFTER_MATCH = Set.of("$match", "$addFields", "$set", "$project", "$unset",
+            "$replaceRoot", "$replaceWith", "$sort", "$limit", "$skip", "$group", "$count", "$unwind");
+
+    /**
+     * Runs an aggregation whose first stage is {@code $match} as MongoDB does: the match is a query
+     * on the collection (indexes and all), and only the documents it matches are copied and go
+     * through the later stages. The stock server copies every document of the collection into the
+     * pipeline first, so an aggregation cost as much as the whole collection weighs, however few
+     * documents it matched. Null when the pipeline is not of that shape (the stock path runs it).
+     */
+    private Document matchFirst(Document query, DatabaseResolver resolver, Oplog oplog) {
+        String name = String.valueOf(query.get("aggregate"));
+        if (!(query.get("pipeline") instanceof List<?> stages) || stages.isEmpty()
+                || !(stages.get(0) instanceof Document first) || first.size() != 1
+                || !(first.get("$match") instanceof Document match) || query.containsKey("explain")) {
+            return null;
+        }
+        for (Object stage : stages) {
+            if (!(stage instanceof Document d) || d.size() != 1 || !AFTER_MATCH.contains(d.keySet().iterator().next())) {
+                return null;
+            }
+        }
+        AtomicCollection collection = existing(name);
+        if (collection == null) {
+            return null;
+        }
+        List<Document> matched = collection.matching(match, null, 0);
+        Aggregation rest = Aggregation.fromPipeline((Object) new ArrayList<>(stages.subList(1, stages.size())),
+                resolver, this, collection, oplog);
+        List<Document> result = rest.runStages(matched.stream());
+        Document cursor = new Document("firstBatch", result);
+        cursor.put("id", 0L);
+        cursor.put("ns", getFullCollectionNamespace(name));
+        Document reply = new Document("cursor", cursor);
+        reply.put("ok", 1.0);
+        return reply;
     }
 
     /** The collection a write goes to, created if absent (as MongoDB does on a first write). */
