@@ -34,8 +34,8 @@ pub enum Finish {
     /// transaction; write the commit point and free the documents in a background task (readers
     /// through mongotx already see the committed values; a writer that meets a hold before the
     /// task frees it finishes that document itself; a GC finishes the job if the process dies).
-    /// The default: a quarter to a sixth of the latency, and more transfers per second unless
-    /// they fight over a few documents (see the README's measured table).
+    /// The default: a third to a half of the latency, and as many or more transfers per second
+    /// unless they fight over a few documents (see the README's measured table).
     #[default]
     InBackground,
 }
