@@ -322,9 +322,8 @@ where
     /// document reads as its committed value. The cost does not depend on what is held
     /// elsewhere: one command when nothing the filter can match is held; otherwise at most four
     /// plus one per collection that the holders' staging transactions touch (see `repo::query`
-    /// and `HoldResolver::statuses`), and one
-    /// more under a limit when over a thousand held documents can match. (Long results add the
-    /// cursor's `getMore`s, as any query's do.)
+    /// and `HoldResolver::statuses`), and one more under a limit when over a thousand held
+    /// documents can match. (Long results add the cursor's `getMore`s, as any query's do.)
     pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {
         if let Some(reason) = query::problem(&query.filter, query.sort.as_ref()) {
             return Err(RepoError::InvalidQuery {

@@ -123,9 +123,10 @@ pub(crate) async fn status(store: &Store, txn: ObjectId) -> Result<TxnStatus, Ho
 
 /// What the records of `txns` say, read without writing anything and in a bounded number of
 /// commands however many there are: one for the records, then, for the staging ones, one per
-/// collection their participants live in (and one more for those that seem incomplete). A staging record whose participants are all applied
-/// reads as committed (it is, whether or not anyone has written so); a missing record as
-/// [`TxnStatus::Absent`]. Readers use this: they need each holder's outcome, never to decide it.
+/// collection their participants live in (and one more for those that seem incomplete). A
+/// staging record whose participants are all applied reads as committed (it is, whether or not
+/// anyone has written so); a missing record as [`TxnStatus::Absent`]. Readers use this: they
+/// need each holder's outcome, never to decide it.
 pub(crate) async fn read_statuses(
     store: &Store,
     txns: &[ObjectId],
@@ -158,7 +159,7 @@ pub(crate) async fn read_statuses(
     let looked = join_all(
         by_coll
             .iter()
-            .map(|(coll, wanted)| applied_among(store, coll, wanted)),
+            .map(|(coll, wanted)| missing_among(store, coll, wanted)),
     )
     .await;
     let mut missing: HashSet<ObjectId> = HashSet::new();
@@ -209,7 +210,7 @@ async fn load_many(store: &Store, txns: &[ObjectId]) -> Result<Vec<Document>, Ho
 
 /// Reads the participants `wanted` of collection `coll` in one command and returns the
 /// transactions with a participant there that is not held by their own apply.
-async fn applied_among(
+async fn missing_among(
     store: &Store,
     coll: &str,
     wanted: &[(ObjectId, Bson)],

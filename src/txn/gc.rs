@@ -242,8 +242,10 @@ impl Gc {
                     ],
                 );
             }
+            // Ids and deadlines only: the claim reads the whole records of the page it gets.
             let page: Vec<Document> = records
                 .find(filter)
+                .projection(doc! { "_id": 1, "deadline": 1 })
                 .sort(doc! { "deadline": 1, "_id": 1 })
                 .limit(limit)
                 .batch_size(u32::try_from(page_size).unwrap_or(u32::MAX))

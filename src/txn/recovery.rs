@@ -23,7 +23,7 @@ use crate::repo::write::{self, Write};
 use crate::server::is_transient;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{self, Faults};
-use crate::txn::worklist::ActiveTransaction;
+use crate::txn::worklist::{ActiveTransaction, Entry};
 
 /// Which failpoint names a party uses for the steps it shares with others.
 #[derive(Debug, Clone, Copy)]
@@ -171,6 +171,45 @@ struct Round<'a> {
     owner: Vec<(usize, usize)>,
 }
 
+impl<'a> Round<'a> {
+    /// One write per entry of each of `txns`, made by `make`. A transaction one of whose writes
+    /// cannot be made is left out of the round whole, with that error in the results returned
+    /// beside it (one per transaction of `txns`).
+    async fn build<F, Fut>(
+        txns: &[&'a ActiveTransaction],
+        make: F,
+    ) -> (Round<'a>, Vec<Result<(), TxnError>>)
+    where
+        F: Fn(&'a ActiveTransaction, &'a Entry) -> Fut,
+        Fut: std::future::Future<Output = Result<(Collection<Document>, Write), TxnError>>,
+    {
+        let mut round = Round {
+            txns: Vec::with_capacity(txns.len()),
+            writes: Vec::new(),
+            owner: Vec::new(),
+        };
+        let mut each = Vec::with_capacity(txns.len());
+        'txns: for txn in txns {
+            let mut made = Vec::with_capacity(txn.entries.len());
+            for entry in &txn.entries {
+                match make(txn, entry).await {
+                    Ok(write) => made.push(write),
+                    Err(e) => {
+                        each.push(Err(e));
+                        continue 'txns;
+                    }
+                }
+            }
+            let k = round.txns.len();
+            round.txns.push(txn);
+            round.owner.extend((0..made.len()).map(|step| (k, step)));
+            round.writes.extend(made);
+            each.push(Ok(()));
+        }
+        (round, each)
+    }
+}
+
 /// What a round did for each of its transactions, and the injected crash that ended it early.
 struct Settled {
     /// Per transaction: `Ok` if every write of it was sent and settled.
@@ -272,45 +311,21 @@ pub(crate) async fn finish_many(
     txns: &[&ActiveTransaction],
     role: Role,
 ) -> Result<Vec<Result<(), TxnError>>, TxnError> {
-    let mut round = Round {
-        txns: txns.to_vec(),
-        writes: Vec::new(),
-        owner: Vec::new(),
-    };
-    let mut each: Vec<Result<(), TxnError>> = txns.iter().map(|_| Ok(())).collect();
-    for (k, txn) in txns.iter().enumerate() {
+    let (round, each) = Round::build(txns, |txn, entry| async move {
         let t = txn.id;
-        for (step, entry) in txn.entries.iter().enumerate() {
-            let built = async {
-                let coll = env.collection(Some(t), &entry.coll).await?;
-                let write = if entry.deletes() {
-                    let filter = hold::applied_by(&entry.id, t);
-                    env.store
-                        .tombstone_write(
-                            coll.name(),
-                            filter,
-                            &entry.id,
-                            entry.schema,
-                            entry.applied,
-                        )
-                        .await
-                        .map_err(|e| TxnError::database(Some(t), "finish", e))?
-                } else {
-                    entry.finish(t)
-                };
-                Ok::<_, TxnError>((coll, write))
-            };
-            match built.await {
-                Ok(write) => {
-                    round.writes.push(write);
-                    round.owner.push((k, step));
-                }
-                Err(e) => each[k] = Err(e),
-            }
-        }
-    }
-    // A transaction whose writes could not all be built is left whole for later.
-    round = keep(round, &each);
+        let coll = env.collection(Some(t), &entry.coll).await?;
+        let write = if entry.deletes() {
+            let filter = hold::applied_by(&entry.id, t);
+            env.store
+                .tombstone_write(coll.name(), filter, &entry.id, entry.schema, entry.applied)
+                .await
+                .map_err(|e| TxnError::database(Some(t), "finish", e))?
+        } else {
+            entry.finish(t)
+        };
+        Ok((coll, write))
+    })
+    .await;
     let settled = run_round(env, role.finish, &round, |i, first| {
         let (k, step) = round.owner[i];
         let t = round.txns[k].id;
@@ -341,51 +356,20 @@ pub(crate) async fn finish_many(
         }
     })
     .await;
-    let each = merge(txns, each, &round, settled.each);
-    if let Some(crash) = settled.crash {
-        return Err(crash);
-    }
-    let ended = end_many(env, txns, each, role.end, Deletion::Now).await?;
+    let ended = conclude(env, txns, each, settled, role.end, Deletion::Now).await?;
     Ok(ended.into_iter().map(|r| r.map(|_| ())).collect())
 }
 
-/// `round` without the writes of transactions whose result in `each` is already an error.
-fn keep<'a>(round: Round<'a>, each: &[Result<(), TxnError>]) -> Round<'a> {
-    let ok: Vec<usize> = (0..round.txns.len()).filter(|k| each[*k].is_ok()).collect();
-    if ok.len() == round.txns.len() {
-        return round;
-    }
-    let mut kept = Round {
-        txns: ok.iter().map(|k| round.txns[*k]).collect(),
-        writes: Vec::new(),
-        owner: Vec::new(),
-    };
-    for (write, (k, step)) in round.writes.into_iter().zip(round.owner) {
-        if let Some(at) = ok.iter().position(|o| *o == k) {
-            kept.writes.push(write);
-            kept.owner.push((at, step));
-        }
-    }
-    kept
-}
-
-/// Each transaction's result: its earlier error, or else what its round did.
+/// Each transaction's result: its error from building its writes, or else what its round did
+/// (the round holds exactly the transactions whose writes were built, in order).
 fn merge(
-    txns: &[&ActiveTransaction],
     before: Vec<Result<(), TxnError>>,
-    round: &Round<'_>,
     settled: Vec<Result<(), TxnError>>,
 ) -> Vec<Result<(), TxnError>> {
     let mut settled = settled.into_iter();
-    txns.iter()
-        .zip(before)
-        .map(|(txn, earlier)| {
-            earlier?;
-            match round.txns.iter().position(|r| r.id == txn.id) {
-                Some(_) => settled.next().unwrap_or(Ok(())),
-                None => Ok(()),
-            }
-        })
+    before
+        .into_iter()
+        .map(|earlier| earlier.and_then(|()| settled.next().unwrap_or(Ok(()))))
         .collect()
 }
 
@@ -427,26 +411,11 @@ pub(crate) async fn rollback_many(
     role: Role,
     deletion: Deletion,
 ) -> Result<Vec<Result<bool, TxnError>>, TxnError> {
-    let mut round = Round {
-        txns: txns.to_vec(),
-        writes: Vec::new(),
-        owner: Vec::new(),
-    };
-    let mut each: Vec<Result<(), TxnError>> = txns.iter().map(|_| Ok(())).collect();
-    for (k, txn) in txns.iter().enumerate() {
-        for (step, entry) in txn.entries.iter().enumerate() {
-            match env.collection(Some(txn.id), &entry.coll).await {
-                Ok(coll) => {
-                    round
-                        .writes
-                        .push((coll, entry.rollback(txn.id, txn.deadline)));
-                    round.owner.push((k, step));
-                }
-                Err(e) => each[k] = Err(e),
-            }
-        }
-    }
-    round = keep(round, &each);
+    let (round, each) = Round::build(txns, |txn, entry| async move {
+        let coll = env.collection(Some(txn.id), &entry.coll).await?;
+        Ok((coll, entry.rollback(txn.id, txn.deadline)))
+    })
+    .await;
     let settled = run_round(env, role.rollback, &round, |i, first| {
         let (k, step) = round.owner[i];
         let t = round.txns[k].id;
@@ -465,11 +434,25 @@ pub(crate) async fn rollback_many(
         }
     })
     .await;
-    let each = merge(txns, each, &round, settled.each);
+    conclude(env, txns, each, settled, role.rollback_end, deletion).await
+}
+
+/// After a round: each transaction's result (an error from building its writes, or what the
+/// round did), then, unless an injected crash ended the round, the records of those that went
+/// through deleted as `deletion` allows (see [`end_many`]).
+async fn conclude(
+    env: &Env,
+    txns: &[&ActiveTransaction],
+    before: Vec<Result<(), TxnError>>,
+    settled: Settled,
+    names: (&'static str, &'static str),
+    deletion: Deletion,
+) -> Result<Vec<Result<bool, TxnError>>, TxnError> {
+    let each = merge(before, settled.each);
     if let Some(crash) = settled.crash {
         return Err(crash);
     }
-    end_many(env, txns, each, role.rollback_end, deletion).await
+    end_many(env, txns, each, names, deletion).await
 }
 
 /// Deletes the records of those of `txns` whose result in `each` is `Ok`, in one command, as

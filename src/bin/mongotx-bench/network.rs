@@ -519,16 +519,31 @@ async fn transfers(
     clients: usize,
     seconds: u64,
 ) -> Result<(f64, u64), Error> {
-    let done = Arc::new(AtomicU64::new(0));
-    let conflicts = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
+    let mut banks = Vec::with_capacity(clients);
     for _ in 0..clients {
         let client = proxied(listen, 8).await?;
         let store = Store::new(client.database(db_name));
         let bank = accounts(&store, "bank").await?;
         let txns =
             Transactions::with_options(&store, TxnOptions::default().finish(Finish::InBackground));
+        banks.push((bank, txns));
+    }
+    drive_transfers(banks, ACCOUNTS, seconds).await
+}
+
+/// Runs transfers of one unit between two random accounts `b0`.. of `accounts` from each
+/// (repository, transactions) of `banks` at once for `seconds`; returns committed transfers per
+/// second and the transfers that failed (conflicts).
+pub(crate) async fn drive_transfers(
+    banks: Vec<(Repository<Account>, Transactions)>,
+    accounts: usize,
+    seconds: u64,
+) -> Result<(f64, u64), Error> {
+    let done = Arc::new(AtomicU64::new(0));
+    let conflicts = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (bank, txns) in banks {
         // Connections first: the measured window is about transfers, not handshakes.
         bank.get("b0").await?;
         let (done, conflicts, stop) = (done.clone(), conflicts.clone(), stop.clone());
@@ -536,8 +551,8 @@ async fn transfers(
             while !stop.load(Ordering::Relaxed) {
                 let (a, b) = {
                     let mut rng = rand::rng();
-                    let a = rng.random_range(0..ACCOUNTS);
-                    let b = (a + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
+                    let a = rng.random_range(0..accounts);
+                    let b = (a + rng.random_range(1..accounts)) % accounts;
                     (format!("b{a}"), format!("b{b}"))
                 };
                 match transfer(&bank, &txns, &a, &b).await {

@@ -17,7 +17,6 @@ use mongotx::{
     Adjust, CollectionSpec, Finish, Gc, GcOptions, Query, Repository, Store, Transactions,
     TxnError, TxnOptions,
 };
-use rand::Rng;
 
 use crate::{stats, Account};
 
@@ -57,6 +56,11 @@ fn spec(name: &str) -> Result<CollectionSpec> {
         1,
         include_str!("../../../schemas/accounts.json"),
     )?)
+}
+
+/// An account as mongotx stores it (schema version 1, version 1), for raw bulk inserts.
+fn stored(id: String, owner: &str, balance: i64) -> Document {
+    doc! { "_id": id, "owner": owner, "balance": balance, "_schema": 1_i64, "_version": 1_i64 }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -128,7 +132,7 @@ async fn queries(
     let docs: Vec<Document> = (0..10_010)
         .map(|i| {
             let owner = if i < 10 { "target" } else { "crowd" };
-            doc! { "_id": format!("q{i:05}"), "owner": owner, "balance": i as i64, "_schema": 1_i64, "_version": 1_i64 }
+            stored(format!("q{i:05}"), owner, i as i64)
         })
         .collect();
     raw.insert_many(docs).await?;
@@ -236,7 +240,7 @@ async fn gc_backlog(store: &Store, db: &Database, run: &mut ScaleRun) -> Result<
     for n in [10_usize, 100, 1_000, 10_000] {
         let repo: Repository<Account> = store.repository(spec(&format!("scale_gc_{n}"))?).await?;
         let docs: Vec<Document> = (0..4 * n)
-            .map(|i| doc! { "_id": format!("g{i:06}"), "owner": "gc", "balance": 100_i64, "_schema": 1_i64, "_version": 1_i64 })
+            .map(|i| stored(format!("g{i:06}"), "gc", 100))
             .collect();
         db.collection::<Document>(&format!("scale_gc_{n}"))
             .insert_many(docs)
@@ -314,9 +318,8 @@ async fn commits(store: &Store, db: &Database, samples: usize, run: &mut ScaleRu
     println!("| k | commit | / one update |");
     println!("| ---: | ---: | ---: |");
     for k in [1_usize, 4, 16, 64, 256] {
-        let docs: Vec<Document> = (0..k)
-            .map(|i| doc! { "_id": format!("k{k}-{i:03}"), "owner": "c", "balance": 0_i64, "_schema": 1_i64, "_version": 1_i64 })
-            .collect();
+        let ids: Vec<String> = (0..k).map(|i| format!("k{k}-{i:03}")).collect();
+        let docs: Vec<Document> = ids.iter().map(|id| stored(id.clone(), "c", 0)).collect();
         db.collection::<Document>("scale_commit")
             .insert_many(docs)
             .await?;
@@ -328,20 +331,7 @@ async fn commits(store: &Store, db: &Database, samples: usize, run: &mut ScaleRu
         .await?;
         let mut times = Vec::with_capacity(samples);
         for version in 1..=samples as i64 {
-            let tx = txns.begin();
-            for i in 0..k {
-                let id = format!("k{k}-{i:03}");
-                tx.adjust(
-                    &repo,
-                    id.as_str(),
-                    version,
-                    &Adjust::new().by("balance", 1_i64),
-                )
-                .await?;
-            }
-            let t = Instant::now();
-            tx.commit().await?;
-            times.push(t.elapsed());
+            times.push(commit_adjusting(&txns, &repo, &ids, version).await?);
         }
         let commit = stats(times).median;
         let ratio = commit.as_secs_f64() / one_update.as_secs_f64();
@@ -349,6 +339,29 @@ async fn commits(store: &Store, db: &Database, samples: usize, run: &mut ScaleRu
         run.commits.push((k, ratio));
     }
     Ok(())
+}
+
+/// Stages an adjust of every account of `ids` (all at `version`) and returns how long the commit
+/// took.
+async fn commit_adjusting(
+    txns: &Transactions,
+    repo: &Repository<Account>,
+    ids: &[String],
+    version: i64,
+) -> Result<Duration> {
+    let tx = txns.begin();
+    for id in ids {
+        tx.adjust(
+            repo,
+            id.as_str(),
+            version,
+            &Adjust::new().by("balance", 1_i64),
+        )
+        .await?;
+    }
+    let t = Instant::now();
+    tx.commit().await?;
+    Ok(t.elapsed())
 }
 
 const MODES: [(Finish, &str); 2] = [
@@ -369,29 +382,15 @@ async fn modes(uri: &str, db: &Database, samples: usize) -> Result<()> {
     for k in [1_usize, 4, 16] {
         let mut cells = Vec::new();
         for (finish, name) in MODES {
-            let docs: Vec<Document> = (0..k)
-                .map(|i| doc! { "_id": format!("{name}-{k}-{i:02}"), "owner": "m", "balance": 0_i64, "_schema": 1_i64, "_version": 1_i64 })
-                .collect();
+            let ids: Vec<String> = (0..k).map(|i| format!("{name}-{k}-{i:02}")).collect();
+            let docs: Vec<Document> = ids.iter().map(|id| stored(id.clone(), "m", 0)).collect();
             db.collection::<Document>("scale_modes")
                 .insert_many(docs)
                 .await?;
             let txns = Transactions::with_options(&store, TxnOptions::default().finish(finish));
             let (mut ours, mut base) = (Vec::new(), Vec::new());
             for version in 1..=samples as i64 {
-                let tx = txns.begin();
-                for i in 0..k {
-                    let id = format!("{name}-{k}-{i:02}");
-                    tx.adjust(
-                        &repo,
-                        id.as_str(),
-                        version,
-                        &Adjust::new().by("balance", 1_i64),
-                    )
-                    .await?;
-                }
-                let t = Instant::now();
-                tx.commit().await?;
-                ours.push(t.elapsed());
+                ours.push(commit_adjusting(&txns, &repo, &ids, version).await?);
                 let t = Instant::now();
                 raw.update_one(doc! { "_id": 0 }, doc! { "$inc": { "n": 1_i64 } })
                     .await?;
@@ -418,7 +417,7 @@ async fn modes(uri: &str, db: &Database, samples: usize) -> Result<()> {
     for accounts in [10_usize, 10_000] {
         let name = format!("scale_bank_{accounts}");
         let docs: Vec<Document> = (0..accounts)
-            .map(|i| doc! { "_id": format!("b{i}"), "owner": "b", "balance": 1_000_000_i64, "_schema": 1_i64, "_version": 1_i64 })
+            .map(|i| stored(format!("b{i}"), "b", 1_000_000))
             .collect();
         db.collection::<Document>(&name).insert_many(docs).await?;
         for clients in [2_usize, 8, 32] {
@@ -444,62 +443,13 @@ async fn transfers(
     clients: usize,
     finish: Finish,
 ) -> Result<(f64, u64)> {
-    let done = Arc::new(AtomicUsize::new(0));
-    let conflicts = Arc::new(AtomicUsize::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
+    let mut banks = Vec::with_capacity(clients);
     for _ in 0..clients {
         let client = Client::with_uri_str(uri).await?;
         let store = Store::new(client.database(db_name));
         let bank: Repository<Account> = store.repository(spec(coll)?).await?;
         let txns = Transactions::with_options(&store, TxnOptions::default().finish(finish));
-        bank.get("b0").await?;
-        let (done, conflicts, stop) = (done.clone(), conflicts.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let (a, b) = {
-                    let mut rng = rand::rng();
-                    let a = rng.random_range(0..accounts);
-                    let b = (a + rng.random_range(1..accounts)) % accounts;
-                    (format!("b{a}"), format!("b{b}"))
-                };
-                let moved = async {
-                    let (from, to) = tokio::try_join!(bank.get(a.as_str()), bank.get(b.as_str()))?;
-                    let tx = txns.begin();
-                    tx.adjust(
-                        &bank,
-                        a.as_str(),
-                        from.version,
-                        &Adjust::new().by("balance", -1_i64),
-                    )
-                    .await?;
-                    tx.adjust(
-                        &bank,
-                        b.as_str(),
-                        to.version,
-                        &Adjust::new().by("balance", 1_i64),
-                    )
-                    .await?;
-                    tx.commit().await?;
-                    Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-                };
-                match moved.await {
-                    Ok(()) => done.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => conflicts.fetch_add(1, Ordering::Relaxed),
-                };
-            }
-        }));
+        banks.push((bank, txns));
     }
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let counted = done.load(Ordering::Relaxed);
-    let elapsed = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await?;
-    }
-    Ok((
-        counted as f64 / elapsed.as_secs_f64(),
-        conflicts.load(Ordering::Relaxed) as u64,
-    ))
+    crate::network::drive_transfers(banks, accounts, 3).await
 }
