@@ -30,15 +30,18 @@ final class AtomicBackend extends MemoryBackend {
 
     private final Profile profile;
     private final Clocks clocks;
+    private final boolean prefilter;
 
-    AtomicBackend(Profile profile, Clocks clocks) {
+    /** {@code prefilter}: whether collections rule documents out with {@link Prefilter} first. */
+    AtomicBackend(Profile profile, Clocks clocks, boolean prefilter) {
         this.profile = profile;
         this.clocks = clocks;
+        this.prefilter = prefilter;
     }
 
     @Override
     public MemoryDatabase openOrCreateDatabase(String databaseName) {
-        return new AtomicDatabase(databaseName, getCursorRegistry(), profile, clocks);
+        return new AtomicDatabase(databaseName, getCursorRegistry(), profile, clocks, prefilter);
     }
 
     @Override

@@ -1,9 +1,11 @@
 package mongotx.testserver;
 
 import java.util.ArrayList;
+import java.util.Comparator;
 import java.util.List;
 import java.util.Set;
 import java.util.TreeSet;
+import java.util.stream.Stream;
 
 import de.bwaldvogel.mongo.MongoDatabase;
 import de.bwaldvogel.mongo.backend.ArrayFilters;
@@ -33,8 +35,13 @@ final class AtomicCollection extends MemoryCollection {
     /** Set while a query's results are being collected for a client. */
     private boolean copying;
 
-    AtomicCollection(MongoDatabase database, String name, CollectionOptions options, CursorRegistry cursors) {
+    /** Whether scans ask a {@link Prefilter} before the stock matcher. */
+    private final boolean prefiltering;
+
+    AtomicCollection(MongoDatabase database, String name, CollectionOptions options, CursorRegistry cursors,
+            boolean prefiltering) {
         super(database, name, options, cursors);
+        this.prefiltering = prefiltering;
     }
 
     @Override
@@ -58,6 +65,20 @@ final class AtomicCollection extends MemoryCollection {
             copies.add(document == null ? null : document.cloneDeeply());
         }
         return super.createQueryResult(copies, batchSize);
+    }
+
+    /**
+     * Rules most documents of a scan out with the filter's {@link Prefilter}, built once for the
+     * scan, before the stock matcher sees the rest.
+     */
+    @Override
+    protected QueryResult matchDocumentsFromStream(Document query, Stream<Document> documents, int skip, int limit,
+            int batchSize, Comparator<Document> order, Document fieldSelector) {
+        Prefilter prefilter = prefiltering ? Prefilter.compile(query) : null;
+        if (prefilter != null) {
+            documents = documents.filter(prefilter::mayMatch);
+        }
+        return super.matchDocumentsFromStream(query, documents, skip, limit, batchSize, order, fieldSelector);
     }
 
     /**

@@ -31,17 +31,20 @@ final class AtomicDatabase extends MemoryDatabase {
     private final Profile profile;
     private final Clocks clocks;
     private final Writes writes;
+    private final boolean prefilter;
 
-    AtomicDatabase(String databaseName, CursorRegistry cursorRegistry, Profile profile, Clocks clocks) {
+    AtomicDatabase(String databaseName, CursorRegistry cursorRegistry, Profile profile, Clocks clocks,
+            boolean prefilter) {
         super(databaseName, cursorRegistry);
         this.profile = profile;
         this.clocks = clocks;
+        this.prefilter = prefilter;
         this.writes = new Writes(this, profile, clocks);
     }
 
     @Override
     protected MemoryCollection openOrCreateCollection(String collectionName, CollectionOptions options) {
-        return new AtomicCollection(this, collectionName, options, cursorRegistry);
+        return new AtomicCollection(this, collectionName, options, cursorRegistry, prefilter);
     }
 
     @Override

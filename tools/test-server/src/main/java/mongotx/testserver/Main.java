@@ -12,11 +12,12 @@ import de.bwaldvogel.mongo.MongoVersion;
  * where mongotx depends on it ({@link AtomicBackend}), on a loopback port.
  *
  * <p>Usage: {@code java -jar mongotx-test-server.jar [--host 127.0.0.1] [--port 0] [--no-bulk-write]
- * [--clock-offset <collection>=<±n><ms|s|m|h>,...]}. Port 0 picks a free port. The server plays
+ * [--clock-offset <collection>=<±n><ms|s|m|h>,...] [--no-prefilter]}. Port 0 picks a free port. The server plays
  * MongoDB 8.0 (wire version 25); {@code --no-bulk-write} makes it play 4.4 (wire version 9: no
  * {@code bulkWrite}, no {@code let}, validation errors without details). {@code --clock-offset}
  * gives collections clocks of their own, as the shards of a cluster whose clocks disagree
- * ({@code *} names the default, which {@code hello} reports). Once listening it prints one line
+ * ({@code *} names the default, which {@code hello} reports). {@code --no-prefilter} leaves every
+ * document to mongo-java-server's matcher ({@link Prefilter}), to check that the answers agree. Once listening it prints one line
  * {@code MONGOTX_TEST_SERVER_PORT=<port>} to stdout. It shuts down when stdin reaches end-of-file,
  * so a parent process that dies (or simply closes the pipe) never leaves a server behind, and also
  * on SIGINT/SIGTERM.
@@ -50,11 +51,13 @@ public final class Main {
         int port = 0;
         Profile profile = Profile.MONGODB_8_0;
         Clocks clocks = Clocks.none();
+        boolean prefilter = true;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--host" -> host = args[++i];
                 case "--port" -> port = Integer.parseInt(args[++i]);
                 case "--no-bulk-write" -> profile = Profile.MONGODB_4_4;
+                case "--no-prefilter" -> prefilter = false;
                 case "--clock-offset" -> {
                     try {
                         clocks = Clocks.parse(args[++i]);
@@ -70,7 +73,7 @@ public final class Main {
             }
         }
 
-        AtomicBackend backend = new AtomicBackend(profile, clocks);
+        AtomicBackend backend = new AtomicBackend(profile, clocks, prefilter);
         backend.version(announced(profile));
         MongoServer server = new MongoServer(backend);
         server.bind(host, port);
