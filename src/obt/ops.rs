@@ -68,6 +68,15 @@ impl Obt {
         }
     }
 
+    fn exists(&self, id: String, now: ObtState) -> ObtError {
+        ObtError::Exists {
+            collection: self.coll(),
+            id,
+            owner: now.owner,
+            token: now.token,
+        }
+    }
+
     fn not_owner(&self, id: &str, presented: &str, now: &ObtState) -> ObtError {
         ObtError::NotOwner {
             collection: self.coll(),
@@ -104,7 +113,10 @@ impl Obt {
 
     /// Issues the namespace's next fencing token: one `findAndModify` `$inc` on its counter.
     /// Strictly greater than every token issued before it in this namespace, by any process. A
-    /// token whose reply was lost is simply never used (tokens may have gaps).
+    /// token whose reply was lost is simply never used, and neither is one taken by a call that a
+    /// racing call beat (tokens may have gaps: fencing needs them to grow, not to be dense). A
+    /// call whose input is wrong (a taken id, a missing OBT, another owner, no lease) is refused
+    /// before it takes one.
     pub async fn issue_token(&self) -> Result<Token, ObtError> {
         let namespace = self.repo.name();
         let mut attempt = 0;
@@ -364,6 +376,10 @@ impl Obt {
             }
             Some(lease) => Some(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
         };
+        // A taken id is refused before a token is issued for it.
+        if let Some((state, _)) = self.committed(&new.id).await? {
+            return Err(self.exists(new.id, state));
+        }
         let token = self.issue_token().await?;
         let mut fields = doc! {
             fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
@@ -407,14 +423,7 @@ impl Obt {
                 Some((state, _)) if state.owner == new.owner && state.token == token => {
                     return Ok(Ownership::new(state, sent))
                 }
-                Some((state, _)) => {
-                    return Err(ObtError::Exists {
-                        collection: self.coll(),
-                        id: new.id,
-                        owner: state.owner,
-                        token: state.token,
-                    })
-                }
+                Some((state, _)) => return Err(self.exists(new.id, state)),
                 // Released meanwhile: try again, within the wait budget.
                 None if started.elapsed() < self.options.retry.max_wait => {}
                 None => {
@@ -453,6 +462,14 @@ impl Obt {
         check_name("OBT id", id)?;
         check_name("current owner", current_owner)?;
         check_name("new owner", new_owner)?;
+        // A missing OBT or another owner is refused before a token is issued.
+        match self.committed(id).await? {
+            None => return Err(self.not_found(id)),
+            Some((s, _)) if s.owner != current_owner => {
+                return Err(self.not_owner(id, current_owner, &s))
+            }
+            Some(_) => {}
+        }
         for _ in 0..REISSUES {
             let token = self.issue_token().await?;
             let sent = Instant::now();
@@ -540,6 +557,18 @@ impl Obt {
     ) -> Result<Ownership, ObtError> {
         check_name("OBT id", id)?;
         check_name("new owner", new_owner)?;
+        // A missing OBT or one without a lease is refused before a token is issued.
+        match self.committed(id).await? {
+            None => return Err(self.not_found(id)),
+            Some((s, _)) if s.lease.is_none() => {
+                return Err(ObtError::NoLease {
+                    collection: self.coll(),
+                    id: id.to_string(),
+                    owner: s.owner,
+                })
+            }
+            Some(_) => {}
+        }
         let token = self.issue_token().await?;
         // Only to tell a running lease from a guard in the way when the write misses.
         let server_now = self.store.now().await?;

@@ -4,7 +4,7 @@
 //! Array positions are not addressable: a transaction must be able to record and restore the
 //! original value of every path it touches, and positional paths shift under concurrent edits.
 
-use bson::{Bson, Document};
+use bson::{doc, Bson, Document};
 
 use crate::repo::schema::Violation;
 
@@ -108,6 +108,40 @@ impl Adjust {
             })?;
         }
         Ok(())
+    }
+
+    /// Filter clauses that hold exactly when no whole-number increment would take a stored
+    /// whole number past the 64-bit range: MongoDB refuses such an `$inc` (and a server that
+    /// wraps around instead would store a wrong number), so the write is sent with these and
+    /// matches nothing rather than failing or wrapping.
+    pub(crate) fn in_range(&self) -> Vec<Document> {
+        self.by
+            .iter()
+            .filter_map(|(path, amount)| {
+                let amount = match amount {
+                    Bson::Int32(n) => i64::from(*n),
+                    Bson::Int64(n) => *n,
+                    _ => return None,
+                };
+                let beyond = match amount.cmp(&0) {
+                    std::cmp::Ordering::Greater => doc! { "$gt": i64::MAX - amount },
+                    std::cmp::Ordering::Less => doc! { "$lt": i64::MIN - amount },
+                    std::cmp::Ordering::Equal => return None,
+                };
+                let mut whole = doc! { "$type": ["int", "long"] };
+                whole.extend(beyond);
+                Some(doc! { path.clone(): { "$not": whole } })
+            })
+            .collect()
+    }
+
+    /// The first increment that cannot be added to what `doc` holds, with the reason: the sum
+    /// overflows a 64-bit integer, or the stored value is not a number.
+    pub(crate) fn problem_on(&self, doc: &Document) -> Option<(&str, &Bson, String)> {
+        self.by.iter().find_map(|(path, amount)| {
+            let current = get_path(doc, path).cloned().unwrap_or(Bson::Int32(0));
+            sum_problem(&current, amount).map(|reason| (path.as_str(), amount, reason))
+        })
     }
 
     /// The adjustment that undoes this one.
@@ -223,12 +257,21 @@ pub(crate) fn unset_path(doc: &mut Document, path: &str) {
 /// Adds `amount` to the number at a dotted path (a missing field starts from zero).
 pub(crate) fn increment_path(doc: &mut Document, path: &str, amount: &Bson) -> Result<(), String> {
     let current = get_path(doc, path).cloned().unwrap_or(Bson::Int32(0));
-    let sum = add(&current, amount).ok_or_else(|| {
-        format!(
-            "cannot add {amount} to the value {current} at `{path}` (not numeric or out of range)"
-        )
-    })?;
+    let sum =
+        add(&current, amount).ok_or_else(|| sum_problem(&current, amount).unwrap_or_default())?;
     set_path(doc, path, sum)
+}
+
+/// Why `amount` cannot be added to `current`, if it cannot.
+fn sum_problem(current: &Bson, amount: &Bson) -> Option<String> {
+    if add(current, amount).is_some() {
+        return None;
+    }
+    Some(if as_f64(current).is_some() {
+        format!("adding {amount} to the stored {current} overflows a 64-bit integer")
+    } else {
+        format!("the stored value {current} is not a number")
+    })
 }
 
 /// Numeric addition with MongoDB's type promotion (int → long on overflow, anything → double).

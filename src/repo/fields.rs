@@ -30,10 +30,48 @@ pub const ALL: [&str; 5] = [SCHEMA_VERSION, VERSION, ACTIVE_TXN, DELETED, DELETI
 pub(crate) const RESERVED: [&str; 6] =
     [SCHEMA_VERSION, VERSION, ACTIVE_TXN, DELETED, DELETING, HOLD];
 
-/// Whether `path` (a top-level name or a dotted path) addresses a system field.
+/// Prefix of the top-level names mongotx keeps for itself (fields it adds in queries and writes
+/// for a moment): a caller's document may not use it.
+pub(crate) const RESERVED_PREFIX: &str = "_mongotx";
+
+/// Whether `path` (a top-level name or a dotted path) addresses a system field, or a name in
+/// mongotx's own namespace (`_mongotx...`).
 pub fn is_system_path(path: &str) -> bool {
     let head = path.split('.').next().unwrap_or(path);
-    RESERVED.contains(&head)
+    RESERVED.contains(&head) || head.starts_with(RESERVED_PREFIX)
+}
+
+/// The first field name in `value` (at any depth, inside documents and arrays) that mongotx
+/// could not address afterwards, with its path and why: an empty name, one starting with `$`,
+/// or one containing `.` (updates name fields by dotted paths, so such a field could neither be
+/// changed nor read back reliably).
+pub(crate) fn bad_name(value: &Bson) -> Option<(String, &'static str)> {
+    match value {
+        Bson::Document(doc) => bad_name_in(doc),
+        Bson::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            bad_name(item).map(|(path, reason)| (format!("{i}.{path}"), reason))
+        }),
+        _ => None,
+    }
+}
+
+/// [`bad_name`] of every field of `doc`.
+pub(crate) fn bad_name_in(doc: &Document) -> Option<(String, &'static str)> {
+    doc.iter().find_map(|(name, inner)| {
+        let reason = if name.is_empty() {
+            Some("field names cannot be empty")
+        } else if name.starts_with('$') {
+            Some("field names cannot start with '$'")
+        } else if name.contains('.') {
+            Some("field names cannot contain '.'")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Some((name.clone(), reason)),
+            None => bad_name(inner).map(|(path, reason)| (format!("{name}.{path}"), reason)),
+        }
+    })
 }
 
 /// The system fields as read from a stored document.

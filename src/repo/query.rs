@@ -39,8 +39,24 @@ const HIDDEN: [&str; 4] = [
     fields::DELETED,
 ];
 
-/// Why a filter or sort cannot be evaluated on committed values, if it cannot.
-pub(crate) fn problem(filter: &Document, sort: Option<&Document>) -> Option<String> {
+/// Why a filter, sort or limit cannot be evaluated on committed values, if it cannot.
+pub(crate) fn problem(
+    filter: &Document,
+    sort: Option<&Document>,
+    limit: Option<i64>,
+) -> Option<String> {
+    if let Some(limit) = limit.filter(|l| *l < 0) {
+        return Some(format!("the limit {limit} is negative"));
+    }
+    if let Some((key, value)) = sort
+        .into_iter()
+        .flat_map(|s| s.iter())
+        .find(|(_, order)| !is_order(order))
+    {
+        return Some(format!(
+            "the sort gives `{key}` the order {value}; orders are 1 (ascending) or -1 (descending)"
+        ));
+    }
     if let Some(name) = names(filter).find(|n| HIDDEN.contains(n) || n.starts_with("_mongotx")) {
         return Some(format!(
             "the filter names `{name}`, which describes transaction state; queries see committed values only"
@@ -57,6 +73,16 @@ pub(crate) fn problem(filter: &Document, sort: Option<&Document>) -> Option<Stri
         ));
     }
     None
+}
+
+/// Whether a sort value is 1 or -1, of any numeric type.
+fn is_order(value: &Bson) -> bool {
+    match value {
+        Bson::Int32(n) => n.abs() == 1,
+        Bson::Int64(n) => n.abs() == 1,
+        Bson::Double(d) => d.abs() == 1.0,
+        _ => false,
+    }
 }
 
 /// Every field name a filter mentions at its top level or inside `$and` / `$or` / `$nor`.
@@ -298,17 +324,23 @@ mod tests {
     fn filters_on_transaction_state_are_refused() {
         assert!(problem(
             &doc! { "balance": { "$gt": 5 } },
-            Some(&doc! { "owner": 1 })
+            Some(&doc! { "owner": 1 }),
+            Some(3)
         )
         .is_none());
-        assert!(problem(&doc! { "_version": 3 }, None).is_none());
-        assert!(problem(&doc! { "_txn": { "$exists": true } }, None).is_some());
+        assert!(problem(&doc! { "_version": 3 }, None, None).is_none());
+        assert!(problem(&doc! { "_txn": { "$exists": true } }, None, None).is_some());
         assert!(problem(
             &doc! { "$or": [{ "a": 1 }, { "_hold.op": "insert" }] },
+            None,
             None
         )
         .is_some());
-        assert!(problem(&doc! {}, Some(&doc! { "_deleted": 1 })).is_some());
+        assert!(problem(&doc! {}, Some(&doc! { "_deleted": 1 }), None).is_some());
+        assert!(problem(&doc! {}, None, Some(-1)).is_some());
+        assert!(problem(&doc! {}, Some(&doc! { "a": 2 }), None).is_some());
+        assert!(problem(&doc! {}, Some(&doc! { "a": "up" }), None).is_some());
+        assert!(problem(&doc! {}, Some(&doc! { "a": -1_i64, "b": 1.0 }), None).is_none());
     }
 
     #[test]

@@ -87,13 +87,11 @@ impl Query {
         self
     }
 
-    /// Returns at most `limit` documents (0 means no limit; a negative limit counts as its size,
-    /// as in the driver).
+    /// Returns at most `limit` documents (0 means no limit, as in the driver). A negative limit
+    /// is refused by [`Repository::find`] (`InvalidQuery`): the driver reads it as "one batch of
+    /// that size", which a query on committed values has no use for.
     pub fn limit(mut self, limit: i64) -> Query {
-        self.limit = match limit {
-            0 => None,
-            n => Some(n.saturating_abs()),
-        };
+        self.limit = (limit != 0).then_some(limit);
         self
     }
 }
@@ -325,7 +323,7 @@ where
     /// and `HoldResolver::statuses`), and one more under a limit when over a thousand held
     /// documents can match. (Long results add the cursor's `getMore`s, as any query's do.)
     pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {
-        if let Some(reason) = query::problem(&query.filter, query.sort.as_ref()) {
+        if let Some(reason) = query::problem(&query.filter, query.sort.as_ref(), query.limit) {
             return Err(RepoError::InvalidQuery {
                 collection: self.name().to_string(),
                 reason,
@@ -603,8 +601,15 @@ where
         };
         match change {
             // Field-level changes are only safe on documents already in the current shape.
-            Change::Update(_) | Change::Adjust(_) => {
+            Change::Update(_) => {
                 filter.insert(fields::SCHEMA_VERSION, current);
+            }
+            Change::Adjust(adjust) => {
+                filter.insert(fields::SCHEMA_VERSION, current);
+                let in_range = adjust.in_range();
+                if !in_range.is_empty() {
+                    filter.insert("$and", in_range);
+                }
             }
             // A whole new value (or a tombstone) may replace any older shape.
             Change::Replace(_) | Change::Delete => {
@@ -685,6 +690,11 @@ where
         }
         if sys.schema_version < current && matches!(change, Change::Update(_) | Change::Adjust(_)) {
             return Ok(Next::Upgrade(stored, sys.schema_version));
+        }
+        if let Change::Adjust(adjust) = change {
+            if let Some(error) = self.increment_refused(shown, adjust, &stored) {
+                return Ok(Next::Fail(error));
+            }
         }
         // The document matches now: a holder came and went between the write and the read.
         Ok(Next::Retry)
@@ -907,6 +917,15 @@ where
         self.check_paths(shown, update.paths())?;
         let schema = self.spec.schema();
         for (path, value) in update.sets() {
+            if let Some((field, reason)) = fields::bad_name(value) {
+                return Err(self.invalid(
+                    shown,
+                    Violation {
+                        field: format!("{path}.{field}"),
+                        reason: reason.to_string(),
+                    },
+                ));
+            }
             schema
                 .validate_set(path, value)
                 .map_err(|v| self.invalid(shown, v))?;
@@ -917,6 +936,25 @@ where
                 .map_err(|v| self.invalid(shown, v))?;
         }
         Ok(())
+    }
+
+    /// `InvalidIncrement` if one of `adjust`'s increments cannot be added to `stored` (a 64-bit
+    /// overflow, or a stored value that is not a number).
+    pub(crate) fn increment_refused(
+        &self,
+        shown: &str,
+        adjust: &Adjust,
+        stored: &Document,
+    ) -> Option<RepoError> {
+        adjust
+            .problem_on(stored)
+            .map(|(field, amount, reason)| RepoError::InvalidIncrement {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+                field: field.to_string(),
+                amount: amount.to_string(),
+                reason,
+            })
     }
 
     pub(crate) fn check_adjust(&self, shown: &str, adjust: &Adjust) -> Result<(), RepoError> {
@@ -980,12 +1018,21 @@ where
             collection: self.name().to_string(),
             reason: e.to_string(),
         })?;
-        if let Some(field) = fields::RESERVED.iter().find(|f| doc.contains_key(**f)) {
+        if let Some(field) = doc.keys().find(|k| fields::is_system_path(k)) {
             return Err(RepoError::SystemField {
                 collection: self.name().to_string(),
                 id: shown.to_string(),
                 field: field.to_string(),
             });
+        }
+        if let Some((field, reason)) = fields::bad_name_in(&doc) {
+            return Err(self.invalid(
+                shown,
+                Violation {
+                    field,
+                    reason: reason.to_string(),
+                },
+            ));
         }
         Ok(doc)
     }

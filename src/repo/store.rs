@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::OnceCell;
 
 use crate::repo::changes::set_path;
-use crate::repo::collection::CollectionSpec;
+use crate::repo::collection::{CollectionSpec, SpecError};
 use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::hold::{self, HoldResolver, RecordResolver};
@@ -369,8 +369,16 @@ impl Store {
         T: Serialize + DeserializeOwned + Send + Sync,
     {
         spec.check_upgrades()?;
-        self.ensure_server_suits().await?;
         let name = spec.name().to_string();
+        // A repository there could overwrite the records and registrations the protocol runs on.
+        if name == self.transactions_collection() || name == META_COLLECTION {
+            return Err(SpecError::Name {
+                name,
+                reason: "mongotx keeps its own records there (transaction records or the collection registry)",
+            }
+            .into());
+        }
+        self.ensure_server_suits().await?;
         let db_error = |operation: &'static str| {
             let collection = name.clone();
             move |source| RepoError::database(&collection, "*", operation, source)

@@ -16,7 +16,6 @@ use crate::repo::fields::{self, SystemFields};
 use crate::repo::ids;
 use crate::repo::repository::Repository;
 use crate::repo::resolve::Committed;
-use crate::repo::schema::Violation;
 use crate::repo::store::{LockWait, Store};
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{FaultInjector, Faults};
@@ -296,12 +295,13 @@ impl Transaction {
         T: Serialize + DeserializeOwned + Send + Sync,
     {
         let id = id.into();
-        repo.check_update(&show_id(&id), update)?;
+        let shown = show_id(&id);
+        repo.check_update(&shown, update)?;
         self.stage_change(
             repo,
             id,
             expected_version,
-            |doc| update.apply_to(doc),
+            |doc| update.apply_to(doc).map_err(|v| repo.invalid(&shown, v)),
             |stored| Op::Update {
                 set: pairs(update.sets()),
                 unset: update.unsets().to_vec(),
@@ -323,12 +323,19 @@ impl Transaction {
         T: Serialize + DeserializeOwned + Send + Sync,
     {
         let id = id.into();
-        repo.check_adjust(&show_id(&id), adjust)?;
+        let shown = show_id(&id);
+        repo.check_adjust(&shown, adjust)?;
         self.stage_change(
             repo,
             id,
             expected_version,
-            |doc| adjust.apply_to(doc),
+            // The stored value is the one the apply will meet (the apply is conditional on its
+            // version), so an increment that cannot be added is refused here, before anything
+            // is written, whatever the server would do with it.
+            |doc| match repo.increment_refused(&shown, adjust, doc) {
+                Some(refused) => Err(refused),
+                None => adjust.apply_to(doc).map_err(|v| repo.invalid(&shown, v)),
+            },
             |stored| Op::Adjust {
                 inc: pairs(adjust.increments()),
                 undo: undo_for(stored, adjust.increments().iter().map(|(p, _)| p.as_str())),
@@ -339,12 +346,14 @@ impl Transaction {
 
     /// Stages a field-level change, already checked, of the document at `expected`: as `op` on a
     /// document in the current shape, or as a rewrite (`apply` to its upgraded form) on an older one.
+    /// `apply` runs on a copy of the stored document either way, so a change that cannot be
+    /// applied to it is refused before anything is written.
     async fn stage_change<T>(
         &self,
         repo: &Repository<T>,
         id: Bson,
         expected: i64,
-        apply: impl FnOnce(&mut Document) -> Result<(), Violation>,
+        apply: impl FnOnce(&mut Document) -> Result<(), RepoError>,
         op: impl FnOnce(&Document) -> Op,
     ) -> Result<(), TxnError>
     where
@@ -356,9 +365,10 @@ impl Transaction {
         let (stored, sys) = read_for_change(repo, &id, &shown, expected).await?;
         let op = if sys.schema_version < repo.spec().schema_version() {
             let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
-            apply(&mut post).map_err(|v| repo.invalid(&shown, v))?;
+            apply(&mut post)?;
             rewrite(repo, &shown, expected, post, stored)?
         } else {
+            apply(&mut stored.clone())?;
             op(&stored)
         };
         self.push(Entry {

@@ -5,6 +5,7 @@
 //! or no server at all, fails every test with a message saying how to provide one.
 #![allow(dead_code)]
 
+pub mod refusals;
 #[path = "../../src/bin/mongotx-torture/wire_proxy.rs"]
 pub mod wire_proxy;
 pub mod worker;
