@@ -303,3 +303,293 @@ async fn values_that_are_not_documents_cannot_be_stored() {
     );
     assert!(raw_snapshot(&t.db, "accounts").await.is_empty());
 }
+
+/// A schema that lets any other field in (no `additionalProperties: false`), so that only
+/// mongotx's own checks stand between a caller and a field name it could not address later.
+const LOOSE: &str = r#"{
+  "bsonType": "object",
+  "required": ["_id", "_schema", "_version"],
+  "properties": {
+    "_id": { "bsonType": "string" },
+    "_schema": { "bsonType": "long", "minimum": 1 },
+    "_version": { "bsonType": "long", "minimum": 1 },
+    "_txn": { "bsonType": "objectId" },
+    "_deleted": { "bsonType": "date" },
+    "_deleting": { "bsonType": "bool" },
+    "n": { "bsonType": ["long", "int"] }
+  }
+}"#;
+
+async fn loose(t: &TestDb) -> Repository<Document> {
+    let repo = t
+        .store
+        .repository::<Document>(mongotx::CollectionSpec::new("loose", 1, LOOSE).unwrap())
+        .await
+        .unwrap();
+    repo.insert(&doc! { "_id": "kept", "n": 1_i64, "inner": { "a": 1 } })
+        .await
+        .unwrap();
+    repo
+}
+
+fn invalid_at(field: &'static str) -> impl Fn(&RepoError) -> bool {
+    move |e| matches!(e, RepoError::Invalid { field: f, collection, .. } if f == field && collection == "loose")
+}
+
+/// Field names mongotx could not address afterwards (empty, `$`-prefixed, dotted, at any depth,
+/// inside arrays too) and names in its own `_mongotx` namespace are refused on insert, replace,
+/// and inside the values of an update, in a transaction as outside one.
+#[tokio::test]
+async fn field_names_that_paths_cannot_reach_are_refused() {
+    let t = TestDb::new().await;
+    let repo = loose(&t).await;
+    let mut r = common::refusals::Refusals::new(&t.db);
+    let cases: Vec<(&str, Document, &'static str)> = vec![
+        ("a top-level $ name", doc! { "_id": "x", "$x": 1 }, "$x"),
+        (
+            "a top-level dotted name",
+            doc! { "_id": "x", "a.b": 1 },
+            "a.b",
+        ),
+        ("an empty name", doc! { "_id": "x", "": 1 }, ""),
+        (
+            "a nested $ name",
+            doc! { "_id": "x", "a": { "$gt": 1 } },
+            "a.$gt",
+        ),
+        (
+            "a nested dotted name",
+            doc! { "_id": "x", "a": { "b": { "c.d": 1 } } },
+            "a.b.c.d",
+        ),
+        (
+            "a dotted name inside an array",
+            doc! { "_id": "x", "list": [1, { "p.q": 2 }] },
+            "list.1.p.q",
+        ),
+    ];
+    for (what, value, field) in cases {
+        refuse!(r, what, repo.insert(&value), RepoError::Invalid { .. });
+        r.check(
+            &format!("replace with {what}"),
+            repo.replace("kept", 1, &value_with_id(value.clone(), "kept")),
+            invalid_at(field),
+        )
+        .await;
+        let tx = mongotx::Transactions::new(&t.store).begin();
+        r.check(
+            &format!("a transaction's insert of {what}"),
+            tx.insert(&repo, &value),
+            |e| matches!(e.repo_error(), Some(RepoError::Invalid { .. })),
+        )
+        .await;
+    }
+    for name in ["_mongotx_known", "_mongotx", "_mongotxstate"] {
+        let mut value = doc! { "_id": "x" };
+        value.insert(name, 1);
+        r.check(
+            &format!("an insert naming {name}"),
+            repo.insert(&value),
+            |e| matches!(e, RepoError::SystemField { field, .. } if field == name),
+        )
+        .await;
+        r.check(
+            &format!("an update setting {name}"),
+            repo.update("kept", 1, &Update::new().set(name, 1)),
+            |e| matches!(e, RepoError::SystemField { .. }),
+        )
+        .await;
+    }
+    refuse!(
+        r,
+        "an update whose value holds a $ name",
+        repo.update("kept", 1, &Update::new().set("inner", doc! { "$set": 1 })),
+        RepoError::Invalid { .. }
+    );
+    refuse!(
+        r,
+        "an update whose value holds a dotted name",
+        repo.update("kept", 1, &Update::new().set("inner", doc! { "a.b": 1 })),
+        RepoError::Invalid { .. }
+    );
+    assert!(r.checked() >= 26, "{}", r.checked());
+}
+
+fn value_with_id(mut value: Document, id: &str) -> Document {
+    value.insert("_id", id);
+    value
+}
+
+/// An increment that would take a 64-bit integer past its range is refused before anything is
+/// written, whatever the server would do with it (MongoDB refuses such an `$inc`; a server that
+/// wraps around would store a wrong number): by `adjust`, and by a transaction's `adjust`,
+/// which checks the stored value it staged against.
+#[tokio::test]
+async fn increments_past_the_64_bit_range_are_refused() {
+    let t = TestDb::new().await;
+    let repo = loose(&t).await;
+    repo.insert(&doc! { "_id": "top", "n": i64::MAX - 1 })
+        .await
+        .unwrap();
+    repo.insert(&doc! { "_id": "bottom", "n": i64::MIN + 1 })
+        .await
+        .unwrap();
+    repo.insert(&doc! { "_id": "text", "n": 1_i64, "label": "x" })
+        .await
+        .unwrap();
+    let mut r = common::refusals::Refusals::new(&t.db);
+    let overflow = |e: &RepoError| {
+        matches!(e, RepoError::InvalidIncrement { field, reason, collection, .. }
+            if field == "n" && reason.contains("overflows") && collection == "loose")
+    };
+    for (id, by) in [
+        ("top", 2_i64),
+        ("top", i64::MAX),
+        ("bottom", -2),
+        ("bottom", i64::MIN),
+    ] {
+        r.check(
+            &format!("adjust of {id} by {by}"),
+            repo.adjust(id, 1, &Adjust::new().by("n", by)),
+            overflow,
+        )
+        .await;
+        let tx = mongotx::Transactions::new(&t.store).begin();
+        r.check(
+            &format!("a transaction's adjust of {id} by {by}"),
+            tx.adjust(&repo, id, 1, &Adjust::new().by("n", by)),
+            |e| e.repo_error().is_some_and(overflow),
+        )
+        .await;
+    }
+    // One overflowing increment among several refuses the whole adjust.
+    refuse!(
+        r,
+        "two increments, the second overflowing",
+        repo.adjust("top", 1, &Adjust::new().by("m", 1_i64).by("n", 5_i32)),
+        RepoError::InvalidIncrement { .. }
+    );
+    refuse!(
+        r,
+        "an increment of a string",
+        repo.adjust("text", 1, &Adjust::new().by("label", 1_i64)),
+        RepoError::InvalidIncrement { .. }
+    );
+    let tx = mongotx::Transactions::new(&t.store).begin();
+    r.check(
+        "a transaction's increment of a string",
+        tx.adjust(&repo, "text", 1, &Adjust::new().by("label", 1_i64)),
+        |e| matches!(e.repo_error(), Some(RepoError::InvalidIncrement { .. })),
+    )
+    .await;
+    // Up to the edge is fine, and exact.
+    assert_eq!(
+        repo.adjust("top", 1, &Adjust::new().by("n", 1_i64))
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        repo.get("top").await.unwrap().value.get_i64("n"),
+        Ok(i64::MAX)
+    );
+    assert!(r.checked() >= 11);
+}
+
+/// Queries that cannot mean anything on committed values: a negative limit (the driver's
+/// "single batch" reading), sort orders other than 1 and -1, filters and sorts on transaction
+/// state.
+#[tokio::test]
+async fn malformed_queries_are_refused() {
+    let (t, accounts, _, _) = seeded().await;
+    let mut r = common::refusals::Refusals::new(&t.db);
+    let cases: Vec<(&str, mongotx::Query)> = vec![
+        ("limit -1", mongotx::Query::new().limit(-1)),
+        ("limit i64::MIN", mongotx::Query::new().limit(i64::MIN)),
+        (
+            "sort order 2",
+            mongotx::Query::new().sort(doc! { "balance": 2 }),
+        ),
+        (
+            "sort order 0",
+            mongotx::Query::new().sort(doc! { "balance": 0 }),
+        ),
+        (
+            "sort order \"asc\"",
+            mongotx::Query::new().sort(doc! { "balance": "asc" }),
+        ),
+        (
+            "a text-score sort",
+            mongotx::Query::new().sort(doc! { "balance": { "$meta": "textScore" } }),
+        ),
+        (
+            "a filter on _txn",
+            mongotx::Query::new().filter(doc! { "_txn": { "$exists": true } }),
+        ),
+        (
+            "a filter on _hold inside $and",
+            mongotx::Query::new().filter(doc! { "$and": [{ "_hold.op": "insert" }] }),
+        ),
+        (
+            "a filter on _mongotx_known",
+            mongotx::Query::new().filter(doc! { "_mongotx_known": 1 }),
+        ),
+        (
+            "a sort on _deleted",
+            mongotx::Query::new().sort(doc! { "_deleted": 1 }),
+        ),
+    ];
+    for (what, query) in cases {
+        r.check(
+            what,
+            accounts.find(query),
+            |e| matches!(e, RepoError::InvalidQuery { collection, .. } if collection == "accounts"),
+        )
+        .await;
+    }
+    // 0 is "no limit", as in the driver.
+    assert_eq!(
+        accounts
+            .find(mongotx::Query::new().limit(0))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(r.checked(), 10);
+}
+
+/// A repository cannot be opened on the collections mongotx keeps its own records in (it could
+/// overwrite transaction records or the collection registry), nor on names MongoDB refuses.
+#[tokio::test]
+async fn repositories_on_reserved_collections_are_refused() {
+    let (t, _, _, _) = seeded().await;
+    let mut r = common::refusals::Refusals::new(&t.db);
+    for name in [mongotx::TRANSACTIONS_COLLECTION, mongotx::META_COLLECTION] {
+        let spec = mongotx::CollectionSpec::new(name, 1, LOOSE).unwrap();
+        r.check(
+            &format!("a repository on {name}"),
+            t.store.repository::<Document>(spec),
+            |e| matches!(e, RepoError::Spec(mongotx::SpecError::Name { name: n, .. }) if n == name),
+        )
+        .await;
+    }
+    // A store whose transactions live elsewhere refuses that name instead.
+    let store = mongotx::Store::builder(t.db.clone())
+        .transactions_collection("my_txns")
+        .build();
+    refuse!(
+        r,
+        "a repository on a renamed transactions collection",
+        store.repository::<Document>(mongotx::CollectionSpec::new("my_txns", 1, LOOSE).unwrap()),
+        RepoError::Spec(mongotx::SpecError::Name { .. })
+    );
+    for name in ["", "system.users", "a$b", "nul\0name"] {
+        let err = mongotx::CollectionSpec::new(name, 1, LOOSE).unwrap_err();
+        assert!(
+            matches!(err, mongotx::SpecError::Name { .. }),
+            "{name:?}: {err:?}"
+        );
+    }
+    assert_eq!(r.checked(), 3);
+}

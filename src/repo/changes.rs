@@ -110,27 +110,35 @@ impl Adjust {
         Ok(())
     }
 
-    /// Filter clauses that hold exactly when no whole-number increment would take a stored
-    /// whole number past the 64-bit range: MongoDB refuses such an `$inc` (and a server that
-    /// wraps around instead would store a wrong number), so the write is sent with these and
-    /// matches nothing rather than failing or wrapping.
-    pub(crate) fn in_range(&self) -> Vec<Document> {
+    /// Filter clauses that hold exactly when every increment can be applied: the field is
+    /// missing or a number, and a whole-number increment does not take a stored whole number past
+    /// the 64-bit range. MongoDB refuses an `$inc` of anything else (and a server that wraps
+    /// around would store a wrong number), so the write is sent with these and matches nothing
+    /// instead; the caller then reads the document and says which increment and why.
+    pub(crate) fn applicable(&self) -> Vec<Document> {
         self.by
             .iter()
-            .filter_map(|(path, amount)| {
-                let amount = match amount {
+            .map(|(path, amount)| {
+                let whole = match amount {
                     Bson::Int32(n) => i64::from(*n),
                     Bson::Int64(n) => *n,
-                    _ => return None,
+                    _ => 0,
                 };
-                let beyond = match amount.cmp(&0) {
-                    std::cmp::Ordering::Greater => doc! { "$gt": i64::MAX - amount },
-                    std::cmp::Ordering::Less => doc! { "$lt": i64::MIN - amount },
-                    std::cmp::Ordering::Equal => return None,
+                let mut number = doc! { "$type": "number" };
+                let beyond = match whole.cmp(&0) {
+                    std::cmp::Ordering::Greater => Some(doc! { "$gt": i64::MAX - whole }),
+                    std::cmp::Ordering::Less => Some(doc! { "$lt": i64::MIN - whole }),
+                    std::cmp::Ordering::Equal => None,
                 };
-                let mut whole = doc! { "$type": ["int", "long"] };
-                whole.extend(beyond);
-                Some(doc! { path.clone(): { "$not": whole } })
+                if let Some(beyond) = beyond {
+                    let mut overflowing = doc! { "$type": ["int", "long"] };
+                    overflowing.extend(beyond);
+                    number.insert("$not", overflowing);
+                }
+                doc! { "$or": [
+                    { path.clone(): { "$exists": false } },
+                    { path.clone(): number },
+                ] }
             })
             .collect()
     }

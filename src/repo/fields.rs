@@ -41,22 +41,46 @@ pub fn is_system_path(path: &str) -> bool {
     RESERVED.contains(&head) || head.starts_with(RESERVED_PREFIX)
 }
 
+/// How deep MongoDB lets documents and arrays nest in a stored document (the top-level document
+/// is the first level).
+pub(crate) const MAX_NESTING: usize = 100;
+
 /// The first field name in `value` (at any depth, inside documents and arrays) that mongotx
 /// could not address afterwards, with its path and why: an empty name, one starting with `$`,
 /// or one containing `.` (updates name fields by dotted paths, so such a field could neither be
-/// changed nor read back reliably).
-pub(crate) fn bad_name(value: &Bson) -> Option<(String, &'static str)> {
+/// changed nor read back reliably); or the first value nested deeper than MongoDB stores.
+/// `level` is the level of the document or array that holds `value` (1 for a top-level field).
+pub(crate) fn bad_name(value: &Bson, level: usize) -> Option<(String, &'static str)> {
+    let nests = matches!(value, Bson::Document(_) | Bson::Array(_));
+    if nests && level >= MAX_NESTING {
+        return Some((
+            String::new(),
+            "documents and arrays nest at most 100 levels deep in MongoDB",
+        ));
+    }
+    let under = |at: String, (path, reason): (String, &'static str)| {
+        let path = if path.is_empty() {
+            at
+        } else {
+            format!("{at}.{path}")
+        };
+        (path, reason)
+    };
     match value {
-        Bson::Document(doc) => bad_name_in(doc),
+        Bson::Document(doc) => names_in(doc, level + 1),
         Bson::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
-            bad_name(item).map(|(path, reason)| (format!("{i}.{path}"), reason))
+            bad_name(item, level + 1).map(|found| under(i.to_string(), found))
         }),
         _ => None,
     }
 }
 
-/// [`bad_name`] of every field of `doc`.
+/// [`bad_name`] of every field of the top-level document `doc`.
 pub(crate) fn bad_name_in(doc: &Document) -> Option<(String, &'static str)> {
+    names_in(doc, 1)
+}
+
+fn names_in(doc: &Document, level: usize) -> Option<(String, &'static str)> {
     doc.iter().find_map(|(name, inner)| {
         let reason = if name.is_empty() {
             Some("field names cannot be empty")
@@ -69,7 +93,14 @@ pub(crate) fn bad_name_in(doc: &Document) -> Option<(String, &'static str)> {
         };
         match reason {
             Some(reason) => Some((name.clone(), reason)),
-            None => bad_name(inner).map(|(path, reason)| (format!("{name}.{path}"), reason)),
+            None => bad_name(inner, level).map(|(path, reason)| {
+                let path = if path.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{name}.{path}")
+                };
+                (path, reason)
+            }),
         }
     })
 }
@@ -158,4 +189,40 @@ pub(crate) fn strip(doc: &mut Document) {
 /// Filter fragment matching live documents (not tombstones).
 pub(crate) fn live_filter() -> Document {
     bson::doc! { DELETED: { "$exists": false } }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn nested(depth: usize) -> Bson {
+        let mut value = Bson::Int32(1);
+        for _ in 0..depth {
+            value = Bson::Document(doc! { "d": value });
+        }
+        value
+    }
+
+    #[test]
+    fn names_paths_cannot_reach_are_found_with_their_path() {
+        assert_eq!(bad_name_in(&doc! { "a": { "b": [1, { "c": 2 }] } }), None);
+        let found = |d: Document| bad_name_in(&d).map(|(path, _)| path);
+        assert_eq!(found(doc! { "$x": 1 }), Some("$x".into()));
+        assert_eq!(found(doc! { "a": { "b.c": 1 } }), Some("a.b.c".into()));
+        // An empty name is reported at the path of the document holding it.
+        assert_eq!(found(doc! { "a": [0, { "": 1 }] }), Some("a.1".into()));
+    }
+
+    #[test]
+    fn nesting_stops_at_one_hundred_levels() {
+        // The top-level document is level 1, so 99 documents inside it reach level 100.
+        assert_eq!(bad_name_in(&doc! { "deep": nested(99) }), None);
+        let (path, reason) = bad_name_in(&doc! { "deep": nested(100) }).unwrap_or_default();
+        assert!(reason.contains("100 levels"), "{reason}");
+        assert!(path.starts_with("deep.d.d"), "{path}");
+        // An update's value starts as deep as its path.
+        assert_eq!(bad_name(&nested(98), 2), None);
+        assert!(bad_name(&nested(99), 2).is_some());
+    }
 }

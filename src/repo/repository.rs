@@ -606,10 +606,7 @@ where
             }
             Change::Adjust(adjust) => {
                 filter.insert(fields::SCHEMA_VERSION, current);
-                let in_range = adjust.in_range();
-                if !in_range.is_empty() {
-                    filter.insert("$and", in_range);
-                }
+                filter.insert("$and", adjust.applicable());
             }
             // A whole new value (or a tombstone) may replace any older shape.
             Change::Replace(_) | Change::Delete => {
@@ -917,7 +914,7 @@ where
         self.check_paths(shown, update.paths())?;
         let schema = self.spec.schema();
         for (path, value) in update.sets() {
-            if let Some((field, reason)) = fields::bad_name(value) {
+            if let Some((field, reason)) = fields::bad_name(value, path.split('.').count()) {
                 return Err(self.invalid(
                     shown,
                     Violation {
@@ -1141,6 +1138,23 @@ where
                 field,
                 rule,
                 source: Box::new(source),
+            };
+        }
+        // The driver refuses a document over MongoDB's 16 MiB before sending it (the server
+        // answers BSONObjectTooLarge, 10334, for one that grows past it): the caller's value is
+        // too large, which is bad input, not a database failure.
+        let too_large = match &*source.kind {
+            mongodb::error::ErrorKind::InvalidArgument { message, .. } => {
+                message.contains("within") && message.contains("bytes")
+            }
+            _ => probe::error_code(&source) == Some(10334),
+        };
+        if too_large {
+            return RepoError::Invalid {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+                field: "(document)".to_string(),
+                reason: format!("MongoDB stores documents of at most 16 MiB: {source}"),
             };
         }
         self.db_error(shown, operation, source)
