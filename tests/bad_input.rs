@@ -593,3 +593,56 @@ async fn repositories_on_reserved_collections_are_refused() {
     }
     assert_eq!(r.checked(), 3);
 }
+
+/// Filters the server cannot parse are the caller's mistake: refused as `InvalidQuery` naming
+/// the collection and the server's reason, not passed through as a database failure; so are
+/// operators that cannot run on committed values.
+#[tokio::test]
+async fn filters_the_server_cannot_parse_are_invalid_queries() {
+    let (t, accounts, _, _) = seeded().await;
+    let mut r = common::refusals::Refusals::new(&t.db);
+    let filters: Vec<(&str, Document)> = vec![
+        (
+            "an unknown field operator",
+            doc! { "balance": { "$bogus": 1 } },
+        ),
+        (
+            "an unknown top-level operator",
+            doc! { "$bogus": [{ "a": 1 }] },
+        ),
+        ("$in without an array", doc! { "balance": { "$in": 5 } }),
+        ("$and without an array", doc! { "$and": { "a": 1 } }),
+        ("an empty $or", doc! { "$or": [] }),
+        ("$where", doc! { "$where": "this.balance > 1" }),
+        ("$text", doc! { "$text": { "$search": "x" } }),
+    ];
+    for (what, filter) in filters {
+        r.check(
+            what,
+            accounts.find(mongotx::Query::new().filter(filter)),
+            |e| matches!(e, RepoError::InvalidQuery { collection, .. } if collection == "accounts"),
+        )
+        .await;
+    }
+    assert_eq!(r.checked(), 7);
+}
+
+/// A store pointed at a transactions collection MongoDB cannot have refuses to open
+/// repositories, before anything is written.
+#[tokio::test]
+async fn stores_with_unusable_transaction_collections_are_refused() {
+    let t = TestDb::new().await;
+    let mut r = common::refusals::Refusals::new(&t.db);
+    for name in ["", "system.txns", "a$b"] {
+        let store = mongotx::Store::builder(t.db.clone())
+            .transactions_collection(name)
+            .build();
+        r.check(
+            &format!("transactions collection {name:?}"),
+            store.repository::<Account>(common::accounts_spec()),
+            |e| matches!(e, RepoError::Spec(mongotx::SpecError::Name { .. })),
+        )
+        .await;
+    }
+    assert_eq!(r.checked(), 3);
+}

@@ -183,7 +183,7 @@ impl CollectionSpec {
     }
 }
 
-fn check_name(name: &str) -> Result<(), SpecError> {
+pub(crate) fn check_name(name: &str) -> Result<(), SpecError> {
     let reason = if name.is_empty() {
         Some("it is empty")
     } else if name.starts_with("system.") {

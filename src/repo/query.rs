@@ -48,6 +48,9 @@ pub(crate) fn problem(
     if let Some(limit) = limit.filter(|l| *l < 0) {
         return Some(format!("the limit {limit} is negative"));
     }
+    if let Some(reason) = shape_problem(filter) {
+        return Some(reason);
+    }
     if let Some((key, value)) = sort
         .into_iter()
         .flat_map(|s| s.iter())
@@ -71,6 +74,113 @@ pub(crate) fn problem(
         return Some(format!(
             "the sort names `{name}`, which describes transaction state"
         ));
+    }
+    None
+}
+
+/// Query operators a field condition may use (MongoDB's, less the geospatial ones that need a
+/// special index or cannot run inside an aggregation).
+const FIELD_OPERATORS: [&str; 20] = [
+    "$eq",
+    "$ne",
+    "$gt",
+    "$gte",
+    "$lt",
+    "$lte",
+    "$in",
+    "$nin",
+    "$exists",
+    "$type",
+    "$regex",
+    "$options",
+    "$not",
+    "$elemMatch",
+    "$size",
+    "$all",
+    "$mod",
+    "$bitsAllSet",
+    "$bitsAnySet",
+    "$bitsAllClear",
+];
+
+/// Why a filter is malformed, if it is: an operator MongoDB does not know or that cannot run on
+/// committed values (`$where`, `$text`, `$near`), or an operator given the wrong kind of
+/// argument. Checked here so that every server refuses the same filters with the same typed
+/// error, before anything is sent (servers differ in what they check and how they say it).
+fn shape_problem(filter: &Document) -> Option<String> {
+    for (key, value) in filter {
+        let problem = match key.as_str() {
+            "$and" | "$or" | "$nor" => match value.as_array() {
+                Some(items) if !items.is_empty() => items.iter().find_map(|item| match item {
+                    Bson::Document(inner) => shape_problem(inner),
+                    other => Some(format!("`{key}` lists {other}, which is not a filter")),
+                }),
+                _ => Some(format!(
+                    "`{key}` takes a non-empty array of filters, not {value}"
+                )),
+            },
+            "$expr" | "$comment" => None,
+            "$jsonSchema" => (!matches!(value, Bson::Document(_)))
+                .then(|| format!("`$jsonSchema` takes a schema document, not {value}")),
+            "$where" | "$text" => Some(format!(
+                "`{key}` cannot be evaluated on committed values (it needs the stored documents)"
+            )),
+            name if name.starts_with('$') => Some(format!("unknown operator `{name}`")),
+            name => field_problem(name, value),
+        };
+        if problem.is_some() {
+            return problem;
+        }
+    }
+    None
+}
+
+/// Why the condition on field `name` is malformed, if it is.
+fn field_problem(name: &str, condition: &Bson) -> Option<String> {
+    let Bson::Document(operators) = condition else {
+        return None;
+    };
+    if !operators.keys().next().is_some_and(|k| k.starts_with('$')) {
+        return None; // equality with a document
+    }
+    for (operator, argument) in operators {
+        let wrong = |wants: &str| {
+            Some(format!(
+                "`{operator}` on `{name}` takes {wants}, not {argument}"
+            ))
+        };
+        let problem = match operator.as_str() {
+            "$in" | "$nin" | "$all" if !matches!(argument, Bson::Array(_)) => wrong("an array"),
+            "$not" if !matches!(argument, Bson::Document(_) | Bson::RegularExpression(_)) => {
+                wrong("an operator document or a regular expression")
+            }
+            "$not" => match argument {
+                Bson::Document(inner) => field_problem(name, &Bson::Document(inner.clone())),
+                _ => None,
+            },
+            "$elemMatch" if !matches!(argument, Bson::Document(_)) => wrong("a document"),
+            "$size"
+                if argument
+                    .as_i64()
+                    .or(argument.as_i32().map(i64::from))
+                    .is_none() =>
+            {
+                wrong("a whole number")
+            }
+            "$mod" if !matches!(argument, Bson::Array(items) if items.len() == 2) => {
+                wrong("[divisor, remainder]")
+            }
+            known if FIELD_OPERATORS.contains(&known) => None,
+            unknown if unknown.starts_with('$') => {
+                Some(format!("unknown operator `{unknown}` on `{name}`"))
+            }
+            other => Some(format!(
+                "`{name}` mixes operators with the plain field `{other}`"
+            )),
+        };
+        if problem.is_some() {
+            return problem;
+        }
     }
     None
 }
@@ -341,6 +451,25 @@ mod tests {
         assert!(problem(&doc! {}, Some(&doc! { "a": 2 }), None).is_some());
         assert!(problem(&doc! {}, Some(&doc! { "a": "up" }), None).is_some());
         assert!(problem(&doc! {}, Some(&doc! { "a": -1_i64, "b": 1.0 }), None).is_none());
+        for bad in [
+            doc! { "a": { "$bogus": 1 } },
+            doc! { "$bogus": [] },
+            doc! { "a": { "$in": 5 } },
+            doc! { "$or": [] },
+            doc! { "$and": [1] },
+            doc! { "$where": "1" },
+            doc! { "a": { "$not": { "$in": 1 } } },
+            doc! { "a": { "$gt": 1, "b": 2 } },
+        ] {
+            assert!(problem(&bad, None, None).is_some(), "{bad}");
+        }
+        for good in [
+            doc! { "a": { "$in": [1], "$nin": [] }, "b": { "c": 1 } },
+            doc! { "$or": [{ "a": 1 }], "$expr": { "$gt": ["$a", 1] } },
+            doc! { "a": { "$not": { "$gt": 1 } }, "t": { "$size": 2 } },
+        ] {
+            assert!(problem(&good, None, None).is_none(), "{good}");
+        }
     }
 
     #[test]

@@ -387,12 +387,20 @@ where
         if let Some(batch) = batch {
             action = action.batch_size(batch);
         }
+        let failed = |e: mongodb::error::Error| match probe::error_code(&e) {
+            // BadValue, FailedToParse, TypeMismatch: the server could not read the filter.
+            Some(2 | 9 | 14) => RepoError::InvalidQuery {
+                collection: self.name().to_string(),
+                reason: format!("the server refused the filter: {e}"),
+            },
+            _ => self.db_error("*", "find", e),
+        };
         action
             .await
-            .map_err(|e| self.db_error("*", "find", e))?
+            .map_err(failed)?
             .try_collect()
             .await
-            .map_err(|e| self.db_error("*", "find", e))
+            .map_err(failed)
     }
 
     fn decode_row(&self, mut row: Document) -> Result<Stamped<T>, RepoError> {

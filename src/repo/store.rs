@@ -370,6 +370,7 @@ impl Store {
     {
         spec.check_upgrades()?;
         let name = spec.name().to_string();
+        crate::repo::collection::check_name(self.transactions_collection())?;
         // A repository there could overwrite the records and registrations the protocol runs on.
         if name == self.transactions_collection() || name == META_COLLECTION {
             return Err(SpecError::Name {
