@@ -18,10 +18,13 @@ use crate::txn::error::TxnError;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ObtError {
-    /// An id, owner or other argument is unusable (empty, too long, out of range).
-    #[error("invalid OBT request: {reason}")]
+    /// An id, owner, ownership handle, option or other argument is unusable (empty, too long,
+    /// out of range, a collection the module cannot use). Found before anything is written.
+    #[error("{collection}: invalid OBT request: {reason}")]
     Invalid {
-        /// What is wrong.
+        /// The OBT collection (or the collection name that was refused).
+        collection: String,
+        /// What is wrong, with the values involved.
         reason: String,
     },
     /// No OBT with this id (never created, or released).
@@ -175,10 +178,13 @@ pub enum FenceError {
         /// The token the call carried.
         presented: Token,
     },
-    /// An unusable resource name or token.
-    #[error("invalid fence call: {reason}")]
+    /// An unusable resource name, token or fence collection. Found before anything is written.
+    #[error("{fence}: invalid fence call: {reason}")]
     Invalid {
-        /// What is wrong.
+        /// The fence: the collection of a [`MongoFence`](crate::obt::MongoFence), `memory fence`
+        /// for a [`MemoryFence`](crate::obt::MemoryFence).
+        fence: String,
+        /// What is wrong, with the values involved.
         reason: String,
     },
     /// The fence's collection could not be read or written.

@@ -15,7 +15,10 @@ use bson::{doc, Document};
 use mongodb::Collection;
 
 use crate::obt::error::FenceError;
-use crate::obt::model::{Token, FENCES_COLLECTION, FENCES_SCHEMA};
+use crate::obt::model::{
+    Token, FENCES_COLLECTION, FENCES_SCHEMA, OBTS_COLLECTION, TOKENS_COLLECTION,
+};
+use crate::obt::{collection_problem, name_problem, shown};
 use crate::repo::error::RepoError;
 use crate::repo::store::Store;
 use crate::server::is_transient;
@@ -31,15 +34,34 @@ pub trait Fence: Send + Sync {
     async fn seen(&self, resource: &str) -> Result<Option<Token>, FenceError>;
 }
 
-fn check(resource: &str, token: Token) -> Result<(), FenceError> {
-    if resource.is_empty() {
-        return Err(FenceError::Invalid {
-            reason: "the resource name is empty".into(),
-        });
+/// How a [`MemoryFence`] is named in its errors.
+const MEMORY: &str = "memory fence";
+
+/// Refuses a resource name no OBT id could be (empty, over [`MAX_NAME`](crate::obt::MAX_NAME)
+/// bytes, with a NUL) in `fence`.
+fn check_resource(fence: &str, resource: &str) -> Result<(), FenceError> {
+    match name_problem(resource) {
+        None => Ok(()),
+        Some(problem) => Err(FenceError::Invalid {
+            fence: fence.to_string(),
+            reason: format!(
+                "the resource name {} is unusable: {problem}",
+                shown(resource)
+            ),
+        }),
     }
+}
+
+/// Refuses an admission on an unusable resource or with a token no namespace issues.
+fn check(fence: &str, resource: &str, token: Token) -> Result<(), FenceError> {
+    check_resource(fence, resource)?;
     if token.0 < 1 {
         return Err(FenceError::Invalid {
-            reason: format!("token {token} was never issued (tokens start at 1)"),
+            fence: fence.to_string(),
+            reason: format!(
+                "resource {}: token {token} was never issued (tokens start at 1)",
+                shown(resource)
+            ),
         });
     }
     Ok(())
@@ -70,7 +92,7 @@ impl MemoryFence {
         token: Token,
         effect: impl FnOnce() -> R,
     ) -> Result<R, FenceError> {
-        check(resource, token)?;
+        check(MEMORY, resource, token)?;
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let highest = seen.entry(resource.to_string()).or_insert(token);
         if *highest > token {
@@ -92,6 +114,7 @@ impl Fence for MemoryFence {
     }
 
     async fn seen(&self, resource: &str) -> Result<Option<Token>, FenceError> {
+        check_resource(MEMORY, resource)?;
         // A poisoned lock only means another caller panicked mid-admit; the map is still whole.
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         Ok(seen.get(resource).copied())
@@ -120,7 +143,24 @@ impl MongoFence {
     ///
     /// Writes and reads use the store's protocol concerns (majority on replica sets): an
     /// admitted token that a failover rolled back would let a lower one in.
+    ///
+    /// A collection name MongoDB refuses, or one that holds something else (the OBTs of the
+    /// default namespace, the token counters, the transaction records, the collection registry),
+    /// is [`FenceError::Invalid`], before anything is created.
     pub async fn named(store: &Store, name: &str) -> Result<MongoFence, FenceError> {
+        if let Some(reason) = collection_problem(
+            store,
+            name,
+            &[
+                (OBTS_COLLECTION, "the OBTs of the default namespace"),
+                (TOKENS_COLLECTION, "the token counters"),
+            ],
+        ) {
+            return Err(FenceError::Invalid {
+                fence: shown(name),
+                reason: format!("cannot keep a fence there: {reason}"),
+            });
+        }
         let coll = store
             .validated_protocol_collection(name, FENCES_SCHEMA)
             .await
@@ -145,7 +185,7 @@ pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
 #[async_trait]
 impl Fence for MongoFence {
     async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError> {
-        check(resource, token)?;
+        check(self.coll.name(), resource, token)?;
         let mut last = None;
         for attempt in 0..CREATE_RACES {
             if attempt > 0 {
@@ -186,12 +226,14 @@ impl Fence for MongoFence {
         Err(match last {
             Some(e) => self.db_error(resource, "admit", e),
             None => FenceError::Invalid {
+                fence: self.coll.name().to_string(),
                 reason: format!("resource {resource}: kept losing the race to create its fence"),
             },
         })
     }
 
     async fn seen(&self, resource: &str) -> Result<Option<Token>, FenceError> {
+        check_resource(self.coll.name(), resource)?;
         let found = self
             .coll
             .find_one(doc! { "_id": resource })

@@ -137,15 +137,23 @@ impl Obt {
         Obt::with_options(store, ObtOptions::default()).await
     }
 
-    /// Opens it with `options`.
+    /// Opens it with `options`. A collection name MongoDB refuses, or one that holds something
+    /// else (the token counters, the default fences, the transaction records, the collection
+    /// registry), is [`ObtError::Invalid`], before anything is created.
     pub async fn with_options(store: &Store, options: ObtOptions) -> Result<Obt, ObtError> {
-        if options.collection.is_empty() {
+        let reserved = [
+            (TOKENS_COLLECTION, "the token counters"),
+            (FENCES_COLLECTION, "the default fences"),
+        ];
+        if let Some(reason) = collection_problem(store, &options.collection, &reserved) {
             return Err(ObtError::Invalid {
-                reason: "the OBT collection name is empty".into(),
+                collection: shown(&options.collection),
+                reason: format!("cannot keep OBTs there: {reason}"),
             });
         }
         let spec = CollectionSpec::new(&options.collection, 1, OBTS_SCHEMA).map_err(|e| {
             ObtError::Invalid {
+                collection: options.collection.clone(),
                 reason: format!("the built-in OBT schema is unusable: {e}"),
             }
         })?;
@@ -182,5 +190,56 @@ impl Obt {
     /// The options in force.
     pub fn options(&self) -> &ObtOptions {
         &self.options
+    }
+}
+
+/// What is wrong with `value` as an OBT id, owner name or fenced resource, if anything: these are
+/// document ids and indexed values, and are shown in errors and logs.
+pub(crate) fn name_problem(value: &str) -> Option<String> {
+    if value.is_empty() {
+        Some("it is empty".into())
+    } else if value.len() > MAX_NAME {
+        Some(format!(
+            "it has {} bytes, more than the {MAX_NAME} allowed",
+            value.len()
+        ))
+    } else if value.contains('\0') {
+        Some("it contains a NUL character".into())
+    } else {
+        None
+    }
+}
+
+/// `value` for an error message: quoted, and cut short when it is long (a refused name may be
+/// megabytes).
+pub(crate) fn shown(value: &str) -> String {
+    const SHOWN: usize = 64;
+    match value.char_indices().nth(SHOWN) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
+/// What is wrong with `name` as a collection of this module, if anything: a name MongoDB refuses,
+/// or one that holds something else (`reserved`: names of this module with what they hold; the
+/// transaction records; the collection registry), whose validator opening it would replace.
+pub(crate) fn collection_problem(
+    store: &Store,
+    name: &str,
+    reserved: &[(&str, &str)],
+) -> Option<String> {
+    if name.is_empty() {
+        Some("the collection name is empty".into())
+    } else if name.contains('$') || name.contains('\0') {
+        Some("a collection name cannot contain '$' or a NUL character".into())
+    } else if name.starts_with("system.") {
+        Some("the system. prefix is reserved by MongoDB".into())
+    } else if let Some((_, what)) = reserved.iter().find(|(r, _)| *r == name) {
+        Some(format!("the OBT module keeps {what} there"))
+    } else if name == store.transactions_collection() || name == crate::repo::meta::META_COLLECTION
+    {
+        Some("mongotx keeps its transaction records or collection registry there".into())
+    } else {
+        None
     }
 }

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use crate::obt::error::ObtError;
 use crate::obt::model::{NewObt, Observation, ObtDoc, ObtState, Ownership, Token};
-use crate::obt::{Obt, MAX_LEASE, MAX_NAME};
+use crate::obt::{name_problem, shown, Obt, MAX_LEASE};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
 use crate::repo::resolve::Committed;
@@ -30,33 +30,62 @@ enum Verdict {
 /// How many times a preemption takes a fresh token after finding a higher one already applied.
 const REISSUES: usize = 8;
 
-fn check_name(what: &str, value: &str) -> Result<(), ObtError> {
-    if value.is_empty() {
-        return Err(ObtError::Invalid {
-            reason: format!("the {what} is empty"),
-        });
-    }
-    if value.len() > MAX_NAME || value.contains('\0') {
-        return Err(ObtError::Invalid {
-            reason: format!(
-                "the {what} must be at most {MAX_NAME} bytes without NUL (got {} bytes)",
-                value.len()
-            ),
-        });
-    }
-    Ok(())
-}
-
-fn check_stage(stage: i64) -> Result<(), ObtError> {
-    if stage < 0 {
-        return Err(ObtError::Invalid {
-            reason: format!("stage {stage} is negative"),
-        });
-    }
-    Ok(())
+/// How long an owner whose last sign of life is stamped `beat` has been silent at `now` (both
+/// server times; zero if `beat` is later).
+fn silent_since(beat: DateTime, now: DateTime) -> Duration {
+    let ms = now
+        .timestamp_millis()
+        .saturating_sub(beat.timestamp_millis());
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
 impl Obt {
+    /// Refuses an unusable id or owner name (`what` it is), naming the value.
+    fn check_name(&self, what: &str, value: &str) -> Result<(), ObtError> {
+        match name_problem(value) {
+            None => Ok(()),
+            Some(problem) => Err(self.invalid(format!(
+                "the {what} {} is unusable: {problem}",
+                shown(value)
+            ))),
+        }
+    }
+
+    /// Refuses a negative stage for OBT `id`.
+    fn check_stage(&self, id: &str, stage: i64) -> Result<(), ObtError> {
+        if stage < 0 {
+            return Err(self.invalid(format!(
+                "OBT {}: stage {stage} is negative (stages start at 0)",
+                shown(id)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses an ownership handle that no call of this module hands out: its fields are public,
+    /// so an emptied id or owner, or a token never issued, would otherwise reach the database as
+    /// a condition that matches nothing and come back as a confusing loss of ownership.
+    fn check_owned(&self, owned: &Ownership) -> Result<(), ObtError> {
+        self.check_name("OBT id of the ownership", &owned.id)?;
+        self.check_name("owner of the ownership", &owned.owner)?;
+        if owned.token.0 < 1 {
+            return Err(self.invalid(format!(
+                "OBT {} of {}: token {} was never issued (tokens start at 1)",
+                shown(&owned.id),
+                shown(&owned.owner),
+                owned.token
+            )));
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, reason: String) -> ObtError {
+        ObtError::Invalid {
+            collection: self.coll(),
+            reason,
+        }
+    }
+
     fn coll(&self) -> String {
         self.repo.name().to_string()
     }
@@ -115,8 +144,8 @@ impl Obt {
     /// Strictly greater than every token issued before it in this namespace, by any process. A
     /// token whose reply was lost is simply never used, and neither is one taken by a call that a
     /// racing call beat (tokens may have gaps: fencing needs them to grow, not to be dense). A
-    /// call whose input is wrong (a taken id, a missing OBT, another owner, no lease) is refused
-    /// before it takes one.
+    /// call whose input is wrong (a taken id, a missing OBT, another owner, no lease, a lease
+    /// still running, an observation the OBT has moved past) is refused before it takes one.
     pub async fn issue_token(&self) -> Result<Token, ObtError> {
         let namespace = self.repo.name();
         let mut attempt = 0;
@@ -206,7 +235,7 @@ impl Obt {
 
     /// The OBT as committed now.
     pub async fn get(&self, id: &str) -> Result<ObtState, ObtError> {
-        check_name("OBT id", id)?;
+        self.check_name("OBT id", id)?;
         match self.committed(id).await? {
             Some((state, _)) => Ok(state),
             None => Err(self.not_found(id)),
@@ -227,8 +256,8 @@ impl Obt {
     /// `owner` owns it and `stage` is not older than its stage. Returns the OBT, whose token the
     /// call then carries to downstream fences.
     pub async fn check(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
-        check_name("owner", owner)?;
-        check_stage(stage)?;
+        self.check_name("owner", owner)?;
+        self.check_stage(id, stage)?;
         let state = self.get(id).await?;
         if state.owner != owner {
             return Err(self.not_owner(id, owner, &state));
@@ -365,14 +394,16 @@ impl Obt {
     /// only insert, stamped with the server's time. Sending the same create again after a lost
     /// reply returns the same ownership; an id that is taken is [`ObtError::Exists`].
     pub async fn create(&self, new: NewObt) -> Result<Ownership, ObtError> {
-        check_name("OBT id", &new.id)?;
-        check_name("owner", &new.owner)?;
+        self.check_name("OBT id", &new.id)?;
+        self.check_name("owner", &new.owner)?;
         let lease_ms = match new.lease {
             None => None,
             Some(lease) if lease.as_millis() == 0 || lease > MAX_LEASE => {
-                return Err(ObtError::Invalid {
-                    reason: format!("lease {lease:?} is not between 1 ms and {MAX_LEASE:?}"),
-                })
+                return Err(self.invalid(format!(
+                    "OBT {} of {}: lease {lease:?} is not between 1 ms and {MAX_LEASE:?}",
+                    shown(&new.id),
+                    shown(&new.owner)
+                )))
             }
             Some(lease) => Some(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
         };
@@ -459,9 +490,9 @@ impl Obt {
         current_owner: &str,
         new_owner: &str,
     ) -> Result<Ownership, ObtError> {
-        check_name("OBT id", id)?;
-        check_name("current owner", current_owner)?;
-        check_name("new owner", new_owner)?;
+        self.check_name("OBT id", id)?;
+        self.check_name("current owner", current_owner)?;
+        self.check_name("new owner", new_owner)?;
         // A missing OBT or another owner is refused before a token is issued.
         match self.committed(id).await? {
             None => return Err(self.not_found(id)),
@@ -510,39 +541,56 @@ impl Obt {
                 Err(e) => return Err(e),
             }
         }
-        Err(ObtError::Invalid {
-            reason: format!(
-                "OBT {id}: preempted {REISSUES} times over by newer tokens of {current_owner}"
-            ),
-        })
+        Err(self.invalid(format!(
+            "OBT {id}: preempted {REISSUES} times over by newer tokens of {current_owner}"
+        )))
     }
 
     /// Takes over an OBT whose owner this process has seen silent for its whole lease on its own
     /// monotonic clock: `observed` must be at least the lease old, and the OBT must be exactly as
     /// observed (no heartbeat, stage change or other owner since). Never compares wall clocks.
+    /// The lease counted is the committed OBT's, whatever the observation says.
     pub async fn take_over(
         &self,
         observed: &Observation,
         new_owner: &str,
     ) -> Result<Ownership, ObtError> {
-        check_name("new owner", new_owner)?;
+        self.check_name("new owner", new_owner)?;
         let seen = &observed.state;
-        let Some(lease) = seen.lease else {
-            return Err(ObtError::NoLease {
-                collection: self.coll(),
-                id: seen.id.clone(),
-                owner: seen.owner.clone(),
-            });
-        };
+        self.check_name("OBT id of the observation", &seen.id)?;
         let silent = observed.silent_for();
+        let lease_live = |owner: &str, lease: Duration| ObtError::LeaseLive {
+            collection: self.coll(),
+            id: seen.id.clone(),
+            owner: owner.to_string(),
+            silent,
+            lease,
+        };
+        let no_lease = |owner: &str| ObtError::NoLease {
+            collection: self.coll(),
+            id: seen.id.clone(),
+            owner: owner.to_string(),
+        };
+        let Some(lease) = seen.lease else {
+            return Err(no_lease(&seen.owner));
+        };
         if silent < lease {
-            return Err(ObtError::LeaseLive {
-                collection: self.coll(),
-                id: seen.id.clone(),
-                owner: seen.owner.clone(),
-                silent,
-                lease,
-            });
+            return Err(lease_live(&seen.owner, lease));
+        }
+        // A take-over the committed OBT already refuses is refused before a token is issued for
+        // it: gone, or changed since observed. The lease is the committed one too: the
+        // observation's fields are public, and a lease shortened there must not cut a live
+        // owner's short (the lease never changes while the version stays the same).
+        let Some((now, _)) = self.committed(&seen.id).await? else {
+            return Err(self.not_found(&seen.id));
+        };
+        if now.version != seen.version || now.token != seen.token {
+            return Err(self.changed(seen, &now));
+        }
+        match now.lease {
+            None => return Err(no_lease(&now.owner)),
+            Some(lease) if silent < lease => return Err(lease_live(&now.owner, lease)),
+            Some(_) => {}
         }
         self.take_unchanged(seen, new_owner).await
     }
@@ -555,19 +603,33 @@ impl Obt {
         id: &str,
         new_owner: &str,
     ) -> Result<Ownership, ObtError> {
-        check_name("OBT id", id)?;
-        check_name("new owner", new_owner)?;
-        // A missing OBT or one without a lease is refused before a token is issued.
-        match self.committed(id).await? {
-            None => return Err(self.not_found(id)),
-            Some((s, _)) if s.lease.is_none() => {
-                return Err(ObtError::NoLease {
+        self.check_name("OBT id", id)?;
+        self.check_name("new owner", new_owner)?;
+        // A missing OBT, one without a lease, or one whose lease is running by this process's
+        // estimate of the server's clock is refused before a token is issued. The write itself
+        // still decides by the server's own clock; the estimate only spares a token when the
+        // answer is plain.
+        let Some((seen, _)) = self.committed(id).await? else {
+            return Err(self.not_found(id));
+        };
+        let Some(lease) = seen.lease else {
+            return Err(ObtError::NoLease {
+                collection: self.coll(),
+                id: id.to_string(),
+                owner: seen.owner,
+            });
+        };
+        if let Some(beat) = seen.beat_at {
+            let silent = silent_since(beat, self.store.now().await?);
+            if silent < lease {
+                return Err(ObtError::LeaseLive {
                     collection: self.coll(),
                     id: id.to_string(),
-                    owner: s.owner,
-                })
+                    owner: seen.owner,
+                    silent,
+                    lease,
+                });
             }
-            Some(_) => {}
         }
         let token = self.issue_token().await?;
         // Only to tell a running lease from a guard in the way when the write misses.
@@ -596,10 +658,7 @@ impl Obt {
                             owner: s.owner.clone(),
                         }),
                         Some(lease) => {
-                            let beat = s.beat_at.unwrap_or(server_now).timestamp_millis();
-                            let silent = Duration::from_millis(
-                                u64::try_from(server_now.timestamp_millis() - beat).unwrap_or(0),
-                            );
+                            let silent = silent_since(s.beat_at.unwrap_or(server_now), server_now);
                             if s.token > token || silent < lease {
                                 Verdict::Fail(ObtError::LeaseLive {
                                     collection: self.coll(),
@@ -657,6 +716,7 @@ impl Obt {
     /// settled by sending it again and reading back; a preempted owner gets
     /// [`ObtError::Preempted`].
     pub async fn heartbeat(&self, owned: &mut Ownership) -> Result<(), ObtError> {
+        self.check_owned(owned)?;
         let sent = Instant::now();
         self.write_if(
             &owned.id,
@@ -677,9 +737,9 @@ impl Obt {
     /// Moves OBT `id` of `owner` forward to `stage`. The same stage again is a no-op (a retry); an
     /// older one is [`ObtError::StageReplayed`].
     pub async fn advance(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
-        check_name("OBT id", id)?;
-        check_name("owner", owner)?;
-        check_stage(stage)?;
+        self.check_name("OBT id", id)?;
+        self.check_name("owner", owner)?;
+        self.check_stage(id, stage)?;
         self.conditional(
             id,
             "advance",
@@ -704,7 +764,8 @@ impl Obt {
     /// Moves this ownership's OBT forward to `stage`, conditioned on the token as well as the
     /// owner, so no late copy can move a later OBT of the same id and owner name.
     pub async fn advance_owned(&self, owned: &mut Ownership, stage: i64) -> Result<(), ObtError> {
-        check_stage(stage)?;
+        self.check_owned(owned)?;
+        self.check_stage(&owned.id, stage)?;
         let state = self
             .conditional(
                 &owned.id,
@@ -735,8 +796,8 @@ impl Obt {
     /// delete delivered late could remove a later OBT of the same id and owner name; owners that
     /// reuse names should use [`release_owned`](Obt::release_owned).
     pub async fn release(&self, id: &str, owner: &str) -> Result<(), ObtError> {
-        check_name("OBT id", id)?;
-        check_name("owner", owner)?;
+        self.check_name("OBT id", id)?;
+        self.check_name("owner", owner)?;
         self.remove(id, doc! { "owner": owner }, |now| {
             (now.owner != owner).then(|| self.not_owner(id, owner, now))
         })
@@ -746,6 +807,7 @@ impl Obt {
     /// Releases the OBT this ownership holds (owner and token), so that no copy of the delete
     /// can remove a later OBT of the same id.
     pub async fn release_owned(&self, owned: &Ownership) -> Result<(), ObtError> {
+        self.check_owned(owned)?;
         self.remove(
             &owned.id,
             doc! { "owner": &owned.owner, "token": owned.token.0 },
@@ -804,11 +866,20 @@ impl Obt {
     /// ends, so a preemption either happens before (the commit writes nothing and fails
     /// [`ObtError::Preempted`]) or waits until after. Heartbeats and stage changes by the owner
     /// itself do not break the guard.
+    ///
+    /// An ownership already lost when the call is made is refused after one read of the OBT,
+    /// before the commit starts: the commit would otherwise write a transaction record and hold
+    /// the transaction's documents, only to roll them back at the guard.
     pub async fn commit_owned(
         &self,
         tx: Transaction,
         owned: &Ownership,
     ) -> Result<Outcome, ObtError> {
+        self.check_owned(owned)?;
+        match self.committed(&owned.id).await? {
+            Some((now, _)) if now.owner == owned.owner && now.token == owned.token => {}
+            now => return Err(self.preempted(owned, now.as_ref().map(|(s, _)| s))),
+        }
         tx.guard(
             &self.repo,
             owned.id.clone(),

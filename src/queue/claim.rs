@@ -33,7 +33,7 @@ use mongodb::options::ReturnDocument;
 
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus};
-use crate::queue::store::Batches;
+use crate::queue::store::{name_problem, shown, Batches};
 use crate::server::clock::plus;
 
 /// Statuses the ledger has settled for good: the queuer leaves them out, and a slot held by
@@ -43,6 +43,10 @@ pub(crate) const SETTLED: [&str; 3] = ["committed", "valid", "invalid"];
 /// Statuses a submission can no longer change: settled, or pending (accepted by the ledger, to be
 /// decided there). A claim and the record of an answer both need a status outside these.
 const DECIDED: [&str; 4] = ["pending", "committed", "valid", "invalid"];
+
+/// The longest claim: a longer one would keep a batch whose submitter died, and with it every
+/// later batch of its service, from the ledger for days.
+pub const MAX_CLAIM: Duration = Duration::from_secs(24 * 3600);
 
 /// A submitter's hold on one batch: it alone may submit the batch and record the answer,
 /// until [`deadline`](Claim::deadline).
@@ -151,6 +155,10 @@ impl Batches {
     /// is not this caller's to submit now: another submitter has it, its service has another
     /// batch in flight, an older batch of its service must go first, or it moved on. Nothing
     /// is left taken when it answers `None`.
+    ///
+    /// A batch that does not exist is [`QueueError::UnknownBatch`]; an unusable claimant name
+    /// (empty, over [`MAX_NAME`](crate::queue::MAX_NAME) bytes, with a NUL) or a `ttl` under a
+    /// millisecond or over [`MAX_CLAIM`] is [`QueueError::Invalid`]; nothing is written.
     pub async fn claim(
         &self,
         batch: &Batch,
@@ -158,6 +166,30 @@ impl Batches {
         ttl: Duration,
     ) -> Result<Option<Claim>, QueueError> {
         let header = batch.header.as_str();
+        self.check_header(header)?;
+        if let Some(problem) = name_problem(claimant) {
+            return Err(QueueError::Invalid {
+                collection: self.name.clone(),
+                reason: format!(
+                    "batch {}: the claimant name {} is unusable: {problem}",
+                    shown(header),
+                    shown(claimant)
+                ),
+            });
+        }
+        // Claims expire by the server's clock in whole milliseconds: a shorter one has expired
+        // when it is written, and would leave the batch marked submitted for the monitor to sort
+        // out.
+        if ttl.as_millis() == 0 || ttl > MAX_CLAIM {
+            return Err(QueueError::Invalid {
+                collection: self.name.clone(),
+                reason: format!(
+                    "batch {} for {}: a claim of {ttl:?} is not between 1 ms and {MAX_CLAIM:?}",
+                    shown(header),
+                    shown(claimant)
+                ),
+            });
+        }
         let token = ObjectId::new();
         let now = self.now().await?;
         let until = plus(now, ttl);
@@ -181,6 +213,8 @@ impl Batches {
             .await
             .map_err(|e| self.db_error(header, "claim", e))?;
         let Some(claimed) = claimed else {
+            // Not claimable now, or not there at all: only the latter is the caller's mistake.
+            self.stored(header).await?;
             return Ok(None);
         };
         let batch = self.parse(&claimed)?;
@@ -396,6 +430,7 @@ impl Batches {
     /// nothing is written.
     pub async fn record(&self, claim: &Claim, outcome: Submission) -> Result<Batch, QueueError> {
         let header = claim.batch.header.as_str();
+        self.check_header(header)?;
         let update = match outcome {
             Submission::Accepted => doc! {
                 "$set": { "status": "pending", "submitted": true },
@@ -466,6 +501,7 @@ impl Batches {
         status: BatchStatus,
     ) -> Result<Batch, QueueError> {
         let header = seen.header.as_str();
+        self.check_header(header)?;
         if !seen.needs(status) {
             return self.get(header).await;
         }

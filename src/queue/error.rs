@@ -6,10 +6,23 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum QueueError {
-    /// A batch (or a collection name) is unusable: an empty or overlong header or service id.
-    #[error("invalid batch: {reason}")]
+    /// A batch, or a header naming one, is unusable: an empty, overlong or NUL-carrying header or
+    /// service id, an empty or overlong content. Found before anything is written.
+    #[error("{collection}: invalid batch: {reason}")]
     InvalidBatch {
-        /// What is wrong.
+        /// The collection of batches.
+        collection: String,
+        /// What is wrong, with the values involved.
+        reason: String,
+    },
+    /// An argument other than the batch is unusable: a collection name the queue cannot use, a
+    /// delay window or claim time out of range, an unusable claimant name. Found before anything
+    /// is written.
+    #[error("{collection}: invalid queue request: {reason}")]
+    Invalid {
+        /// The collection of batches (or the collection name that was refused).
+        collection: String,
+        /// What is wrong, with the values involved.
         reason: String,
     },
     /// The header is already used by a batch of another service or with another content.

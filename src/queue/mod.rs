@@ -15,11 +15,12 @@ mod queuer;
 mod roles;
 mod store;
 
-pub use claim::{Claim, Submission};
+pub use claim::{Claim, Submission, MAX_CLAIM};
 pub use error::QueueError;
 pub use model::{Batch, BatchStatus, DEFAULT_DELAY};
 pub use queuer::{category, one_round_serial, Category};
 pub use roles::{LedgerApi, Monitor, Submitter};
 pub use store::{
-    Batches, NewBatch, BATCHES_COLLECTION, BATCHES_SCHEMA, SERVICES_SCHEMA, SERVICES_SUFFIX,
+    Batches, NewBatch, BATCHES_COLLECTION, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, MAX_NAME,
+    SERVICES_SCHEMA, SERVICES_SUFFIX,
 };

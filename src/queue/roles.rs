@@ -51,7 +51,9 @@ pub struct Submitter<L> {
 
 impl<L: LedgerApi> Submitter<L> {
     /// A submitter named `name` (recorded in its claims) holding each claim for at most
-    /// `claim_ttl`.
+    /// `claim_ttl`. A name or claim time [`Batches::claim`] refuses is reported, as
+    /// [`QueueError::Invalid`], by the first [`take`](Submitter::take) or
+    /// [`run_once`](Submitter::run_once), before anything is written.
     pub fn new(batches: Batches, ledger: L, name: impl Into<String>, claim_ttl: Duration) -> Self {
         Submitter {
             batches,

@@ -33,8 +33,63 @@ const STAMPS: u32 = 32;
 /// The JSON Schema of a batch document (the project's `schemas/batches.json`).
 pub const BATCHES_SCHEMA: &str = include_str!("../../schemas/batches.json");
 
-/// The longest header or service id (they are a document id and an indexed value).
+/// The longest header, service id or claimant name (they are document ids and indexed values).
 pub const MAX_NAME: usize = 512;
+
+/// The longest content of a batch, in bytes: the server's 16 MiB document limit, less room for
+/// the batch's other fields.
+pub const MAX_CONTENT: usize = 16 * 1024 * 1024 - 16 * 1024;
+
+/// The longest delay window: a longer one would hold a delayed batch, and with it every later
+/// batch of its service, for days.
+pub const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
+
+/// What is wrong with `value` as a header, service id or claimant name, if anything.
+pub(crate) fn name_problem(value: &str) -> Option<String> {
+    if value.is_empty() {
+        Some("it is empty".into())
+    } else if value.len() > MAX_NAME {
+        Some(format!(
+            "it has {} bytes, more than the {MAX_NAME} allowed",
+            value.len()
+        ))
+    } else if value.contains('\0') {
+        Some("it contains a NUL character".into())
+    } else {
+        None
+    }
+}
+
+/// `value` for an error message: quoted, and cut short when it is long (a refused name may be
+/// megabytes).
+pub(crate) fn shown(value: &str) -> String {
+    const SHOWN: usize = 64;
+    match value.char_indices().nth(SHOWN) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
+/// What is wrong with `name` as a collection of batches, if anything: a name MongoDB refuses, one
+/// that holds mongotx's own records, or one ending in [`SERVICES_SUFFIX`] (it would be, or look
+/// like, the services collection of another collection of batches, whose validator opening it
+/// would replace).
+fn collection_problem(store: &Store, name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("the collection name is empty")
+    } else if name.contains('$') || name.contains('\0') {
+        Some("a collection name cannot contain '$' or a NUL character")
+    } else if name.starts_with("system.") {
+        Some("the system. prefix is reserved by MongoDB")
+    } else if name == store.transactions_collection() || name == crate::repo::meta::META_COLLECTION
+    {
+        Some("mongotx keeps its transaction records or collection registry there")
+    } else if name.ends_with(SERVICES_SUFFIX) {
+        Some("names ending in the services suffix are kept for services collections")
+    } else {
+        None
+    }
+}
 
 /// A batch to add.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,15 +133,24 @@ impl Batches {
         Batches::with_collection(store, BATCHES_COLLECTION, DEFAULT_DELAY).await
     }
 
-    /// Opens `collection`, retrying delayed batches `delay` after their last submission.
+    /// Opens `collection`, retrying delayed batches `delay` after their last submission (zero:
+    /// at once). A collection name the queue cannot use, or a delay over [`MAX_DELAY`], is
+    /// [`QueueError::Invalid`], before anything is created.
     pub async fn with_collection(
         store: &Store,
         collection: &str,
         delay: Duration,
     ) -> Result<Batches, QueueError> {
-        if collection.is_empty() || collection.contains('$') {
-            return Err(QueueError::InvalidBatch {
-                reason: format!("{collection:?} cannot name a collection of batches"),
+        if let Some(problem) = collection_problem(store, collection) {
+            return Err(QueueError::Invalid {
+                collection: shown(collection),
+                reason: format!("cannot keep batches there: {problem}"),
+            });
+        }
+        if delay > MAX_DELAY {
+            return Err(QueueError::Invalid {
+                collection: collection.to_string(),
+                reason: format!("a delay window of {delay:?} is over the {MAX_DELAY:?} allowed"),
             });
         }
         let coll = store
@@ -126,15 +190,23 @@ impl Batches {
     /// for submission, so the order of stamps is the order of `add` calls that did not overlap,
     /// and no batch is ever stamped before one that went to the ledger ahead of it.
     pub async fn add(&self, batch: &NewBatch) -> Result<Batch, QueueError> {
-        for (what, value) in [("service id", &batch.service_id), ("header", &batch.header)] {
-            if value.is_empty() || value.len() > MAX_NAME {
-                return Err(QueueError::InvalidBatch {
-                    reason: format!(
-                        "a batch's {what} must have 1 to {MAX_NAME} bytes, not {}",
-                        value.len()
-                    ),
-                });
-            }
+        self.check_header(&batch.header)?;
+        if let Some(problem) = name_problem(&batch.service_id) {
+            return Err(self.invalid_batch(format!(
+                "batch {}: the service id {} is unusable: {problem}",
+                shown(&batch.header),
+                shown(&batch.service_id)
+            )));
+        }
+        // An empty batch has nothing to submit (most likely its content was lost on the way);
+        // one over the limit would fail at the server as a database error.
+        let size = batch.content.len();
+        if size == 0 || size > MAX_CONTENT {
+            return Err(self.invalid_batch(format!(
+                "batch {} of {}: its content has {size} bytes, not 1 to {MAX_CONTENT}",
+                shown(&batch.header),
+                shown(&batch.service_id)
+            )));
         }
         let created_at = self.now().await?;
         let doc = doc! {
@@ -260,7 +332,26 @@ impl Batches {
 
     /// The stored batch `header`.
     pub async fn get(&self, header: &str) -> Result<Batch, QueueError> {
+        self.check_header(header)?;
         self.parse(&self.stored(header).await?)
+    }
+
+    /// Refuses a header no batch can have, naming it.
+    pub(crate) fn check_header(&self, header: &str) -> Result<(), QueueError> {
+        match name_problem(header) {
+            None => Ok(()),
+            Some(problem) => Err(self.invalid_batch(format!(
+                "the header {} is unusable: {problem}",
+                shown(header)
+            ))),
+        }
+    }
+
+    pub(crate) fn invalid_batch(&self, reason: String) -> QueueError {
+        QueueError::InvalidBatch {
+            collection: self.name.clone(),
+            reason,
+        }
     }
 
     /// The server's time, as this process estimates it.

@@ -44,6 +44,9 @@ pub enum ServerValidation {
     Never,
 }
 
+/// The shortest pause [`LockWait::backoff`] gives.
+const MIN_PAUSE: Duration = Duration::from_millis(1);
+
 /// How writers wait for a held document, and how they back off meanwhile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockWait {
@@ -67,18 +70,17 @@ impl Default for LockWait {
 
 impl LockWait {
     /// The pause before attempt `attempt` (0-based): exponential, capped, jittered so that writers
-    /// queued on one document do not retry in lockstep.
+    /// queued on one document do not retry in lockstep, and at least 1 ms (a zero
+    /// backoff would send attempts back to back against the server for the whole wait).
     pub fn backoff(&self, attempt: u32) -> Duration {
         use rand::Rng;
         let ceiling = self
             .initial_backoff
             .saturating_mul(1_u32 << attempt.min(16))
-            .min(self.max_backoff);
+            .min(self.max_backoff)
+            .max(MIN_PAUSE);
         let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-        if nanos == 0 {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos(rand::rng().random_range(nanos / 2..=nanos))
+        Duration::from_nanos(rand::rng().random_range(nanos / 2..=nanos)).max(MIN_PAUSE)
     }
 }
 
@@ -793,6 +795,12 @@ impl Store {
         name: &str,
         schema: &str,
     ) -> mongodb::error::Result<Collection<Document>> {
+        // Its validator would replace the one on the transaction records or the registry.
+        if name == self.transactions_collection() || name == META_COLLECTION {
+            return Err(mongodb::error::Error::custom(format!(
+                "collection {name} is mongotx's own and cannot hold another protocol's records"
+            )));
+        }
         self.ensure_server_suits()
             .await
             .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
