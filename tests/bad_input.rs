@@ -124,9 +124,9 @@ async fn callers_cannot_set_system_fields() {
 }
 
 #[tokio::test]
-async fn non_positive_expected_versions_are_rejected() {
+async fn expected_versions_outside_the_range_are_rejected() {
     let (t, accounts, _, before) = seeded().await;
-    for version in [0, -1, i64::MIN] {
+    for version in [0, -1, i64::MIN, i64::MAX] {
         let results = [
             accounts
                 .update("acc", version, &Update::new().set("owner", "x"))

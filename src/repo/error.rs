@@ -136,8 +136,8 @@ pub enum RepoError {
         /// The system field named.
         field: String,
     },
-    /// An expected version that no document can have (versions start at 1).
-    #[error("{collection}/{id}: expected version {version} is invalid (versions start at 1)")]
+    /// An expected version that no document can have, or that has no next version.
+    #[error("{collection}/{id}: expected version {version} is invalid (versions run from 1 to one below i64::MAX, so that a write has a next version)")]
     InvalidVersion {
         /// Collection name.
         collection: String,

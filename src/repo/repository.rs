@@ -846,7 +846,8 @@ where
 
     pub(crate) fn check_write(&self, id: &Bson, expected: i64) -> Result<(), RepoError> {
         self.check_id(id)?;
-        if expected < FIRST_VERSION {
+        // i64::MAX has no next version to write.
+        if !(FIRST_VERSION..i64::MAX).contains(&expected) {
             return Err(RepoError::InvalidVersion {
                 collection: self.name().to_string(),
                 id: show_id(id),
