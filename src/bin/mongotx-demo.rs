@@ -3,12 +3,14 @@
 //! Uses `MONGODB_URI` when set, otherwise starts the local test server from `tools/`. Every step
 //! prints what happens and checks that it happened; any surprise exits non-zero.
 
+#[path = "shared/cli.rs"]
+mod cli;
+
 use std::error::Error;
 use std::time::{Duration, Instant};
 
 use bson::{doc, oid::ObjectId, Document};
 use clap::Parser;
-use mongodb::Client;
 use mongotx::failpoint::{self, CrashAt, Failpoint};
 use mongotx::test_server::TestServer;
 use mongotx::{
@@ -22,11 +24,14 @@ use serde::{Deserialize, Serialize};
 #[command(name = "mongotx-demo", version)]
 struct Args {
     /// Database to use (a fresh uniquely named one by default, dropped at the end).
-    #[arg(long)]
+    #[arg(long, value_parser = cli::database_name)]
     db: Option<String>,
     /// Keep the database after the tour.
     #[arg(long)]
     keep: bool,
+    /// How long to look for the server (MONGODB_URI's, or the local one) before giving up.
+    #[arg(long, default_value = "10s", value_parser = cli::connect_timeout)]
+    connect_timeout: Duration,
 }
 
 type DemoResult<T = ()> = Result<T, Box<dyn Error>>;
@@ -60,7 +65,7 @@ async fn main() {
         .init();
     let args = Args::parse();
     if let Err(error) = run(args).await {
-        eprintln!("\nDEMO FAILED: {error}");
+        eprintln!("\nDEMO FAILED: {}", cli::one_line(&error.to_string()));
         std::process::exit(1);
     }
 }
@@ -70,7 +75,13 @@ async fn run(args: Args) -> DemoResult {
     println!("== mongotx demo ==");
     println!("server: {} at {}", server.kind(), server.uri());
 
-    let client = Client::with_uri_str(server.uri()).await?;
+    let client = cli::connect(
+        server.uri(),
+        "MONGODB_URI",
+        "mongotx-demo",
+        args.connect_timeout,
+    )
+    .await?;
     let db_name = args
         .db
         .clone()
@@ -146,7 +157,13 @@ async fn run(args: Args) -> DemoResult {
     tour_unique(&store, &db).await?;
     tour_ids(&store).await?;
     tour_quota(&store).await?;
-    let second_client = Client::with_uri_str(server.uri()).await?;
+    let second_client = cli::connect(
+        server.uri(),
+        "MONGODB_URI",
+        "mongotx-demo",
+        args.connect_timeout,
+    )
+    .await?;
     tour_obt(&store, &Store::new(second_client.database(db.name()))).await?;
     tour_ratelimit(&store).await?;
     tour_queue(&store).await?;

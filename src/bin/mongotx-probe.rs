@@ -2,8 +2,16 @@
 //! `--uri` (and `MONGODB_URI`) it probes the local test server, which it starts itself
 //! (`MONGOTX_TEST_SERVER_ARGS=--no-bulk-write` plays MongoDB 4.4).
 
+#[path = "shared/cli.rs"]
+mod cli;
+
+use std::time::Duration;
+
 use clap::Parser;
-use mongodb::Client;
+
+/// The most concurrent callers an atomicity check may use (each is a task and, beyond the
+/// driver's pool of 10, a wait for a connection; more only slows the probe down).
+const MAX_TASKS: u64 = 10_000;
 
 /// Probes a MongoDB (or wire-compatible) server for the single-document guarantees mongotx needs.
 #[derive(Debug, Parser)]
@@ -13,11 +21,15 @@ struct Args {
     #[arg(long, env = "MONGODB_URI")]
     uri: Option<String>,
     /// Database in which the probe creates (and drops) its scratch collections.
-    #[arg(long, default_value = "mongotx_probe")]
+    #[arg(long, default_value = "mongotx_probe", value_parser = cli::database_name)]
     db: String,
-    /// Number of concurrent callers in each atomicity check.
-    #[arg(long, default_value_t = mongotx::DEFAULT_CONTENTION_TASKS)]
-    tasks: usize,
+    /// Number of concurrent callers in each atomicity check (2 to 10000: a race needs two).
+    #[arg(long, default_value_t = mongotx::DEFAULT_CONTENTION_TASKS as u64,
+          value_parser = clap::value_parser!(u64).range(2..=MAX_TASKS))]
+    tasks: u64,
+    /// How long to look for the server before giving up (more than zero, at most an hour).
+    #[arg(long, default_value = "10s", value_parser = cli::connect_timeout)]
+    connect_timeout: Duration,
 }
 
 #[tokio::main]
@@ -37,7 +49,8 @@ async fn main() {
                 }
                 Ok(Err(e)) => {
                     eprintln!(
-                        "mongotx-probe: no --uri given and the local test server failed: {e}"
+                        "mongotx-probe: no --uri given and the local test server failed: {}",
+                        cli::one_line(&e.to_string())
                     );
                     std::process::exit(2);
                 }
@@ -48,14 +61,16 @@ async fn main() {
             }
         }
     };
-    let client = match Client::with_uri_str(&uri).await {
+    let client = match cli::connect(&uri, "--uri", "mongotx-probe", args.connect_timeout).await {
         Ok(client) => client,
-        Err(e) => {
-            eprintln!("mongotx-probe: invalid connection string: {e}");
+        Err(message) => {
+            eprintln!("mongotx-probe: {message}");
             std::process::exit(2);
         }
     };
-    match mongotx::probe_with(&client.database(&args.db), args.tasks).await {
+    // Bounded by the parser, so it fits.
+    let tasks = usize::try_from(args.tasks).unwrap_or(mongotx::DEFAULT_CONTENTION_TASKS);
+    match mongotx::probe_with(&client.database(&args.db), tasks).await {
         Ok(caps) => {
             println!("server accepted");
             println!(
@@ -102,7 +117,7 @@ async fn main() {
             }
         }
         Err(e) => {
-            eprintln!("mongotx-probe: {e}");
+            eprintln!("mongotx-probe: {}", cli::one_line(&e.to_string()));
             std::process::exit(1);
         }
     }

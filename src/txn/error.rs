@@ -31,6 +31,38 @@ pub enum TxnError {
         /// The document id.
         id: String,
     },
+    /// Staging this document would make the transaction's record (which lists every staged
+    /// change) larger than one MongoDB document may be, so the record could never be written.
+    #[error("{collection}/{id}: staging it would make the transaction record about {bytes} bytes ({entries} documents), over the {limit}-byte limit of one document; split the transaction")]
+    TooLarge {
+        /// Collection of the document that did not fit.
+        collection: String,
+        /// Its id.
+        id: String,
+        /// Documents the record would list with it.
+        entries: usize,
+        /// The size the record's entries would reach with it.
+        bytes: usize,
+        /// The most the entries may take.
+        limit: usize,
+    },
+    /// The transaction was already committed (or its commit attempted, successfully or not) by
+    /// this handle or a clone of it: it stages and commits nothing more.
+    #[error("cannot {action}: this transaction's commit was already called (by this handle or a clone of it); begin a new transaction")]
+    Closed {
+        /// What was attempted, naming the collection and id where there is one.
+        action: String,
+    },
+    /// A transaction or GC option has a value that cannot work; nothing was written.
+    #[error("invalid option {option} = {value}: {reason}")]
+    InvalidOptions {
+        /// The option, as its builder method names it.
+        option: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it cannot work.
+        reason: String,
+    },
     /// A repository of another database was staged; a transaction's record and all its documents
     /// live in one database.
     #[error("{collection} belongs to database {database}, but this transaction runs in database {expected}")]

@@ -24,6 +24,7 @@ use crate::server::clock::{self, Durability};
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{self, FaultInjector, Faults};
 use crate::txn::recovery::{self, Env, Resolution};
+use crate::txn::transaction::check_records_collection;
 
 /// Settings of a GC.
 #[derive(Clone)]
@@ -66,6 +67,28 @@ impl std::fmt::Debug for GcOptions {
 }
 
 impl GcOptions {
+    /// The largest [`batch_size`](GcOptions::batch_size) that [`validate`](GcOptions::validate)
+    /// accepts: a page's record ids travel in one claim command, which must stay well under the
+    /// 16 MiB a command may carry.
+    pub const MAX_BATCH_SIZE: usize = 100_000;
+
+    /// Checks that these options can work; every round (and [`Gc::resolve`]) refuses with
+    /// [`TxnError::InvalidOptions`], before reading or writing anything, when they cannot: a
+    /// `batch_size` of 0 (a page of nothing would never get through the backlog) or over
+    /// [`GcOptions::MAX_BATCH_SIZE`], or a transactions collection MongoDB or mongotx cannot use
+    /// for records. Any tombstone retention is accepted: zero purges every free tombstone, and
+    /// one reaching before the epoch purges none.
+    pub fn validate(&self) -> Result<(), TxnError> {
+        if self.batch_size == 0 || self.batch_size > GcOptions::MAX_BATCH_SIZE {
+            return Err(TxnError::InvalidOptions {
+                option: "batch_size",
+                value: self.batch_size.to_string(),
+                reason: format!("a page holds 1 to {} records", GcOptions::MAX_BATCH_SIZE),
+            });
+        }
+        check_records_collection("transactions_collection", &self.transactions_collection)
+    }
+
     /// Sets the collection of ActiveTransaction records.
     pub fn transactions_collection(mut self, name: impl Into<String>) -> GcOptions {
         self.transactions_collection = name.into();
@@ -163,6 +186,7 @@ impl Gc {
 
     /// Runs one round now (server time).
     pub async fn run_round(&self) -> Result<RoundSummary, TxnError> {
+        self.options.validate()?;
         let now = self.env.now(None).await?;
         self.run_round_at(now, &AtomicBool::new(false)).await
     }
@@ -176,6 +200,7 @@ impl Gc {
         now: DateTime,
         stop: &AtomicBool,
     ) -> Result<RoundSummary, TxnError> {
+        self.options.validate()?;
         let mut summary = RoundSummary::default();
         self.resolve_expired(now, stop, &mut summary).await?;
         let collections = meta::managed(self.env.store.database())
@@ -227,6 +252,7 @@ impl Gc {
         stop: &AtomicBool,
         summary: &mut RoundSummary,
     ) -> Result<(), TxnError> {
+        // At least 1 (validated), so every page moves the round on.
         let page_size = self.options.batch_size.max(1);
         let limit = i64::try_from(page_size).unwrap_or(i64::MAX);
         let records = self.env.records(None).await?;
@@ -445,8 +471,12 @@ impl Gc {
         Ok(undone)
     }
 
-    /// Resolves one transaction now if it has expired (used by tools and tests).
+    /// Resolves one transaction now if it has expired (used by tools and tests): `true` if this
+    /// call finished or rolled it back, `false` if it had not expired or has no record (it ended
+    /// and was cleaned up, or never existed: the two cannot be told apart, and neither needs
+    /// anything done).
     pub async fn resolve(&self, txn: ObjectId) -> Result<bool, TxnError> {
+        self.options.validate()?;
         let now = self.env.now(Some(txn)).await?;
         let resolution = recovery::resolve_expired(&self.env, txn, now).await?;
         Ok(matches!(

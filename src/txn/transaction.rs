@@ -10,7 +10,7 @@ use bson::{oid::ObjectId, Bson, Document};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::repo::changes::{Adjust, Update};
+use crate::repo::changes::{self, Adjust, Update};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
 use crate::repo::ids;
@@ -80,6 +80,62 @@ impl std::fmt::Debug for TxnOptions {
 }
 
 impl TxnOptions {
+    /// The longest [`timeout`](TxnOptions::timeout) that [`validate`](TxnOptions::validate)
+    /// accepts: a coordinator that dies leaves its documents held until the deadline, and nobody
+    /// may resolve them sooner, so a longer timeout is taken for a mistake.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+    /// Checks that these options can work; [`Transactions::run`] and [`Transaction::commit`]
+    /// refuse with [`TxnError::InvalidOptions`] (before writing anything) when they cannot:
+    ///
+    /// - `timeout` under a millisecond (deadlines are whole milliseconds of server time, so every
+    ///   apply would find the deadline passed) or over [`TxnOptions::MAX_TIMEOUT`];
+    /// - `retry.initial_backoff` above `retry.max_backoff`;
+    /// - a zero `retry.initial_backoff` while `retry.max_wait` allows retries: the backoff doubles
+    ///   from it, so every rerun would follow the last at once, hammering the server.
+    ///
+    /// Any `retry.max_wait` is accepted: zero means one attempt, a huge one retries until the
+    /// transaction commits or fails for a reason that retrying cannot fix.
+    pub fn validate(&self) -> Result<(), TxnError> {
+        let invalid = |option, value: String, reason: &str| {
+            Err(TxnError::InvalidOptions {
+                option,
+                value,
+                reason: reason.to_string(),
+            })
+        };
+        if self.timeout < Duration::from_millis(1) {
+            return invalid(
+                "timeout",
+                format!("{:?}", self.timeout),
+                "deadlines are whole milliseconds of server time: under 1 ms every apply would find the deadline passed",
+            );
+        }
+        if self.timeout > TxnOptions::MAX_TIMEOUT {
+            return invalid(
+                "timeout",
+                format!("{:?}", self.timeout),
+                "over a day: a dead coordinator's documents would stay held that long",
+            );
+        }
+        let retry = &self.retry;
+        if retry.initial_backoff > retry.max_backoff {
+            return invalid(
+                "retry",
+                format!("{retry:?}"),
+                "initial_backoff is longer than max_backoff",
+            );
+        }
+        if retry.initial_backoff.is_zero() && !retry.max_wait.is_zero() {
+            return invalid(
+                "retry",
+                format!("{retry:?}"),
+                "a zero initial_backoff reruns at once, without ever pausing (use a zero max_wait for no retries)",
+            );
+        }
+        Ok(())
+    }
+
     /// Sets how long a transaction may take before anyone may resolve it.
     pub fn timeout(mut self, timeout: Duration) -> TxnOptions {
         self.timeout = timeout;
@@ -195,8 +251,18 @@ impl Transactions {
     pub fn begin(&self) -> Transaction {
         Transaction {
             txns: self.clone(),
-            entries: Arc::new(Mutex::new(Vec::new())),
+            staged: Arc::new(Mutex::new(Staged::default())),
         }
+    }
+
+    /// Refuses options and a store that cannot work (see [`TxnOptions::validate`]), before
+    /// anything is read or written.
+    pub(crate) fn usable(&self) -> Result<(), TxnError> {
+        self.options.validate()?;
+        check_records_collection(
+            "transactions_collection",
+            self.store.transactions_collection(),
+        )
     }
 
     /// Runs `body` on a fresh transaction and commits what it staged; reruns both on retryable
@@ -207,6 +273,8 @@ impl Transactions {
         F: FnMut(Transaction) -> Fut,
         Fut: Future<Output = Result<R, TxnError>>,
     {
+        // Refused before the body runs: no attempt could ever commit.
+        self.usable()?;
         let started = Instant::now();
         let mut attempts = 0_u32;
         loop {
@@ -237,27 +305,64 @@ impl Transactions {
 }
 
 /// A transaction being staged: add actions, then [`commit`](Transaction::commit). Clones are
-/// handles on the same transaction.
+/// handles on the same transaction. Once `commit` has been called on any of them, every handle
+/// refuses to stage or commit again ([`TxnError::Closed`]): a change staged after the commit took
+/// its entries would otherwise be dropped without a word, and a second commit would report an
+/// empty success for changes that were never written.
 #[derive(Debug, Clone)]
 pub struct Transaction {
     txns: Transactions,
-    entries: Arc<Mutex<Vec<Entry>>>,
+    staged: Arc<Mutex<Staged>>,
+}
+
+/// What a transaction has staged so far.
+#[derive(Debug, Default)]
+struct Staged {
+    entries: Vec<Entry>,
+    /// What the entries take in the record, as [`entry_size`] counts them.
+    bytes: usize,
+    /// `commit` was called: nothing more may be staged or committed.
+    sealed: bool,
+}
+
+/// The most the entries of one record may take: a MongoDB document holds at most 16 MiB, and the
+/// record needs room for its other fields, a GC runner's claim and the command around it.
+pub(crate) const RECORD_ENTRIES_LIMIT: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+/// What `entry` adds to the record: its serialized size plus its array element's type byte,
+/// index key and terminator.
+fn entry_size(entry: &Entry) -> Result<usize, RepoError> {
+    bson::to_vec(entry)
+        .map(|bytes| bytes.len() + 8)
+        .map_err(|e| RepoError::Encode {
+            collection: entry.coll.clone(),
+            reason: e.to_string(),
+        })
 }
 
 impl Transaction {
     /// How many documents are staged.
     pub fn len(&self) -> usize {
-        self.staged().len()
+        self.staged().entries.len()
     }
 
     /// Whether nothing is staged.
     pub fn is_empty(&self) -> bool {
-        self.staged().is_empty()
+        self.staged().entries.is_empty()
     }
 
-    fn staged(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+    fn staged(&self) -> std::sync::MutexGuard<'_, Staged> {
         // Never held across an await; a panic while staging leaves a usable list.
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+        self.staged.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses to go on once `commit` was called (checked first, so that a closed transaction
+    /// reads nothing; `push` checks again for a commit that came meanwhile).
+    fn open(&self, action: impl FnOnce() -> String) -> Result<(), TxnError> {
+        if self.staged().sealed {
+            return Err(TxnError::Closed { action: action() });
+        }
+        Ok(())
     }
 
     /// Stages the insert of a new document; returns its id (generated if the value has none).
@@ -265,6 +370,7 @@ impl Transaction {
     where
         T: Serialize + DeserializeOwned + Send + Sync,
     {
+        self.open(|| format!("stage an insert into {}", repo.name()))?;
         self.same_database(repo)?;
         let (id, doc) = repo.prepare_insert(value)?;
         let shown = show_id(&id);
@@ -296,6 +402,7 @@ impl Transaction {
     {
         let id = id.into();
         let shown = show_id(&id);
+        self.open(|| format!("stage an update of {}/{shown}", repo.name()))?;
         repo.check_update(&shown, update)?;
         self.stage_change(
             repo,
@@ -324,6 +431,7 @@ impl Transaction {
     {
         let id = id.into();
         let shown = show_id(&id);
+        self.open(|| format!("stage an adjust of {}/{shown}", repo.name()))?;
         repo.check_adjust(&shown, adjust)?;
         self.stage_change(
             repo,
@@ -362,11 +470,12 @@ impl Transaction {
         self.same_database(repo)?;
         let shown = show_id(&id);
         repo.check_write(&id, expected)?;
+        let applied = next_version(repo, &id, expected)?;
         let (stored, sys) = read_for_change(repo, &id, &shown, expected).await?;
         let op = if sys.schema_version < repo.spec().schema_version() {
             let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
             apply(&mut post)?;
-            rewrite(repo, &shown, expected, post, stored)?
+            rewrite(repo, &shown, applied, post, stored)?
         } else {
             apply(&mut stored.clone())?;
             op(&stored)
@@ -375,7 +484,7 @@ impl Transaction {
             coll: repo.name().to_string(),
             id,
             expected,
-            applied: expected + 1,
+            applied,
             schema: repo.spec().schema_version(),
             op,
         })
@@ -391,14 +500,16 @@ impl Transaction {
     where
         T: Serialize + DeserializeOwned + Send + Sync,
     {
-        self.same_database(repo)?;
         let id = id.into();
+        self.open(|| format!("stage a delete of {}/{}", repo.name(), show_id(&id)))?;
+        self.same_database(repo)?;
         repo.check_write(&id, expected_version)?;
+        let applied = next_version(repo, &id, expected_version)?;
         self.push(Entry {
             coll: repo.name().to_string(),
             id,
             expected: expected_version,
-            applied: expected_version + 1,
+            applied,
             schema: repo.spec().schema_version(),
             op: Op::Delete,
         })
@@ -415,8 +526,9 @@ impl Transaction {
     where
         T: Serialize + DeserializeOwned + Send + Sync,
     {
-        self.same_database(repo)?;
         let id = id.into();
+        self.open(|| format!("stage a check of {}/{}", repo.name(), show_id(&id)))?;
+        self.same_database(repo)?;
         repo.check_write(&id, expected_version)?;
         self.push(Entry {
             coll: repo.name().to_string(),
@@ -443,8 +555,9 @@ impl Transaction {
     where
         T: Serialize + DeserializeOwned + Send + Sync,
     {
-        self.same_database(repo)?;
         let id = id.into();
+        self.open(|| format!("stage a guard on {}/{}", repo.name(), show_id(&id)))?;
+        self.same_database(repo)?;
         repo.check_id(&id)?;
         let invalid = |reason: String| RepoError::InvalidQuery {
             collection: repo.name().to_string(),
@@ -458,6 +571,19 @@ impl Transaction {
                 return Err(
                     invalid(format!("a guard names user fields by path, not {path:?}")).into(),
                 );
+            }
+            // The condition joins the apply's filter: an `_id` in it would replace the filter's
+            // own and put the guard's hold on another document than the one staged.
+            if path == "_id" || path.starts_with("_id.") {
+                return Err(invalid(format!(
+                    "a guard is on the document it is staged for; it cannot name {path:?}"
+                ))
+                .into());
+            }
+            // A path the filter and the commit's own check could read differently (an empty
+            // component, an array position) would make the guard mean two things.
+            if let Some(reason) = changes::path_problem(path) {
+                return Err(invalid(format!("guard path {path:?}: {reason}")).into());
             }
             // Values the server would not compare for plain equality: operators, arrays (which
             // match any element), patterns and code.
@@ -514,8 +640,15 @@ impl Transaction {
     }
 
     fn push(&self, entry: Entry) -> Result<(), TxnError> {
-        let mut entries = self.staged();
-        if entries
+        let size = entry_size(&entry)?;
+        let mut staged = self.staged();
+        if staged.sealed {
+            return Err(TxnError::Closed {
+                action: format!("stage a change of {}/{}", entry.coll, show_id(&entry.id)),
+            });
+        }
+        if staged
+            .entries
             .iter()
             .any(|e| e.coll == entry.coll && ids::same(&e.id, &entry.id))
         {
@@ -524,13 +657,41 @@ impl Transaction {
                 id: show_id(&entry.id),
             });
         }
-        entries.push(entry);
+        // Refused here rather than at commit: a record the server cannot store would fail the
+        // round after its applies were sent, and they would have to be rolled back.
+        let bytes = staged.bytes.saturating_add(size);
+        if bytes > RECORD_ENTRIES_LIMIT {
+            return Err(TxnError::TooLarge {
+                collection: entry.coll,
+                id: show_id(&entry.id),
+                entries: staged.entries.len() + 1,
+                bytes,
+                limit: RECORD_ENTRIES_LIMIT,
+            });
+        }
+        staged.bytes = bytes;
+        staged.entries.push(entry);
         Ok(())
     }
 
-    /// Commits: all staged changes become visible together, or none does.
+    /// Commits: all staged changes become visible together, or none does. Options or a store
+    /// that cannot work are refused first ([`TxnError::InvalidOptions`]) and leave the
+    /// transaction as it was; otherwise this handle and its clones are closed for good, whatever
+    /// the outcome ([`TxnError::Closed`] for a second commit). Committing nothing succeeds and
+    /// writes nothing (`Outcome::txn` is `None`).
     pub async fn commit(self) -> Result<Outcome, TxnError> {
-        let entries = std::mem::take(&mut *self.staged());
+        self.txns.usable()?;
+        let entries = {
+            let mut staged = self.staged();
+            if staged.sealed {
+                return Err(TxnError::Closed {
+                    action: "commit".to_string(),
+                });
+            }
+            staged.sealed = true;
+            staged.bytes = 0;
+            std::mem::take(&mut staged.entries)
+        };
         self.txns.commit_entries(entries).await
     }
 }
@@ -580,11 +741,50 @@ where
     Ok((committed, sys))
 }
 
-/// The rewrite of an older-shape document into its upgraded, changed form.
+/// The version a change of the document at `expected` leaves: refused for the one version that
+/// has no successor (no document reaches it, and the addition would overflow).
+fn next_version<T>(repo: &Repository<T>, id: &Bson, expected: i64) -> Result<i64, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    expected
+        .checked_add(1)
+        .ok_or_else(|| RepoError::InvalidVersion {
+            collection: repo.name().to_string(),
+            id: show_id(id),
+            version: expected,
+        })
+}
+
+/// Refuses a name the transaction records (or a GC) cannot use: one MongoDB refuses, or
+/// mongotx's own registry of collections, whose documents are no records.
+pub(crate) fn check_records_collection(option: &'static str, name: &str) -> Result<(), TxnError> {
+    let reason = if name.is_empty() {
+        Some("it is empty")
+    } else if name.starts_with("system.") {
+        Some("the system. prefix is reserved by MongoDB")
+    } else if name.contains('$') || name.contains('\0') {
+        Some("it contains '$' or a NUL character")
+    } else if name == crate::repo::meta::META_COLLECTION {
+        Some("that is mongotx's registry of collections")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(TxnError::InvalidOptions {
+            option,
+            value: format!("{name:?}"),
+            reason: format!("not a collection for transaction records: {reason}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The rewrite of an older-shape document into its upgraded, changed form (version `applied`).
 fn rewrite<T>(
     repo: &Repository<T>,
     shown: &str,
-    expected: i64,
+    applied: i64,
     post: Document,
     pre: Document,
 ) -> Result<Op, TxnError>
@@ -592,7 +792,7 @@ where
     T: Serialize + DeserializeOwned + Send + Sync,
 {
     let mut check = post.clone();
-    repo.stamp(&mut check, expected + 1);
+    repo.stamp(&mut check, applied);
     repo.validate(shown, &check)?;
     Ok(Op::Rewrite { post, pre })
 }

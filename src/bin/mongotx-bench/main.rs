@@ -1,5 +1,7 @@
 //! Latency benchmarks: mongotx operations against the raw driver baseline, measured in one run.
 
+#[path = "../shared/cli.rs"]
+mod cli;
 mod network;
 mod obt;
 mod plots;
@@ -12,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use clap::Parser;
-use mongodb::Client;
 use mongotx::test_server::TestServer;
 use mongotx::{Adjust, CollectionSpec, Store, Transactions, Update};
 use serde::{Deserialize, Serialize};
@@ -21,24 +22,28 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Parser)]
 #[command(name = "mongotx-bench", version)]
 struct Args {
-    /// Operations per measurement.
-    #[arg(long, default_value_t = 1000)]
+    /// Operations per measurement (1 to 10,000,000).
+    #[arg(long, default_value_t = 1000, value_parser = count(1))]
     n: usize,
-    /// Warm-up operations before each measurement (not counted).
-    #[arg(long, default_value_t = 200)]
+    /// Warm-up operations before each measurement, not counted (0 to 10,000,000).
+    #[arg(long, default_value_t = 200, value_parser = count(0))]
     warmup: usize,
     /// Run only these rows (all by default).
     #[arg(long, value_enum)]
     only: Option<Section>,
-    /// One-way latencies (ms) toxiproxy adds for the network rows.
-    #[arg(long, value_delimiter = ',', default_value = "0,1,5")]
+    /// One-way latencies (ms, at most 10000) toxiproxy adds for the network rows.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,5",
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
     latencies: Vec<u64>,
-    /// Samples per network row (after a fifth as many warm-up ones).
-    #[arg(long, default_value_t = 100)]
+    /// Samples per network row, after a fifth as many warm-up ones (1 to 10,000,000).
+    #[arg(long, default_value_t = 100, value_parser = count(1))]
     net_samples: usize,
-    /// Seconds each transfer-throughput measurement runs.
-    #[arg(long, default_value_t = 3)]
+    /// Seconds each transfer-throughput measurement runs (1 to 3600).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=3600))]
     seconds: u64,
+    /// How long to look for the server (MONGODB_URI's, or the local one) before giving up.
+    #[arg(long, default_value = "10s", value_parser = cli::connect_timeout)]
+    connect_timeout: Duration,
     /// Where the network rows' charts go (SVG and PNG).
     #[arg(long, default_value = "tools/bench-results")]
     plots: std::path::PathBuf,
@@ -95,14 +100,40 @@ pub(crate) fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// The most operations or samples a count flag takes: more would run for days, and the samples
+/// of one measurement are kept in memory.
+const MAX_COUNT: u64 = 10_000_000;
+
+/// A clap parser of a count from `min` to [`MAX_COUNT`].
+fn count(min: u64) -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser;
+    clap::value_parser!(u64)
+        .range(min..=MAX_COUNT)
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    if args.n == 0 {
-        return Err("--n must be at least 1".into());
+    match bench(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // Display, on one line: `main` returning the error would print its Debug form.
+            eprintln!("mongotx-bench: {}", cli::one_line(&e.to_string()));
+            std::process::ExitCode::FAILURE
+        }
     }
+}
+
+async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let server = TestServer::start()?;
-    let client = Client::with_uri_str(server.uri()).await?;
+    let client = cli::connect(
+        server.uri(),
+        "MONGODB_URI",
+        "mongotx-bench",
+        args.connect_timeout,
+    )
+    .await?;
     let db = client.database(&format!(
         "mongotx_bench_{}",
         bson::oid::ObjectId::new().to_hex()
@@ -158,8 +189,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             server.uri(),
             db.name(),
             &args.latencies,
-            args.net_samples.max(1),
-            args.seconds.max(1),
+            args.net_samples,
+            args.seconds,
         )
         .await
         .map_err(|e| -> Box<dyn std::error::Error> { e })?;

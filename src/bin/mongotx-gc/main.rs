@@ -3,6 +3,8 @@
 //! or SIGTERM (the current item is finished first). With `--metrics-addr` it serves Prometheus
 //! metrics and a health endpoint.
 
+#[path = "../shared/cli.rs"]
+mod cli;
 mod metrics;
 
 use std::net::SocketAddr;
@@ -11,11 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::doc;
 use clap::Parser;
-use mongodb::options::ClientOptions;
-use mongodb::Client;
 use mongotx::{parse_duration, Gc, GcOptions, Store};
+
+/// The longest `--interval` accepted (a GC that runs less than daily leaves dead coordinators'
+/// documents held for days).
+const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 
 /// Recovers transactions left behind by dead coordinators.
 #[derive(Debug, Parser)]
@@ -25,29 +28,31 @@ struct Args {
     #[arg(long, env = "MONGODB_URI")]
     uri: String,
     /// Database to collect.
-    #[arg(long)]
+    #[arg(long, value_parser = cli::database_name)]
     db: String,
-    /// Pause between rounds (e.g. 30s, 5m).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// Pause between rounds (e.g. 30s, 5m; more than zero, at most a day).
+    #[arg(long, default_value = "30s", value_parser = interval)]
     interval: Duration,
     /// Run one round and exit.
     #[arg(long)]
     once: bool,
-    /// Most expired transactions handled per round.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Expired transaction records read and resolved at once (a page; a round goes through
+    /// every page).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=GcOptions::MAX_BATCH_SIZE as i64))]
     batch_size: u32,
     /// Purge tombstones deleted longer ago than this (e.g. 7d); tombstones are kept if unset.
     #[arg(long, value_parser = parse_duration)]
     tombstone_retention: Option<Duration>,
     /// How long a raised version floor stands before tombstones under it are purged; other
-    /// processes re-read floors four times as often.
-    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    /// processes re-read floors four times as often (more than zero: with none, a process that
+    /// has not re-read the floor could repeat a purged document's version).
+    #[arg(long, default_value = "20s", value_parser = version_floor_grace)]
     version_floor_grace: Duration,
-    /// How long to look for the server before giving up.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// How long to look for the server before giving up (more than zero, at most an hour).
+    #[arg(long, default_value = "10s", value_parser = cli::connect_timeout)]
     connect_timeout: Duration,
     /// Collection of ActiveTransaction documents.
-    #[arg(long, default_value = mongotx::TRANSACTIONS_COLLECTION)]
+    #[arg(long, default_value = mongotx::TRANSACTIONS_COLLECTION, value_parser = cli::collection_name)]
     transactions_collection: String,
     /// Skip the quota sweep (returning expired reservations), which otherwise runs every round
     /// in a database that has quota providers.
@@ -82,17 +87,21 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Parses `--interval`: more than zero (rounds back to back would hammer the server), at most
+/// [`MAX_INTERVAL`].
+fn interval(text: &str) -> Result<Duration, String> {
+    cli::duration_within(text, MAX_INTERVAL)
+}
+
+/// Parses `--version-floor-grace`: more than zero, at most a day.
+fn version_floor_grace(text: &str) -> Result<Duration, String> {
+    cli::duration_within(text, Duration::from_secs(24 * 3600))
+}
+
 async fn run(args: Args) -> Result<(), String> {
-    let mut options = ClientOptions::parse(&args.uri)
-        .await
-        .map_err(|e| format!("bad --uri: {e}"))?;
-    options.server_selection_timeout = Some(args.connect_timeout);
-    options.app_name = Some("mongotx-gc".into());
-    let client = Client::with_options(options).map_err(|e| format!("bad --uri: {e}"))?;
+    let client = cli::connect(&args.uri, "--uri", "mongotx-gc", args.connect_timeout).await?;
     let db = client.database(&args.db);
-    db.run_command(doc! { "ping": 1 })
-        .await
-        .map_err(|e| format!("cannot reach the server: {e}"))?;
+    cli::ping(&db).await?;
 
     let store = Store::builder(db)
         .transactions_collection(args.transactions_collection.clone())

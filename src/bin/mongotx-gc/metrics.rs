@@ -184,7 +184,11 @@ impl Metrics {
 
     fn health(&self) -> (StatusCode, String) {
         let health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
-        let stale_after = self.interval * 3 + Duration::from_secs(60);
+        // Saturating: the interval is bounded by the command line, but `Metrics` takes any.
+        let stale_after = self
+            .interval
+            .saturating_mul(3)
+            .saturating_add(Duration::from_secs(60));
         let since = health.last_ok.map(|at| at.elapsed());
         let (status, state) = match since {
             None => (StatusCode::SERVICE_UNAVAILABLE, "starting"),

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use bson::{doc, oid::ObjectId, Document};
 use clap::Args;
 use futures::TryStreamExt;
-use mongodb::Client;
 use mongotx::local_server::LocalServer;
 use mongotx::test_server::TestServer;
 use mongotx::toxiproxy::Toxiproxy;
@@ -23,20 +22,20 @@ use crate::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 /// Arguments of a torture run.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct RunArgs {
-    /// How long the faults last.
-    #[arg(long, default_value_t = 60)]
+    /// How long the faults last, in seconds (1 to 30 days' worth).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=30 * 24 * 3600))]
     seconds: u64,
-    /// Worker processes (transfers).
-    #[arg(long, default_value_t = 3)]
+    /// Worker processes (transfers; 1 to 64).
+    #[arg(long, default_value_t = 3, value_parser = processes(1))]
     workers: usize,
-    /// Checker processes (read-only check transactions over every account).
-    #[arg(long, default_value_t = 1)]
+    /// Checker processes (read-only check transactions over every account; 0 to 64).
+    #[arg(long, default_value_t = 1, value_parser = processes(0))]
     checkers: usize,
-    /// `mongotx-gc` runner processes.
-    #[arg(long, default_value_t = 2)]
+    /// `mongotx-gc` runner processes (0 to 64).
+    #[arg(long, default_value_t = 2, value_parser = processes(0))]
     gc_runners: usize,
-    /// Accounts in the bank.
-    #[arg(long, default_value_t = 10)]
+    /// Accounts in the bank (2 to 100000: a transfer needs two).
+    #[arg(long, default_value_t = 10, value_parser = accounts)]
     accounts: usize,
     /// Every account's opening balance.
     #[arg(long, default_value_t = 1_000)]
@@ -56,11 +55,11 @@ pub(crate) struct RunArgs {
     /// Mean pause between two toxiproxy faults (connection resets or stalls).
     #[arg(long, default_value = "1500ms", value_parser = crate::duration)]
     fault_every: Duration,
-    /// Share of write commands the wire proxy delivers late.
-    #[arg(long, default_value_t = 0.01)]
+    /// Share of write commands the wire proxy delivers late (0 to 1).
+    #[arg(long, default_value_t = 0.01, value_parser = share)]
     late_rate: f64,
-    /// Collections the accounts are spread over (`accounts`, `accounts_1`, ...).
-    #[arg(long, default_value_t = 1)]
+    /// Collections the accounts are spread over (`accounts`, `accounts_1`, ...; 1 to 64).
+    #[arg(long, default_value_t = 1, value_parser = collections)]
     collections: usize,
     /// Clocks of their own for collections, as the shards of a cluster whose clocks disagree:
     /// the run starts its own local test server with `--clock-offset <this>` (for example
@@ -68,6 +67,47 @@ pub(crate) struct RunArgs {
     /// reports). Needs MONGODB_URI unset.
     #[arg(long)]
     clock_offsets: Option<String>,
+}
+
+/// Clap parser of a process count from `min` to 64 (more would only starve the two cores).
+fn processes(min: i64) -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser;
+    clap::value_parser!(i64)
+        .range(min..=64)
+        .map(|n| usize::try_from(n).unwrap_or(0))
+}
+
+/// Clap parser of `--accounts`: 2 (a transfer moves money between two) to 100000.
+pub(crate) fn accounts(text: &str) -> Result<usize, String> {
+    within(text, 2, 100_000)
+}
+
+/// Clap parser of `--collections`: 1 to 64.
+pub(crate) fn collections(text: &str) -> Result<usize, String> {
+    within(text, 1, 64)
+}
+
+fn within(text: &str, min: usize, max: usize) -> Result<usize, String> {
+    let n: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    if n < min || n > max {
+        return Err(format!("{n} is not in {min}..={max}"));
+    }
+    Ok(n)
+}
+
+/// Clap parser of a share: a number from 0 to 1 (not NaN).
+fn share(text: &str) -> Result<f64, String> {
+    let x: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&x) {
+        return Err(format!("{text:?} is not between 0 and 1"));
+    }
+    Ok(x)
 }
 
 /// The longest a command is held back.
@@ -180,13 +220,27 @@ async fn start_server(args: &RunArgs) -> Result<Server, String> {
 }
 
 pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
+    // Refused before anything starts: a total past 64 bits could not be checked.
+    let total = i64::try_from(args.accounts)
+        .ok()
+        .and_then(|n| args.balance.checked_mul(n))
+        .ok_or_else(|| {
+            format!(
+                "--balance {} times --accounts {} does not fit in 64 bits",
+                args.balance, args.accounts
+            )
+        })?;
     let server = start_server(&args).await?;
     let db_name = format!("mongotx_torture_{}", ObjectId::new().to_hex());
-    let direct = Client::with_uri_str(server.uri())
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let direct = crate::cli::connect(
+        &server.uri(),
+        "MONGODB_URI",
+        "mongotx-torture",
+        Duration::from_secs(10),
+    )
+    .await?;
     let db = direct.database(&db_name);
-    let total = args.balance * args.accounts as i64;
+
     println!(
         "torture: {}s, {} workers, {} checkers, {} GC runners, {} accounts, total {total}, faults {}{}",
         args.seconds,
@@ -234,11 +288,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     // The network between the processes and the server.
     let late = Arc::new(LateRules {
         db: db_name.clone(),
-        rate: if args.no_faults {
-            0.0
-        } else {
-            args.late_rate.clamp(0.0, 1.0)
-        },
+        rate: if args.no_faults { 0.0 } else { args.late_rate },
         on: AtomicBool::new(!args.no_faults),
         count: AtomicU64::new(0),
     });

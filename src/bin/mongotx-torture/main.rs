@@ -16,6 +16,8 @@
 
 mod chaos;
 mod children;
+#[path = "../shared/cli.rs"]
+mod cli;
 mod obt_roles;
 mod queue_worker;
 mod quota_worker;
@@ -28,11 +30,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use mongotx::parse_duration;
 
 /// Torture-tests mongotx transactions across processes under crashes and network faults.
 #[derive(Debug, Parser)]
-#[command(name = "mongotx-torture", version)]
+// Without a role: an error naming what is missing, like any other bad command line, rather
+// than the whole help text.
+#[command(name = "mongotx-torture", version, arg_required_else_help = false)]
 struct Args {
     #[command(subcommand)]
     role: Role,
@@ -93,13 +96,26 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("mongotx-torture: {message}");
+            eprintln!("mongotx-torture: {}", cli::one_line(&message));
             ExitCode::FAILURE
         }
     }
 }
 
-/// Parses `500ms`, `3s`, ... for clap.
+/// The longest duration any flag takes: a torture or one of its processes runs for hours, and
+/// longer values would overflow the deadlines computed from them.
+const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Parses `500ms`, `3s`, ... for clap: more than zero (no flag here means anything at zero: a
+/// zero timeout, lease or pause cannot work) and at most [`MAX_DURATION`].
 fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text)
+    cli::duration_within(text, MAX_DURATION)
+}
+
+/// A client of `uri` (from `--uri`) whose server answered within 5 s: the processes are
+/// restarted when they give up, so they give up soon, and a ping says so at once where opening
+/// the repositories would wait out the timeout several times over. A connection string that does
+/// not parse, or a server that does not answer, is one line.
+pub(crate) async fn client(uri: &str) -> Result<mongodb::Client, String> {
+    cli::connect(uri, "--uri", "mongotx-torture", Duration::from_secs(5)).await
 }

@@ -4,8 +4,6 @@
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use mongodb::options::ClientOptions;
-use mongodb::Client;
 use mongotx::obt::{NewObt, Obt, ObtError};
 use mongotx::Store;
 
@@ -25,7 +23,7 @@ pub(crate) struct ObtOwnerArgs {
     #[arg(long)]
     uri: String,
     /// Database holding the OBTs.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::database_name)]
     db: String,
     /// The OBT id.
     #[arg(long)]
@@ -45,7 +43,7 @@ pub(crate) struct ObtContenderArgs {
     #[arg(long)]
     uri: String,
     /// Database holding the OBTs.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::database_name)]
     db: String,
     /// The OBT id.
     #[arg(long)]
@@ -62,11 +60,7 @@ pub(crate) struct ObtContenderArgs {
 }
 
 async fn open(uri: &str, db: &str) -> Result<Obt, String> {
-    let mut options = ClientOptions::parse(uri)
-        .await
-        .map_err(|e| format!("bad --uri: {e}"))?;
-    options.server_selection_timeout = Some(Duration::from_secs(5));
-    let client = Client::with_options(options).map_err(|e| format!("bad --uri: {e}"))?;
+    let client = crate::client(uri).await?;
     Obt::open(&Store::new(client.database(db)))
         .await
         .map_err(|e| format!("open OBTs: {e}"))

@@ -11,7 +11,6 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use mongodb::Client;
 use mongotx::queue::ledger_http::HttpLedger;
 use mongotx::queue::{BatchStatus, Batches, Monitor, QueueError, Submitter};
 use mongotx::Store;
@@ -23,7 +22,7 @@ pub(crate) struct QueueWorkerArgs {
     #[arg(long)]
     uri: String,
     /// Database holding the batches.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::database_name)]
     db: String,
     /// Base URL of the ledger server.
     #[arg(long)]
@@ -47,9 +46,7 @@ pub(crate) struct QueueWorkerArgs {
 
 /// Runs a submitter and a monitor until `--for` has passed.
 pub(crate) async fn queue_worker(args: QueueWorkerArgs) -> Result<(), String> {
-    let client = Client::with_uri_str(&args.uri)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let client = crate::client(&args.uri).await?;
     let store = Store::new(client.database(&args.db));
     let batches = Batches::with_collection(&store, mongotx::queue::BATCHES_COLLECTION, args.delay)
         .await

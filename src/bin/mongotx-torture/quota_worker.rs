@@ -5,8 +5,6 @@
 use std::time::Duration;
 
 use clap::Args;
-use mongodb::options::ClientOptions;
-use mongodb::Client;
 use mongotx::quota::{Quota, QuotaError, QuotaOptions, Request};
 use mongotx::Store;
 use rand::Rng;
@@ -18,7 +16,7 @@ pub(crate) struct QuotaWorkerArgs {
     #[arg(long)]
     uri: String,
     /// Database holding the providers.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::database_name)]
     db: String,
     /// Scopes of the projects to consume from (each a child of one domain).
     #[arg(long, value_delimiter = ',', required = true)]
@@ -33,11 +31,7 @@ pub(crate) struct QuotaWorkerArgs {
 
 /// Consumes and releases until killed; prints one line per hundred requests.
 pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
-    let mut options = ClientOptions::parse(&args.uri)
-        .await
-        .map_err(|e| format!("bad --uri: {e}"))?;
-    options.server_selection_timeout = Some(Duration::from_secs(5));
-    let client = Client::with_options(options).map_err(|e| format!("bad --uri: {e}"))?;
+    let client = crate::client(&args.uri).await?;
     let store = Store::new(client.database(&args.db));
     let quota = Quota::with_options(
         &store,

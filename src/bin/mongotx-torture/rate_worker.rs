@@ -25,7 +25,7 @@ pub(crate) struct RateWorkerArgs {
     #[arg(long)]
     uri: String,
     /// Database holding the limiters.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::database_name)]
     db: String,
     /// The limiter.
     #[arg(long)]
@@ -33,17 +33,17 @@ pub(crate) struct RateWorkerArgs {
     /// The URL of one API call.
     #[arg(long)]
     api: String,
-    /// Bulk tasks.
-    #[arg(long, default_value_t = 4)]
+    /// Bulk tasks (0 to 1024).
+    #[arg(long, default_value_t = 4, value_parser = tasks)]
     bulk_tasks: usize,
-    /// Calls per bulk reservation.
-    #[arg(long, default_value_t = 2)]
+    /// Calls per bulk reservation (at least 1).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     chunk: u32,
-    /// High-priority tasks.
-    #[arg(long, default_value_t = 1)]
+    /// High-priority tasks (0 to 1024).
+    #[arg(long, default_value_t = 1, value_parser = tasks)]
     priority_tasks: usize,
-    /// Calls per high-priority reservation: 1 up to this many.
-    #[arg(long, default_value_t = 2)]
+    /// Calls per high-priority reservation: 1 up to this many (at least 1).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     priority_calls: u32,
     /// Mean time between two high-priority reservations of one task.
     #[arg(long, value_parser = crate::duration, default_value = "1s")]
@@ -53,15 +53,40 @@ pub(crate) struct RateWorkerArgs {
     run_for: Duration,
 }
 
+/// Clap parser of a task count: 0 to 1024 (each task keeps a pooled connection warm).
+fn tasks(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    if n > 1024 {
+        return Err(format!("{n} is not in 0..=1024"));
+    }
+    Ok(n)
+}
+
 /// Runs a worker process until `--for` has passed.
 pub(crate) async fn rate_worker(args: RateWorkerArgs) -> Result<(), String> {
     // A warm pool: a high-priority call should not wait for a connection to be opened.
     let mut options = mongodb::options::ClientOptions::parse(&args.uri)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| format!("bad --uri: {}", crate::cli::describe(&e)))?;
+    // Looks for a server for 5 s, as the other processes do (they are restarted when they give up).
+    options.server_selection_timeout = Some(Duration::from_secs(5));
     options.min_pool_size =
         Some(u32::try_from(args.bulk_tasks + args.priority_tasks + 1).unwrap_or(4));
-    let client = Client::with_options(options).map_err(|e| format!("connect: {e}"))?;
+    let client = Client::with_options(options)
+        .map_err(|e| format!("bad --uri: {}", crate::cli::describe(&e)))?;
+    client
+        .database("admin")
+        .run_command(bson::doc! { "ping": 1 })
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot reach the server within 5s: {}",
+                crate::cli::describe(&e)
+            )
+        })?;
     let store = Store::new(client.database(&args.db));
     let limits = RateLimits::open(&store)
         .await

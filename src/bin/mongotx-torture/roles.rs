@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use mongodb::options::ClientOptions;
-use mongodb::Client;
 use mongotx::{
     Adjust, CollectionSpec, LockWait, Repository, Store, Transactions, TxnError, TxnOptions, Update,
 };
@@ -84,28 +82,23 @@ pub(crate) struct Bank {
     #[arg(long)]
     pub(crate) uri: String,
     /// Database of the bank.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::database_name)]
     pub(crate) db: String,
-    /// Number of accounts.
-    #[arg(long)]
+    /// Number of accounts (2 to 100000: a transfer needs two).
+    #[arg(long, value_parser = crate::chaos::accounts)]
     pub(crate) accounts: usize,
     /// A transaction's timeout (after it, anyone may abort it).
     #[arg(long, default_value = "3s", value_parser = crate::duration)]
     pub(crate) txn_timeout: Duration,
-    /// Collections the accounts are spread over.
-    #[arg(long, default_value_t = 1)]
+    /// Collections the accounts are spread over (1 to 64).
+    #[arg(long, default_value_t = 1, value_parser = crate::chaos::collections)]
     pub(crate) collections: usize,
 }
 
 impl Bank {
     /// Opens the accounts repositories on a store of its own client.
     pub(crate) async fn open(&self) -> Result<(Store, Accounts), String> {
-        let mut options = ClientOptions::parse(&self.uri)
-            .await
-            .map_err(|e| format!("bad --uri: {e}"))?;
-        options.server_selection_timeout = Some(Duration::from_secs(5));
-        options.connect_timeout = Some(Duration::from_secs(2));
-        let client = Client::with_options(options).map_err(|e| format!("bad --uri: {e}"))?;
+        let client = crate::client(&self.uri).await?;
         let store = Store::builder(client.database(&self.db))
             .lock_wait(LockWait {
                 max_wait: Duration::from_secs(2),
