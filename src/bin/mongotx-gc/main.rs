@@ -38,7 +38,7 @@ struct Args {
     once: bool,
     /// Expired transaction records read and resolved at once (a page; a round goes through
     /// every page).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=GcOptions::MAX_BATCH_SIZE as i64))]
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=GcOptions::MAX_BATCH_SIZE as i64))]
     batch_size: u32,
     /// Purge tombstones deleted longer ago than this (e.g. 7d); tombstones are kept if unset.
     #[arg(long, value_parser = parse_duration)]
