@@ -29,19 +29,43 @@ pub(crate) enum Take {
     Apply(Vec<Write>),
 }
 
-fn check_name(what: &str, value: &str) -> Result<(), QuotaError> {
+/// The longest name (scope, resource, consumer, request id), in bytes. Names are copied into
+/// every provider a request touches (and every ancestor), whose document is hot and bounded by
+/// the server's 16 MB, so they stay short; 512 is also the rate limiter's bound.
+pub(crate) const MAX_NAME: usize = 512;
+
+/// Checks a name: `what` says which (`provider scope`, `provider resource`, `consumer`,
+/// `request id`).
+pub(crate) fn check_name(what: &'static str, value: &str) -> Result<(), QuotaError> {
+    let invalid = |reason: String| QuotaError::InvalidName {
+        what,
+        name: value.to_string(),
+        reason,
+    };
     if value.is_empty() {
-        return Err(QuotaError::InvalidRequest {
-            reason: format!("{what} is empty"),
-        });
+        return Err(invalid("it is empty".into()));
+    }
+    if value.len() > MAX_NAME {
+        return Err(invalid(format!(
+            "it has {} bytes, more than {MAX_NAME}",
+            value.len()
+        )));
+    }
+    // A NUL or a line break in an id is almost always a caller's encoding bug, and would make
+    // errors and logs lie about what was asked.
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(invalid(format!(
+            "it holds the control character U+{:04X}",
+            u32::from(c)
+        )));
     }
     Ok(())
 }
 
 /// Checks a provider id's parts.
 pub(crate) fn check_provider(id: &ProviderId) -> Result<(), QuotaError> {
-    check_name("a provider scope", &id.scope)?;
-    check_name("a provider resource", &id.resource)
+    check_name("provider scope", &id.scope)?;
+    check_name("provider resource", &id.resource)
 }
 
 /// Checks a new provider before anything is read or written.
@@ -72,8 +96,8 @@ pub(crate) fn check_limit(id: &ProviderId, limit: i64) -> Result<(), QuotaError>
 
 /// Checks a request before anything is read or written.
 pub(crate) fn check_request(req: &Request) -> Result<(), QuotaError> {
-    check_name("the consumer", &req.consumer)?;
-    check_name("the request id", &req.id)?;
+    check_name("consumer", &req.consumer)?;
+    check_name("request id", &req.id)?;
     if req.claims.is_empty() {
         return Err(QuotaError::InvalidRequest {
             reason: format!(

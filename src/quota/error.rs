@@ -35,6 +35,17 @@ impl fmt::Display for Refusal {
     }
 }
 
+/// A caller's name as an error shows it: quoted and escaped (a NUL or a newline stays visible),
+/// and cut after 64 characters, since a name refused for its length may be megabytes long.
+pub(crate) fn shown(name: &str) -> String {
+    const SHOWN: usize = 64;
+    if name.chars().count() <= SHOWN {
+        return format!("{name:?}");
+    }
+    let head: String = name.chars().take(SHOWN).collect();
+    format!("{head:?}... ({} bytes)", name.len())
+}
+
 fn list(refusals: &[Refusal]) -> String {
     refusals
         .iter()
@@ -69,8 +80,9 @@ pub enum QuotaError {
         /// The provider named.
         provider: ProviderId,
     },
-    /// An amount was zero or negative (amounts are whole units, so sums stay exact).
-    #[error("{provider}: amount {amount} is not a positive whole number")]
+    /// An amount was zero or negative (amounts are whole units, so sums stay exact), or claims
+    /// under one ancestor add up past `i64::MAX`.
+    #[error("{collection}/{provider}: amount {amount} is not a positive whole number, or adds up past i64::MAX", collection = crate::quota::PROVIDERS_COLLECTION)]
     InvalidAmount {
         /// The provider it was asked of.
         provider: ProviderId,
@@ -78,28 +90,54 @@ pub enum QuotaError {
         amount: i64,
     },
     /// One call named the same provider twice; combine the amounts.
-    #[error("{provider} appears twice in one request; combine the amounts")]
+    #[error("{collection}/{provider} appears twice in one request; combine the amounts", collection = crate::quota::PROVIDERS_COLLECTION)]
     DuplicateProvider {
         /// The provider.
         provider: ProviderId,
     },
     /// A limit below zero.
-    #[error("{provider}: limit {limit} is negative")]
+    #[error("{collection}/{provider}: limit {limit} is negative", collection = crate::quota::PROVIDERS_COLLECTION)]
     NegativeLimit {
         /// The provider.
         provider: ProviderId,
         /// The limit given.
         limit: i64,
     },
-    /// A request, consumer or provider name is unusable (empty, or a request without claims).
-    #[error("invalid quota request: {reason}")]
+    /// A request is unusable as a whole: it names no provider, or a provider is its own parent.
+    /// (A bad name is [`QuotaError::InvalidName`].)
+    #[error("{collection}: invalid quota request: {reason}", collection = crate::quota::PROVIDERS_COLLECTION)]
     InvalidRequest {
         /// What is wrong.
         reason: String,
     },
+    /// A name is unusable: a provider's scope or resource, a consumer or a request id that is
+    /// empty, longer than 512 bytes, or holds a control character (a NUL, a newline...). Names
+    /// are stored in every provider they touch and shown in errors and logs, so they must stay
+    /// short and printable.
+    #[error("{collection}: {what} {} is unusable: {reason}", shown(.name), collection = crate::quota::PROVIDERS_COLLECTION)]
+    InvalidName {
+        /// Which name: `provider scope`, `provider resource`, `consumer` or `request id`.
+        what: &'static str,
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A [`QuotaOptions`](crate::quota::QuotaOptions) value makes no sense (a zero or absurdly
+    /// long duration, a backoff of zero or longer than the budget). Found before the quota
+    /// collection is opened, so nothing is created.
+    #[error("{collection}: option {option} = {value} is unusable: {reason}", collection = crate::quota::PROVIDERS_COLLECTION)]
+    InvalidOption {
+        /// The option, as named on `QuotaOptions` (`retry.max_wait` for a part of `retry`).
+        option: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        reason: String,
+    },
     /// The request id was already used by this consumer for different amounts or providers, or
     /// for a reservation where a consume is asked (or the reverse).
-    #[error("consumer {consumer}: request {request} was already used for something else")]
+    #[error("{collection}: consumer {consumer}: request {request} was already used for something else", collection = crate::quota::PROVIDERS_COLLECTION)]
     RequestReused {
         /// The consumer.
         consumer: String,
@@ -107,13 +145,13 @@ pub enum QuotaError {
         request: String,
     },
     /// The consumer holds nothing (never consumed, or already released).
-    #[error("consumer {consumer} holds no quota")]
+    #[error("{collection}: consumer {consumer} holds no quota", collection = crate::quota::PROVIDERS_COLLECTION)]
     UnknownConsumer {
         /// The consumer.
         consumer: String,
     },
     /// No such reservation: never made, already cancelled, or confirmed (for `cancel`).
-    #[error("consumer {consumer}: no reservation under request {request}")]
+    #[error("{collection}: consumer {consumer}: no reservation under request {request}", collection = crate::quota::PROVIDERS_COLLECTION)]
     UnknownReservation {
         /// The consumer.
         consumer: String,
@@ -121,7 +159,7 @@ pub enum QuotaError {
         request: String,
     },
     /// The reservation expired (it is returned, or will be, by the GC); nothing was changed.
-    #[error("consumer {consumer}: reservation {request} expired at {expired_at}")]
+    #[error("{collection}: consumer {consumer}: reservation {request} expired at {expired_at}", collection = crate::quota::PROVIDERS_COLLECTION)]
     ReservationExpired {
         /// The consumer.
         consumer: String,
@@ -130,9 +168,14 @@ pub enum QuotaError {
         /// Its expiry (server time).
         expired_at: DateTime,
     },
-    /// A reservation's time to live must be positive and at most a day.
-    #[error("reservation ttl {ttl:?} must be positive and at most one day")]
+    /// A reservation's time to live must be from 1 ms (expiries are kept in whole milliseconds)
+    /// to one day.
+    #[error("{collection}: reservation of request {request} of consumer {consumer}: ttl {ttl:?} must be from 1 ms to one day", collection = crate::quota::PROVIDERS_COLLECTION)]
     InvalidTtl {
+        /// The consumer.
+        consumer: String,
+        /// The request id.
+        request: String,
         /// The ttl given.
         ttl: Duration,
     },

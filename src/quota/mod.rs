@@ -139,6 +139,63 @@ impl QuotaOptions {
         self.faults = Some(injector);
         self
     }
+
+    /// Refuses options that make no sense, with [`QuotaError::InvalidOption`]:
+    ///
+    /// - `send_window`, `txn_timeout` and `retry.max_wait` must be from 1 ms to one day: times
+    ///   are kept in whole milliseconds (a zero window would refuse every send), and a day
+    ///   already keeps released requests, stuck transactions or retrying callers far too long;
+    /// - `retry.initial_backoff` must be positive (zero is a busy loop against the server) and
+    ///   at most `retry.max_backoff`, itself at most `retry.max_wait`.
+    pub fn validate(&self) -> Result<(), QuotaError> {
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        const MS: Duration = Duration::from_millis(1);
+        let invalid = |option: &'static str, value: Duration, reason: String| {
+            Err(QuotaError::InvalidOption {
+                option,
+                value: format!("{value:?}"),
+                reason,
+            })
+        };
+        for (option, value) in [
+            ("send_window", self.send_window),
+            ("txn_timeout", self.txn_timeout),
+            ("retry.max_wait", self.retry.max_wait),
+        ] {
+            if value < MS || value > DAY {
+                return invalid(option, value, "it must be from 1 ms to one day".into());
+            }
+        }
+        let retry = &self.retry;
+        if retry.initial_backoff.is_zero() {
+            return invalid(
+                "retry.initial_backoff",
+                retry.initial_backoff,
+                "a zero backoff retries in a busy loop".into(),
+            );
+        }
+        if retry.max_backoff < retry.initial_backoff {
+            return invalid(
+                "retry.max_backoff",
+                retry.max_backoff,
+                format!(
+                    "it is shorter than retry.initial_backoff ({:?})",
+                    retry.initial_backoff
+                ),
+            );
+        }
+        if retry.max_backoff > retry.max_wait {
+            return invalid(
+                "retry.max_backoff",
+                retry.max_backoff,
+                format!(
+                    "it is longer than the whole budget, retry.max_wait ({:?})",
+                    retry.max_wait
+                ),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The quota handle: cheap to clone, shared by all tasks of a process.
@@ -189,8 +246,10 @@ impl Quota {
         Quota::with_options(store, QuotaOptions::default()).await
     }
 
-    /// Opens it with `options`.
+    /// Opens it with `options`, refused first if they make no sense
+    /// ([`QuotaOptions::validate`]).
     pub async fn with_options(store: &Store, options: QuotaOptions) -> Result<Quota, QuotaError> {
+        options.validate()?;
         let spec = CollectionSpec::new(PROVIDERS_COLLECTION, 1, PROVIDERS_SCHEMA).map_err(|e| {
             QuotaError::InvalidRequest {
                 reason: format!("the built-in provider schema is unusable: {e}"),

@@ -189,6 +189,9 @@ impl Quota {
 
     /// Every provider of `scope`, by resource.
     pub async fn usage(&self, scope: &str) -> Result<Vec<Provider>, QuotaError> {
+        // A scope no provider can have (create refuses it) is a caller's mistake, not an empty
+        // scope.
+        decide::check_name("provider scope", scope)?;
         let found = self
             .repo
             .find(
@@ -223,10 +226,15 @@ impl Quota {
         request: &Request,
         ttl: Duration,
     ) -> Result<Reservation, QuotaError> {
-        if ttl.is_zero() || ttl > MAX_TTL {
-            return Err(QuotaError::InvalidTtl { ttl });
-        }
         decide::check_request(request)?;
+        // Expiries are stored in whole milliseconds: a ttl under one would expire as it is made.
+        if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
+            return Err(QuotaError::InvalidTtl {
+                consumer: request.consumer.clone(),
+                request: request.id.clone(),
+                ttl,
+            });
+        }
         let expires = plus(self.store.now().await?, ttl);
         let (_, stored) = self.take(request, Some(expires)).await?;
         self.check(failpoint::RESERVE_AFTER)?;
@@ -242,6 +250,9 @@ impl Quota {
         request: &Request,
         expires: Option<DateTime>,
     ) -> Result<(Consumed, Option<DateTime>), QuotaError> {
+        if request.in_flight() {
+            self.refuse_reuse_elsewhere(request).await?;
+        }
         if let [(provider, amount)] = request.claims.as_slice() {
             if !self.has_parent(provider) {
                 if let Some(done) = self.take_fast(request, provider, *amount, expires).await? {
@@ -250,6 +261,65 @@ impl Quota {
             }
         }
         self.take_checked(request, expires).await
+    }
+
+    /// Refuses a request whose (consumer, id) already holds part of a provider this request
+    /// does not touch: the id is in use for other providers. The writes only look at the
+    /// providers they touch, so without this the same id would count a second time elsewhere.
+    ///
+    /// Only a request whose id the caller chose (or that was resent) can meet its id elsewhere,
+    /// so only those pay this read; a fresh id keeps the single-write fast path. One plain query
+    /// on the indexed entries, which also looks at the values a pending transaction would
+    /// restore; a concurrent first use of the same id elsewhere can still slip past, as it is
+    /// then a race between two different requests under one id.
+    async fn refuse_reuse_elsewhere(&self, request: &Request) -> Result<(), QuotaError> {
+        // Live entries only: a released request remembered at 0 (until its late copies can no
+        // longer land) holds nothing, and after it is forgotten its id is free anyway.
+        let filter = doc! { "held": { "$elemMatch": {
+            "c": &request.consumer, "r": &request.id, "n": { "$gt": 0_i64 },
+        } } };
+        let restored: Document = filter
+            .iter()
+            .map(|(k, v)| (format!("{}.restore.{k}", fields::HOLD), v.clone()))
+            .collect();
+        let found: Vec<Document> = self
+            .repo
+            .raw_collection()
+            .find(doc! { "$or": [filter, restored] })
+            .projection(doc! { "_id": 1, "ancestors": 1 })
+            .await
+            .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find request", e))?
+            .try_collect()
+            .await
+            .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find request", e))?;
+        /// What the query projects of a provider.
+        #[derive(serde::Deserialize)]
+        struct Holder {
+            #[serde(rename = "_id")]
+            id: ProviderId,
+            #[serde(default)]
+            ancestors: Vec<ProviderId>,
+        }
+        // A document of another shape cannot be a provider holding this request.
+        let holders: Vec<(ProviderId, Vec<ProviderId>)> = found
+            .into_iter()
+            .filter_map(|stored| bson::from_document::<Holder>(stored).ok())
+            .map(|h| (h.id, h.ancestors))
+            .collect();
+        let claimed: BTreeSet<&ProviderId> = request.claims.iter().map(|(p, _)| p).collect();
+        // A claimed provider's entry is mirrored in its ancestors: those are not elsewhere.
+        let touched: BTreeSet<&ProviderId> = holders
+            .iter()
+            .filter(|(id, _)| claimed.contains(id))
+            .flat_map(|(id, ancestors)| std::iter::once(id).chain(ancestors.iter()))
+            .collect();
+        if holders.iter().any(|(id, _)| !touched.contains(id)) {
+            return Err(QuotaError::RequestReused {
+                consumer: request.consumer.clone(),
+                request: request.id.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// One provider without a parent: one update whose condition is the decision itself.
@@ -462,11 +532,7 @@ impl Quota {
     /// ancestor), all at once. A consumer holding nothing is [`QuotaError::UnknownConsumer`],
     /// so a second release returns nothing twice.
     pub async fn release(&self, consumer: &str) -> Result<Released, QuotaError> {
-        if consumer.is_empty() {
-            return Err(QuotaError::InvalidRequest {
-                reason: "the consumer is empty".into(),
-            });
-        }
+        decide::check_name("consumer", consumer)?;
         let returned = self
             .remove_where(
                 format!("release consumer {consumer}"),
@@ -880,10 +946,6 @@ fn entry_filter(consumer: &str, request: &str) -> Document {
 }
 
 fn check_ids(consumer: &str, request: &str) -> Result<(), QuotaError> {
-    if consumer.is_empty() || request.is_empty() {
-        return Err(QuotaError::InvalidRequest {
-            reason: "a reservation needs a consumer and a request id".into(),
-        });
-    }
-    Ok(())
+    decide::check_name("consumer", consumer)?;
+    decide::check_name("request id", request)
 }

@@ -64,9 +64,25 @@ pub enum RateLimitError {
         /// The caller's priority.
         priority: String,
     },
-    /// One request named a limiter twice, or none.
+    /// One request named a limiter twice, or none, or a limiter name is unusable (empty, longer
+    /// than 512 bytes, or holding a control character such as a NUL).
     #[error("invalid rate-limit request: {reason}")]
     InvalidRequest {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A [`RateLimitOptions`](crate::ratelimit::RateLimitOptions) value makes no sense: a
+    /// collection name the server refuses or that belongs to someone else (another mongotx
+    /// module, or a collection holding documents that are not limiters), or a poll of zero or
+    /// more than a day. Found before any collection is created or changed.
+    #[error("{collection}: option {option} = {value} is unusable: {reason}")]
+    InvalidOption {
+        /// The collection of limiters asked for.
+        collection: String,
+        /// The option, as named on `RateLimitOptions`.
+        option: &'static str,
+        /// The value given.
+        value: String,
         /// What is wrong.
         reason: String,
     },

@@ -107,6 +107,19 @@ impl Limit {
                 self.calls
             ));
         }
+        // The limit is stored in whole milliseconds; a fraction would not read back as defined,
+        // so `define` would write the limiter and then find it different.
+        for (what, d) in [
+            ("window", self.window),
+            ("hold", self.hold),
+            ("grace", self.grace),
+        ] {
+            if d.subsec_nanos() % 1_000_000 != 0 {
+                return Some(format!(
+                    "{what} {d:?} is not a whole number of milliseconds"
+                ));
+            }
+        }
         if ms(self.window) == 0 || self.window > DAY {
             return Some(format!(
                 "window {:?} must be from 1 ms to one day",

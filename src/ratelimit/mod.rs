@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::Document;
+use bson::{doc, Document};
 use mongodb::Collection;
 use tokio::sync::Notify;
 
@@ -98,7 +98,75 @@ impl RateLimitOptions {
         self.max_wait = max_wait;
         self
     }
+
+    /// Refuses options that make no sense for `store`, with
+    /// [`RateLimitError::InvalidOption`] (whether the collection already holds other documents
+    /// is checked by [`RateLimits::with_options`]):
+    ///
+    /// - `collection` must be a name the server accepts (not empty, no `$` or NUL, not starting
+    ///   or ending with `.`, not a `system.` collection, at most 235 bytes with the database
+    ///   name, the bound for a sharded namespace) and not one of mongotx's own collections;
+    /// - `poll` must be from 1 ms (waiters sleep in whole milliseconds; zero is a busy loop) to
+    ///   one day.
+    ///
+    /// `max_wait` takes any value: zero means one try, then [`RateLimitError::TimedOut`].
+    pub fn validate(&self, store: &Store) -> Result<(), RateLimitError> {
+        let name = self.collection.as_str();
+        let database = store.database().name();
+        let invalid = |option: &'static str, value: String, reason: String| {
+            Err(RateLimitError::InvalidOption {
+                collection: name.to_string(),
+                option,
+                value,
+                reason,
+            })
+        };
+        let bad_name = |reason: String| invalid("collection", format!("{name:?}"), reason);
+        if name.is_empty() {
+            return bad_name("a collection needs a name".into());
+        }
+        if let Some(c) = name.chars().find(|c| *c == '$' || *c == '\0') {
+            return bad_name(format!("the server refuses {c:?} in a collection name"));
+        }
+        if name.starts_with('.') || name.ends_with('.') || name.starts_with("system.") {
+            return bad_name(
+                "the server refuses names starting or ending with '.', and keeps system.* to itself"
+                    .into(),
+            );
+        }
+        let namespace = database.len() + 1 + name.len();
+        if namespace > MAX_NAMESPACE {
+            return bad_name(format!(
+                "{database}.{name} has {namespace} bytes, more than {MAX_NAMESPACE}"
+            ));
+        }
+        let own = [
+            crate::quota::PROVIDERS_COLLECTION,
+            crate::TRANSACTIONS_COLLECTION,
+            crate::META_COLLECTION,
+            crate::queue::BATCHES_COLLECTION,
+            crate::obt::OBTS_COLLECTION,
+            crate::obt::TOKENS_COLLECTION,
+            crate::obt::FENCES_COLLECTION,
+        ];
+        if own.contains(&name) || name == store.transactions_collection() {
+            return bad_name("it is one of mongotx's own collections".into());
+        }
+        if let Some(poll) = self.poll {
+            if poll < Duration::from_millis(1) || poll > Duration::from_secs(24 * 3600) {
+                return invalid(
+                    "poll",
+                    format!("{poll:?}"),
+                    "it must be from 1 ms to one day".into(),
+                );
+            }
+        }
+        Ok(())
+    }
 }
+
+/// The longest namespace (`database.collection`) the server takes for a sharded collection.
+const MAX_NAMESPACE: usize = 235;
 
 /// The rate limiter handle: cheap to clone, shared by all tasks of a process.
 ///
@@ -157,11 +225,40 @@ impl RateLimits {
         store: &Store,
         options: RateLimitOptions,
     ) -> Result<RateLimits, RateLimitError> {
-        if options.collection.is_empty() || options.collection.contains('$') {
-            return Err(RateLimitError::InvalidRequest {
+        options.validate(store)?;
+        // Opening installs the limiters' validator on the collection, which would break a
+        // collection that holds anything else: refuse one holding a document that is not a
+        // limiter (a limiter has every field below).
+        let missing: Vec<Document> = [
+            "calls",
+            "window_ms",
+            "reserved",
+            "hold_ms",
+            "grace_ms",
+            "log",
+            "wait",
+        ]
+        .iter()
+        .map(|field| doc! { *field: { "$exists": false } })
+        .collect();
+        let foreign = store
+            .database()
+            .collection::<Document>(&options.collection)
+            .find_one(doc! { "$or": missing })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(|e| RateLimitError::database(&options.collection, "*", "open", e))?;
+        if let Some(found) = foreign {
+            return Err(RateLimitError::InvalidOption {
+                collection: options.collection.clone(),
+                option: "collection",
+                value: format!("{:?}", options.collection),
                 reason: format!(
-                    "{:?} cannot name a collection of limiters",
-                    options.collection
+                    "it holds documents that are not limiters (_id {}); opening would install \
+                     the limiters' validator on it",
+                    found
+                        .get("_id")
+                        .map_or_else(|| "?".to_string(), ToString::to_string)
                 ),
             });
         }

@@ -24,6 +24,17 @@ use crate::server::probe;
 /// The longest limiter name (it is the document id).
 pub const MAX_NAME: usize = 512;
 
+/// A caller's name as an error shows it: quoted and escaped (a NUL stays visible), and cut after
+/// 64 characters, since a name refused for its length may be megabytes long.
+pub(crate) fn shown(name: &str) -> String {
+    const SHOWN: usize = 64;
+    if name.chars().count() <= SHOWN {
+        return format!("{name:?}");
+    }
+    let head: String = name.chars().take(SHOWN).collect();
+    format!("{head:?}... ({} bytes)", name.len())
+}
+
 /// Times a grant is tried in one attempt when the limiter shows room the write did not find
 /// (a settlement landed in between) or the reply was lost.
 const TRIES: u32 = 3;
@@ -642,7 +653,7 @@ impl RateLimits {
     ) -> Result<Vec<(String, Limit)>, RateLimitError> {
         if limiters.is_empty() {
             return Err(RateLimitError::InvalidRequest {
-                reason: "a reservation names no limiter".into(),
+                reason: format!("{}: a reservation names no limiter", self.coll_name()),
             });
         }
         let mut seen = HashSet::new();
@@ -650,7 +661,11 @@ impl RateLimits {
             self.check_name(name)?;
             if !seen.insert(*name) {
                 return Err(RateLimitError::InvalidRequest {
-                    reason: format!("limiter {name} is named twice in one reservation"),
+                    reason: format!(
+                        "{}: limiter {} is named twice in one reservation",
+                        self.coll_name(),
+                        shown(name)
+                    ),
                 });
             }
         }
@@ -679,13 +694,22 @@ impl RateLimits {
     }
 
     fn check_name(&self, name: &str) -> Result<(), RateLimitError> {
+        let invalid = |why: String| RateLimitError::InvalidRequest {
+            reason: format!("{}: limiter name {} {why}", self.coll_name(), shown(name)),
+        };
         if name.is_empty() || name.len() > MAX_NAME {
-            return Err(RateLimitError::InvalidRequest {
-                reason: format!(
-                    "a limiter name must have 1 to {MAX_NAME} bytes, not {}",
-                    name.len()
-                ),
-            });
+            return Err(invalid(format!(
+                "must have 1 to {MAX_NAME} bytes, not {}",
+                name.len()
+            )));
+        }
+        // A NUL or a line break in a name is almost always a caller's encoding bug, and would
+        // make errors and logs lie about which limiter was asked.
+        if let Some(c) = name.chars().find(|c| c.is_control()) {
+            return Err(invalid(format!(
+                "holds the control character U+{:04X}",
+                u32::from(c)
+            )));
         }
         Ok(())
     }
