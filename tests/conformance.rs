@@ -1642,3 +1642,49 @@ async fn find_and_modify_runs_a_pipeline_and_seeds_its_upsert() {
         .expect("doc");
     assert_eq!(before.get_i32("n"), Ok(1));
 }
+
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/replaceRoot/ and
+/// https://www.mongodb.com/docs/manual/reference/aggregation-variables/#mongodb-variable-variable.ROOT :
+/// `newRoot` is evaluated once; the document it yields (`$$ROOT`, or one built by `$mergeObjects`
+/// or `$cond`) is taken as it is, so stored strings that start with `$` stay strings (mongotx's
+/// queries run every document through `$replaceRoot`, and the quota and rate-limiter modules
+/// store such strings as names). The same holds for an update pipeline's `$replaceWith`.
+#[tokio::test]
+async fn stored_dollar_strings_stay_values_through_replace_root() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("dollars");
+    let stored = doc! { "_id": "$$NOW", "a": { "b": "$abc" }, "s": "$$ROOT", "t": "$x", "l": ["$y"] };
+    coll.insert_one(stored.clone()).await.expect("insert");
+    let roots = [
+        doc! { "$replaceRoot": { "newRoot": "$$ROOT" } },
+        doc! { "$replaceRoot": { "newRoot": { "$mergeObjects": ["$$ROOT", {}] } } },
+        doc! { "$replaceRoot": { "newRoot": { "$cond": [true, "$$ROOT", {}] } } },
+        doc! { "$replaceWith": { "$arrayToObject": { "$objectToArray": "$$ROOT" } } },
+    ];
+    for stage in roots {
+        for leading_match in [false, true] {
+            let mut pipeline = Vec::new();
+            if leading_match {
+                pipeline.push(doc! { "$match": { "t": "$x" } });
+            }
+            pipeline.push(stage.clone());
+            let found: Vec<Document> = coll
+                .aggregate(pipeline)
+                .await
+                .unwrap_or_else(|e| panic!("{stage}: {e}"))
+                .try_collect()
+                .await
+                .unwrap_or_else(|e| panic!("{stage}: {e}"));
+            assert_eq!(found, vec![stored.clone()], "{stage}");
+        }
+    }
+    coll.update_one(
+        doc! { "_id": "$$NOW" },
+        vec![doc! { "$replaceWith": { "$mergeObjects": ["$$ROOT", { "n": 1 }] } }],
+    )
+    .await
+    .expect("a pipeline update keeps the stored strings");
+    let mut expected = stored.clone();
+    expected.insert("n", 1);
+    assert_eq!(all(&coll).await, vec![expected]);
+}
