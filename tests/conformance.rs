@@ -1653,7 +1653,8 @@ async fn find_and_modify_runs_a_pipeline_and_seeds_its_upsert() {
 async fn stored_dollar_strings_stay_values_through_replace_root() {
     let t = TestDb::new().await;
     let coll: Collection<Document> = t.db.collection("dollars");
-    let stored = doc! { "_id": "$$NOW", "a": { "b": "$abc" }, "s": "$$ROOT", "t": "$x", "l": ["$y"] };
+    let stored =
+        doc! { "_id": "$$NOW", "a": { "b": "$abc" }, "s": "$$ROOT", "t": "$x", "l": ["$y"] };
     coll.insert_one(stored.clone()).await.expect("insert");
     let roots = [
         doc! { "$replaceRoot": { "newRoot": "$$ROOT" } },
