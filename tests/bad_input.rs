@@ -595,8 +595,8 @@ async fn repositories_on_reserved_collections_are_refused() {
 }
 
 /// Filters the server cannot parse are the caller's mistake: refused as `InvalidQuery` naming
-/// the collection and the server's reason, not passed through as a database failure; so are
-/// operators that cannot run on committed values.
+/// the collection and what is wrong, before anything is sent (servers differ in what they check
+/// and how they say it); so are operators that cannot run on committed values.
 #[tokio::test]
 async fn filters_the_server_cannot_parse_are_invalid_queries() {
     let (t, accounts, _, _) = seeded().await;

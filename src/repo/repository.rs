@@ -387,20 +387,14 @@ where
         if let Some(batch) = batch {
             action = action.batch_size(batch);
         }
-        let failed = |e: mongodb::error::Error| match probe::error_code(&e) {
-            // BadValue, FailedToParse, TypeMismatch: the server could not read the filter.
-            Some(2 | 9 | 14) => RepoError::InvalidQuery {
-                collection: self.name().to_string(),
-                reason: format!("the server refused the filter: {e}"),
-            },
-            _ => self.db_error("*", "find", e),
-        };
+        // A filter the server cannot read is refused before it is sent (`query::problem`); what
+        // the server still refuses is reported as its error, whole, as the source.
         action
             .await
-            .map_err(failed)?
+            .map_err(|e| self.db_error("*", "find", e))?
             .try_collect()
             .await
-            .map_err(failed)
+            .map_err(|e| self.db_error("*", "find", e))
     }
 
     fn decode_row(&self, mut row: Document) -> Result<Stamped<T>, RepoError> {
@@ -1163,7 +1157,7 @@ where
                 collection: self.name().to_string(),
                 id: shown.to_string(),
                 field: "(document)".to_string(),
-                reason: format!("MongoDB stores documents of at most 16 MiB: {source}"),
+                reason: "larger than the 16 MiB MongoDB stores in one document".to_string(),
             };
         }
         self.db_error(shown, operation, source)
