@@ -45,6 +45,9 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
 pub mod explore;
 pub mod obt;
 pub mod queue;
