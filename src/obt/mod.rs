@@ -62,7 +62,7 @@ use model::ObtDoc;
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
 /// The longest id or owner name (they are document ids and indexed values).
-pub const MAX_NAME: usize = 512;
+pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
 
 /// How an [`Obt`] handle behaves.
 #[derive(Debug, Clone)]
@@ -193,32 +193,7 @@ impl Obt {
     }
 }
 
-/// What is wrong with `value` as an OBT id, owner name or fenced resource, if anything: these are
-/// document ids and indexed values, and are shown in errors and logs.
-pub(crate) fn name_problem(value: &str) -> Option<String> {
-    if value.is_empty() {
-        Some("it is empty".into())
-    } else if value.len() > MAX_NAME {
-        Some(format!(
-            "it has {} bytes, more than the {MAX_NAME} allowed",
-            value.len()
-        ))
-    } else if value.contains('\0') {
-        Some("it contains a NUL character".into())
-    } else {
-        None
-    }
-}
-
-/// `value` for an error message: quoted, and cut short when it is long (a refused name may be
-/// megabytes).
-pub(crate) fn shown(value: &str) -> String {
-    const SHOWN: usize = 64;
-    match value.char_indices().nth(SHOWN) {
-        None => format!("{value:?}"),
-        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
-    }
-}
+pub(crate) use crate::repo::names::{name_problem, shown};
 
 /// What is wrong with `name` as a collection of this module, if anything: a name MongoDB refuses,
 /// or one that holds something else (`reserved`: names of this module with what they hold; the
@@ -228,18 +203,8 @@ pub(crate) fn collection_problem(
     name: &str,
     reserved: &[(&str, &str)],
 ) -> Option<String> {
-    if name.is_empty() {
-        Some("the collection name is empty".into())
-    } else if name.contains('$') || name.contains('\0') {
-        Some("a collection name cannot contain '$' or a NUL character".into())
-    } else if name.starts_with("system.") {
-        Some("the system. prefix is reserved by MongoDB".into())
-    } else if let Some((_, what)) = reserved.iter().find(|(r, _)| *r == name) {
-        Some(format!("the OBT module keeps {what} there"))
-    } else if name == store.transactions_collection() || name == crate::repo::meta::META_COLLECTION
-    {
-        Some("mongotx keeps its transaction records or collection registry there".into())
-    } else {
-        None
+    if let Some((_, what)) = reserved.iter().find(|(r, _)| *r == name) {
+        return Some(format!("the OBT module keeps {what} there"));
     }
+    crate::repo::names::collection_problem(store, name).map(str::to_string)
 }

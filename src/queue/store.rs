@@ -34,7 +34,7 @@ const STAMPS: u32 = 32;
 pub const BATCHES_SCHEMA: &str = include_str!("../../schemas/batches.json");
 
 /// The longest header, service id or claimant name (they are document ids and indexed values).
-pub const MAX_NAME: usize = 512;
+pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
 
 /// The longest content of a batch, in bytes: the server's 16 MiB document limit, less room for
 /// the batch's other fields.
@@ -44,51 +44,17 @@ pub const MAX_CONTENT: usize = 16 * 1024 * 1024 - 16 * 1024;
 /// batch of its service, for days.
 pub const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
 
-/// What is wrong with `value` as a header, service id or claimant name, if anything.
-pub(crate) fn name_problem(value: &str) -> Option<String> {
-    if value.is_empty() {
-        Some("it is empty".into())
-    } else if value.len() > MAX_NAME {
-        Some(format!(
-            "it has {} bytes, more than the {MAX_NAME} allowed",
-            value.len()
-        ))
-    } else if value.contains('\0') {
-        Some("it contains a NUL character".into())
-    } else {
-        None
-    }
-}
-
-/// `value` for an error message: quoted, and cut short when it is long (a refused name may be
-/// megabytes).
-pub(crate) fn shown(value: &str) -> String {
-    const SHOWN: usize = 64;
-    match value.char_indices().nth(SHOWN) {
-        None => format!("{value:?}"),
-        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
-    }
-}
+pub(crate) use crate::repo::names::{name_problem, shown};
 
 /// What is wrong with `name` as a collection of batches, if anything: a name MongoDB refuses, one
 /// that holds mongotx's own records, or one ending in [`SERVICES_SUFFIX`] (it would be, or look
 /// like, the services collection of another collection of batches, whose validator opening it
 /// would replace).
 fn collection_problem(store: &Store, name: &str) -> Option<&'static str> {
-    if name.is_empty() {
-        Some("the collection name is empty")
-    } else if name.contains('$') || name.contains('\0') {
-        Some("a collection name cannot contain '$' or a NUL character")
-    } else if name.starts_with("system.") {
-        Some("the system. prefix is reserved by MongoDB")
-    } else if name == store.transactions_collection() || name == crate::repo::meta::META_COLLECTION
-    {
-        Some("mongotx keeps its transaction records or collection registry there")
-    } else if name.ends_with(SERVICES_SUFFIX) {
-        Some("names ending in the services suffix are kept for services collections")
-    } else {
-        None
-    }
+    crate::repo::names::collection_problem(store, name).or_else(|| {
+        name.ends_with(SERVICES_SUFFIX)
+            .then_some("names ending in the services suffix are kept for services collections")
+    })
 }
 
 /// A batch to add.

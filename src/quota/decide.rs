@@ -32,7 +32,7 @@ pub(crate) enum Take {
 /// The longest name (scope, resource, consumer, request id), in bytes. Names are copied into
 /// every provider a request touches (and every ancestor), whose document is hot and bounded by
 /// the server's 16 MB, so they stay short; 512 is also the rate limiter's bound.
-pub(crate) const MAX_NAME: usize = 512;
+pub(crate) const MAX_NAME: usize = crate::repo::names::MAX_NAME;
 
 /// Checks a name: `what` says which (`provider scope`, `provider resource`, `consumer`,
 /// `request id`).

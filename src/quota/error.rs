@@ -8,6 +8,7 @@ use thiserror::Error;
 
 use crate::quota::model::ProviderId;
 use crate::repo::error::RepoError;
+use crate::repo::names::shown;
 use crate::server::clock::ClockError;
 use crate::txn::error::TxnError;
 
@@ -33,17 +34,6 @@ impl fmt::Display for Refusal {
             self.provider, self.requested, self.available, self.limit
         )
     }
-}
-
-/// A caller's name as an error shows it: quoted and escaped (a NUL or a newline stays visible),
-/// and cut after 64 characters, since a name refused for its length may be megabytes long.
-pub(crate) fn shown(name: &str) -> String {
-    const SHOWN: usize = 64;
-    if name.chars().count() <= SHOWN {
-        return format!("{name:?}");
-    }
-    let head: String = name.chars().take(SHOWN).collect();
-    format!("{head:?}... ({} bytes)", name.len())
 }
 
 fn list(refusals: &[Refusal]) -> String {

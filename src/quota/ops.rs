@@ -278,14 +278,10 @@ impl Quota {
         let filter = doc! { "held": { "$elemMatch": {
             "c": &request.consumer, "r": &request.id, "n": { "$gt": 0_i64 },
         } } };
-        let restored: Document = filter
-            .iter()
-            .map(|(k, v)| (format!("{}.restore.{k}", fields::HOLD), v.clone()))
-            .collect();
         let found: Vec<Document> = self
             .repo
             .raw_collection()
-            .find(doc! { "$or": [filter, restored] })
+            .find(stored_or_restored(&filter))
             .projection(doc! { "_id": 1, "ancestors": 1 })
             .await
             .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find request", e))?
@@ -836,14 +832,10 @@ impl Quota {
     /// committed-value query to tell. The query also looks at the values a pending transaction
     /// would restore, so a provider whose committed entries only its undo still shows is found.
     async fn holding_plainly(&self, filter: &Document) -> Result<Option<Docs>, QuotaError> {
-        let restored: Document = filter
-            .iter()
-            .map(|(k, v)| (format!("{}.restore.{k}", fields::HOLD), v.clone()))
-            .collect();
         let found: Vec<Document> = self
             .repo
             .raw_collection()
-            .find(doc! { "$or": [filter.clone(), restored] })
+            .find(stored_or_restored(filter))
             .limit(2)
             .await
             .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find holders", e))?
@@ -948,4 +940,15 @@ fn entry_filter(consumer: &str, request: &str) -> Document {
 fn check_ids(consumer: &str, request: &str) -> Result<(), QuotaError> {
     decide::check_name("consumer", consumer)?;
     decide::check_name("request id", request)
+}
+
+/// `filter` on the stored fields, or on the values a pending transaction's hold would restore
+/// (its undo copy under `_hold.restore`): a provider whose committed entries only the undo still
+/// shows matches too.
+fn stored_or_restored(filter: &Document) -> Document {
+    let restored: Document = filter
+        .iter()
+        .map(|(k, v)| (format!("{}.restore.{k}", fields::HOLD), v.clone()))
+        .collect();
+    doc! { "$or": [filter.clone(), restored] }
 }

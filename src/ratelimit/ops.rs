@@ -22,18 +22,9 @@ use crate::server::clock::plus;
 use crate::server::probe;
 
 /// The longest limiter name (it is the document id).
-pub const MAX_NAME: usize = 512;
+pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
 
-/// A caller's name as an error shows it: quoted and escaped (a NUL stays visible), and cut after
-/// 64 characters, since a name refused for its length may be megabytes long.
-pub(crate) fn shown(name: &str) -> String {
-    const SHOWN: usize = 64;
-    if name.chars().count() <= SHOWN {
-        return format!("{name:?}");
-    }
-    let head: String = name.chars().take(SHOWN).collect();
-    format!("{head:?}... ({} bytes)", name.len())
-}
+pub(crate) use crate::repo::names::shown;
 
 /// Times a grant is tried in one attempt when the limiter shows room the write did not find
 /// (a settlement landed in between) or the reply was lost.

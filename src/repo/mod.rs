@@ -21,6 +21,7 @@ pub mod fields;
 pub(crate) mod hold;
 pub(crate) mod ids;
 pub(crate) mod meta;
+pub(crate) mod names;
 pub(crate) mod query;
 pub(crate) mod repository;
 pub(crate) mod resolve;
