@@ -7,18 +7,24 @@
 //!
 //! - `server`: what the deployment is and what time it is on the server ([`ServerClock`],
 //!   [`Topology`], [`Durability`]); the [`probe`] that refuses servers lacking the guarantees
-//!   mongotx needs; a server for tests and the demo ([`test_server`]).
+//!   mongotx needs.
 //! - `repo`: a [`Store`] opens typed [`Repository`] handles on collections described by a
 //!   [`CollectionSpec`]; every document carries the system [`fields`]. Documents held by a
 //!   transaction describe themselves (their hold), so reads see committed values and anyone can
 //!   resolve a hold.
 //! - `txn`: [`Transactions`] stages and commits multi-document [`Transaction`]s; the [`Gc`]
-//!   resolves what dead coordinators left behind; [`failpoint`]s let tests crash any party.
+//!   resolves what dead coordinators left behind.
 //! - [`quota`]: limits shared by every instance of a service, built on the two layers above.
 //! - [`obt`]: one owner at a time for a long operation, with fencing tokens and leases.
 //! - [`ratelimit`]: N calls in any interval of W shared by workers on different hosts, with
 //!   reservations, priorities and all-or-nothing grants across limiters.
 //! - [`queue`]: ordered per-service submission of batches to a ledger, one at a time per service.
+//! - Across them: a [`GcRunner`] runs the GC and the quota and rate-limiter sweeps on an interval
+//!   (in a service, or as the `mongotx-gc` binary); every module's error converts into
+//!   [`Error`], whose [`ErrorKind`] reads the same whichever module failed; one retry primitive
+//!   paces every loop that sends something again.
+//! - `testkit` (feature `testkit`, off by default): the test rig, a test server, fault
+//!   injection, simulators and model explorers; the crate's own tests and examples use it.
 //!
 //! # Example
 //!
@@ -47,16 +53,33 @@
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod explore;
+// The unit tests use the rig (the protocol models run on `testkit::explore`); the crate's
+// dev-dependency on itself turns the feature on, so this fires only if that line goes.
+#[cfg(all(test, not(feature = "testkit")))]
+compile_error!("the unit tests need the `testkit` feature (see the dev-dependencies)");
+
+mod error;
 pub mod obt;
 pub mod queue;
 pub mod quota;
 pub mod ratelimit;
 mod repo;
+mod retry;
+mod runner;
 mod server;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+pub mod testkit;
 mod txn;
 
+// The README's code blocks compile as doc tests, so that its example stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+pub use error::{Error, ErrorKind};
 #[doc(inline)]
 pub use repo::changes::{Adjust, Update};
 #[doc(inline)]
@@ -65,33 +88,35 @@ pub use repo::collection::{CollectionSpec, SpecError, UpgradeStep};
 pub use repo::error::{show_id, RepoError};
 pub use repo::fields;
 #[doc(inline)]
-pub use repo::hold::{
-    HoldError, HoldResolver, NoTransactions, RecordResolver, TxnState, TxnStatus,
-};
+pub use repo::find::Query;
+#[doc(inline)]
+pub use repo::hold::record::TxnState;
 #[doc(inline)]
 pub use repo::meta::META_COLLECTION;
 #[doc(inline)]
-pub use repo::repository::{Query, Repository, Stamped, FIRST_VERSION};
+pub use repo::outcome::{HoldError, TxnStatus};
+#[doc(inline)]
+pub use repo::repository::{Repository, Stamped, FIRST_VERSION};
 #[doc(inline)]
 pub use repo::schema::{BsonType, JsonSchema, SchemaError, Violation};
 #[doc(inline)]
-pub use repo::store::{LockWait, ServerValidation, Store, StoreBuilder, TRANSACTIONS_COLLECTION};
+pub use repo::store::{
+    HoldResolver, LockWait, NoTransactions, RecordResolver, ServerValidation, Store, StoreBuilder,
+    TRANSACTIONS_COLLECTION,
+};
+#[doc(inline)]
+pub use runner::{GcPass, GcRunner};
 #[doc(inline)]
 pub use server::clock::{ClockError, Durability, ServerClock, Topology};
-pub use server::local as local_server;
 #[doc(inline)]
 pub use server::probe::{
     probe, probe_with, ProbeError, ServerCapabilities, DEFAULT_CONTENTION_TASKS,
 };
 #[doc(inline)]
 pub use server::semantics::Semantic;
-pub use server::test_server;
-#[cfg(feature = "cli")]
-pub use server::toxiproxy;
 #[doc(inline)]
 pub use txn::error::TxnError;
-pub use txn::failpoint;
 #[doc(inline)]
-pub use txn::gc::{parse_duration, Gc, GcOptions, RoundSummary};
+pub use txn::gc::{Gc, GcOptions, RoundSummary};
 #[doc(inline)]
 pub use txn::transaction::{Finish, Outcome, Transaction, Transactions, TxnOptions, Written};

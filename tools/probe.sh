@@ -3,4 +3,4 @@
 #   tools/probe.sh --uri mongodb://host:27017/ [--tasks 64]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo run --release --quiet --bin mongotx-probe -- "$@"
+exec cargo run --release --quiet --features cli --bin mongotx-probe -- "$@"

@@ -1,10 +1,11 @@
-//! The seed's HTTP interface for owner-based transactions, backed by `mongotx::obt`: create an
-//! OBT, operate on volumes under it (`t_id`, `t_owner`, `t_stage` on every call), preempt it,
-//! delete it. Each volume operation checks the caller's ownership and stage, calls the four
-//! storage nodes with the ownership's fencing token, moves the OBT to the call's stage, and
-//! writes the volume in a transaction owned by the OBT.
+//! The HTTP interface of the reference design for owner-based transactions (a storage volume
+//! manager's API servers), backed by `mongotx::obt`: create an OBT, operate on volumes under it
+//! (`t_id`, `t_owner`, `t_stage` on every call), preempt it, delete it. Each volume operation
+//! checks the caller's ownership and stage, calls the four storage nodes with the ownership's
+//! fencing token, moves the OBT to the call's stage, and writes the volume in a transaction owned
+//! by the OBT.
 //!
-//! Shared by the example's `main.rs` and by `tests/obt_http.rs`, which drives it with a real
+//! Shared by the example's `main.rs` and by `tests/it/obt_http.rs`, which drives it with a real
 //! HTTP client.
 
 use std::sync::Arc;

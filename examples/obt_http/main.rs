@@ -1,4 +1,5 @@
-//! The seed's OBT HTTP interface, served by axum on top of `mongotx::obt`.
+//! The OBT HTTP interface of the reference design the OBT module follows (an OBT owns a long
+//! operation; volumes are created and deleted under its fence), served by axum on `mongotx::obt`.
 //!
 //! ```sh
 //! cargo run --example obt_http            # MONGODB_URI, or a local test server it starts
@@ -14,7 +15,7 @@
 mod app;
 
 use mongodb::Client;
-use mongotx::test_server::TestServer;
+use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
 #[tokio::main]

@@ -40,7 +40,9 @@ async fn main() {
     let uri = match args.uri.clone().filter(|u| !u.trim().is_empty()) {
         Some(uri) => uri,
         None => {
-            match tokio::task::spawn_blocking(mongotx::local_server::LocalServer::start).await {
+            match tokio::task::spawn_blocking(mongotx::testkit::local_server::LocalServer::start)
+                .await
+            {
                 Ok(Ok(server)) => {
                     let uri = server.uri();
                     println!("probing the local test server at {uri}");

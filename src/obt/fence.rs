@@ -1,7 +1,8 @@
-//! Downstream fences: the seed's first fence. A resource (a storage node's volume, a host) keeps
-//! the highest token it has admitted and refuses any lower one, so once a newer owner has reached
-//! it, no call an older owner sends is admitted, however late it arrives. Equal tokens pass: they
-//! are the same owner's retries.
+//! Downstream fences, the first of the two fences in the OBT reference design (a storage volume
+//! manager's). A resource (a storage node's volume, a host) keeps the highest token it has
+//! admitted and refuses any lower one, so once a newer owner has reached it, no call an older
+//! owner sends is admitted, however late it arrives. Equal tokens pass: they are the same owner's
+//! retries.
 //!
 //! A fence orders admissions, not effects: a call admitted just before a newer token arrived may
 //! still be running. A resource that needs its effects in token order too performs each call's
@@ -21,7 +22,9 @@ use crate::obt::model::{
 use crate::obt::{collection_problem, name_problem, shown};
 use crate::repo::error::RepoError;
 use crate::repo::store::Store;
+use crate::retry::Retry;
 use crate::server::is_transient;
+use crate::LockWait;
 
 /// Admits calls on a resource only in token order.
 #[async_trait]
@@ -178,8 +181,15 @@ impl MongoFence {
     }
 }
 
+/// Pauses between retries of a fence's first upsert after a race: 2 ms doubling to 64 ms.
+const RACE_PACE: LockWait = LockWait {
+    max_wait: std::time::Duration::MAX,
+    initial_backoff: std::time::Duration::from_millis(2),
+    max_backoff: std::time::Duration::from_millis(64),
+};
+
 pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
-    crate::server::probe::error_code(e) == Some(crate::server::probe::DUPLICATE_KEY)
+    crate::server::codes::error_code(e) == Some(crate::server::codes::DUPLICATE_KEY)
 }
 
 #[async_trait]
@@ -187,9 +197,10 @@ impl Fence for MongoFence {
     async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError> {
         check(self.coll.name(), resource, token)?;
         let mut last = None;
+        let mut pace = Retry::until_deadline(RACE_PACE);
         for attempt in 0..CREATE_RACES {
             if attempt > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(1 << attempt.min(6))).await;
+                pace.pause().await;
             }
             let written = self
                 .coll

@@ -1,12 +1,14 @@
 //! Owner-based transactions (OBT): one owner at a time for a long operation on one resource,
 //! and two fences that stop an owner who lost it from doing harm.
 //!
-//! # The seed's design
+//! # The reference design
 //!
-//! An OBT is a record `(id, owner, stage, token)`. A caller creates it before operating on a
-//! resource, passes `id`, `owner` and `stage` with every call, and deletes it at the end. Another
-//! caller takes it over by *preempting* it, naming the owner it replaces. Two fences keep the old
-//! owner, which may only be slow, from interfering afterwards:
+//! OBTs come from a storage volume manager, whose API servers use them to keep concurrent
+//! requests from acting on the same volume. An OBT is a record `(id, owner, stage, token)`. A
+//! caller creates it before operating on a resource, passes `id`, `owner` and `stage` with every
+//! call, and deletes it at the end. Another caller takes it over by *preempting* it, naming the
+//! owner it replaces. Two fences keep the old owner, which may only be slow, from interfering
+//! afterwards:
 //!
 //! 1. **Downstream**: every call to a downstream resource carries the ownership's token; the
 //!    resource remembers the highest token it has admitted and refuses lower ones ([`Fence`]).
@@ -34,10 +36,12 @@
 //! Every operation is one conditional write on the happy path (create and preempt also take a
 //! token from the counter first). When the write matches nothing, the OBT is read to say why.
 
+mod checks;
 mod error;
 mod fence;
 mod model;
 mod ops;
+mod steps;
 
 use std::sync::Arc;
 use std::time::Duration;

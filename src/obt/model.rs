@@ -62,11 +62,11 @@ pub(crate) struct ObtDoc {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ObtState {
-    /// The OBT id (the seed's `t_id`).
+    /// The OBT id (`t_id` in the reference design's HTTP interface).
     pub id: String,
-    /// Its owner now (the seed's `t_owner`).
+    /// Its owner now (`t_owner` in the reference design's HTTP interface).
     pub owner: String,
-    /// The owner's progress (the seed's `t_stage`).
+    /// The owner's progress (`t_stage` in the reference design's HTTP interface).
     pub stage: i64,
     /// The fencing token of the current ownership.
     pub token: Token,

@@ -1,31 +1,22 @@
-//! The OBT operations: one conditional write each, and, when it matches nothing, a read of the
-//! committed OBT that says why (or that the write had already landed, or that a guard is in the
-//! way and the write should be sent again).
+//! The OBT operations (create, preempt, take over, heartbeat, advance, release, and a transaction
+//! committed only while owned): one conditional write each, and, when it matches nothing, a read
+//! of the committed OBT that says why (or that the write had already landed, or that a guard is
+//! in the way and the write should be sent again). The steps they share (tokens, reads, the
+//! conditional write) are in `steps`; input checks and errors in `checks`.
 
 use std::time::{Duration, Instant};
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
-use mongodb::options::ReturnDocument;
+use bson::{doc, Bson, DateTime, Document};
 
 use crate::obt::error::ObtError;
-use crate::obt::model::{NewObt, Observation, ObtDoc, ObtState, Ownership, Token};
-use crate::obt::{name_problem, shown, Obt, MAX_LEASE};
+use crate::obt::model::{NewObt, Observation, ObtState, Ownership};
+use crate::obt::steps::Verdict;
+use crate::obt::{shown, Obt, MAX_LEASE};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
-use crate::repo::resolve::Committed;
+use crate::retry::Retry;
 use crate::server::is_transient;
 use crate::txn::transaction::{Outcome, Transaction};
-
-/// What the read after a write that matched nothing says.
-enum Verdict {
-    /// Nothing more to do (the write had landed, or the call is a no-op): the OBT now.
-    Done(ObtState),
-    /// The call cannot succeed.
-    Fail(ObtError),
-    /// The condition holds on the committed OBT: a guard was in the way, or it changed back and
-    /// forth. Write again.
-    Again,
-}
 
 /// How many times a preemption takes a fresh token after finding a higher one already applied.
 const REISSUES: usize = 8;
@@ -40,359 +31,26 @@ fn silent_since(beat: DateTime, now: DateTime) -> Duration {
 }
 
 impl Obt {
-    /// Refuses an unusable id or owner name (`what` it is), naming the value.
-    fn check_name(&self, what: &str, value: &str) -> Result<(), ObtError> {
-        match name_problem(value) {
-            None => Ok(()),
-            Some(problem) => Err(self.invalid(format!(
-                "the {what} {} is unusable: {problem}",
-                shown(value)
-            ))),
-        }
-    }
-
-    /// Refuses a negative stage for OBT `id`.
-    fn check_stage(&self, id: &str, stage: i64) -> Result<(), ObtError> {
-        if stage < 0 {
-            return Err(self.invalid(format!(
-                "OBT {}: stage {stage} is negative (stages start at 0)",
-                shown(id)
-            )));
-        }
-        Ok(())
-    }
-
-    /// Refuses an ownership handle that no call of this module hands out: its fields are public,
-    /// so an emptied id or owner, or a token never issued, would otherwise reach the database as
-    /// a condition that matches nothing and come back as a confusing loss of ownership.
-    fn check_owned(&self, owned: &Ownership) -> Result<(), ObtError> {
-        self.check_name("OBT id of the ownership", &owned.id)?;
-        self.check_name("owner of the ownership", &owned.owner)?;
-        if owned.token.0 < 1 {
-            return Err(self.invalid(format!(
-                "OBT {} of {}: token {} was never issued (tokens start at 1)",
-                shown(&owned.id),
-                shown(&owned.owner),
-                owned.token
-            )));
-        }
-        Ok(())
-    }
-
-    fn invalid(&self, reason: String) -> ObtError {
-        ObtError::Invalid {
-            collection: self.coll(),
-            reason,
-        }
-    }
-
-    fn coll(&self) -> String {
-        self.repo.name().to_string()
-    }
-
-    fn not_found(&self, id: &str) -> ObtError {
-        ObtError::NotFound {
-            collection: self.coll(),
-            id: id.to_string(),
-        }
-    }
-
-    fn exists(&self, id: String, now: ObtState) -> ObtError {
-        ObtError::Exists {
-            collection: self.coll(),
-            id,
-            owner: now.owner,
-            token: now.token,
-        }
-    }
-
-    fn not_owner(&self, id: &str, presented: &str, now: &ObtState) -> ObtError {
-        ObtError::NotOwner {
-            collection: self.coll(),
-            id: id.to_string(),
-            presented: presented.to_string(),
-            current: now.owner.clone(),
-            token: now.token,
-        }
-    }
-
-    fn preempted(&self, owned: &Ownership, now: Option<&ObtState>) -> ObtError {
-        ObtError::Preempted {
-            collection: self.coll(),
-            id: owned.id.clone(),
-            owner: owned.owner.clone(),
-            token: owned.token,
-            now: now.map(|s| (s.owner.clone(), s.token)),
-        }
-    }
-
-    fn changed(&self, observed: &ObtState, now: &ObtState) -> ObtError {
-        ObtError::Changed {
-            collection: self.coll(),
-            id: observed.id.clone(),
-            observed: observed.version,
-            observed_token: observed.token,
-            owner: now.owner.clone(),
-            version: now.version,
-            token: now.token,
-        }
-    }
-
-    // ----- tokens -----
-
-    /// Issues the namespace's next fencing token: one `findAndModify` `$inc` on its counter.
-    /// Strictly greater than every token issued before it in this namespace, by any process. A
-    /// token whose reply was lost is simply never used, and neither is one taken by a call that a
-    /// racing call beat (tokens may have gaps: fencing needs them to grow, not to be dense). A
-    /// call whose input is wrong (a taken id, a missing OBT, another owner, no lease, a lease
-    /// still running, an observation the OBT has moved past) is refused before it takes one.
-    pub async fn issue_token(&self) -> Result<Token, ObtError> {
-        let namespace = self.repo.name();
-        let mut attempt = 0;
-        loop {
-            let issued = self
-                .tokens
-                .find_one_and_update(
-                    doc! { "_id": namespace },
-                    doc! { "$inc": { "last": 1_i64 } },
-                )
-                .upsert(true)
-                .return_document(ReturnDocument::After)
-                .await;
-            let retry = match issued {
-                Ok(Some(counter)) => {
-                    return counter.get_i64("last").map(Token).map_err(|e| {
-                        RepoError::Malformed {
-                            collection: crate::obt::TOKENS_COLLECTION.to_string(),
-                            id: namespace.to_string(),
-                            reason: format!("the token counter has no whole `last`: {e}"),
-                        }
-                        .into()
-                    })
-                }
-                // Two first upserts of the counter raced, or the reply was lost.
-                Ok(None) => None,
-                Err(e) if is_transient(&e) || crate::obt::fence::is_duplicate_key(&e) => Some(e),
-                Err(e) => {
-                    return Err(RepoError::database(
-                        crate::obt::TOKENS_COLLECTION,
-                        namespace,
-                        "issue token",
-                        e,
-                    )
-                    .into())
-                }
-            };
-            attempt += 1;
-            if attempt > 8 {
-                let reason =
-                    retry.map_or_else(|| "no counter returned".to_string(), |e| e.to_string());
-                return Err(RepoError::Malformed {
-                    collection: crate::obt::TOKENS_COLLECTION.to_string(),
-                    id: namespace.to_string(),
-                    reason: format!("could not issue a token after {attempt} tries: {reason}"),
-                }
-                .into());
-            }
-            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-        }
-    }
-
-    // ----- reading -----
-
-    fn state_of(&self, id: &str, stored: Document) -> Result<ObtState, ObtError> {
-        let version = stored.get_i64(fields::VERSION).map_err(|e| {
-            self.repo.malformed(
-                &show_id(&Bson::from(id)),
-                format!("no whole `_version`: {e}"),
-            )
-        })?;
-        let doc: ObtDoc = bson::from_document(stored).map_err(|e| {
-            self.repo
-                .malformed(&show_id(&Bson::from(id)), e.to_string())
-        })?;
-        Ok(ObtState::from_stored(doc, version))
-    }
-
-    /// The committed OBT and the transaction holding its document, if any.
-    async fn committed(&self, id: &str) -> Result<Option<(ObtState, Option<ObjectId>)>, ObtError> {
-        let key = Bson::from(id);
-        let shown = show_id(&key);
-        let stored = self
-            .coll
-            .find_one(doc! { "_id": id })
-            .await
-            .map_err(|e| RepoError::database(&self.coll(), id, "read", e))?;
-        let Some(stored) = stored else {
-            return Ok(None);
-        };
-        let holder = stored.get_object_id(fields::ACTIVE_TXN).ok();
-        match self.repo.committed(&shown, stored).await? {
-            Committed::Live(doc) => Ok(Some((self.state_of(id, doc)?, holder))),
-            Committed::Deleted(_) | Committed::Absent => Ok(None),
-        }
-    }
-
-    /// The OBT as committed now.
-    pub async fn get(&self, id: &str) -> Result<ObtState, ObtError> {
-        self.check_name("OBT id", id)?;
-        match self.committed(id).await? {
-            Some((state, _)) => Ok(state),
-            None => Err(self.not_found(id)),
-        }
-    }
-
-    /// Reads the OBT as a contender: the start of its own count towards a
-    /// [`take_over`](Obt::take_over).
-    pub async fn observe(&self, id: &str) -> Result<Observation, ObtError> {
-        let state = self.get(id).await?;
-        Ok(Observation {
-            state,
-            seen_at: Instant::now(),
-        })
-    }
-
-    /// Checks a call made under the OBT (the seed's `t_id`, `t_owner`, `t_stage` on every call):
-    /// `owner` owns it and `stage` is not older than its stage. Returns the OBT, whose token the
-    /// call then carries to downstream fences.
-    pub async fn check(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
-        self.check_name("owner", owner)?;
-        self.check_stage(id, stage)?;
-        let state = self.get(id).await?;
-        if state.owner != owner {
-            return Err(self.not_owner(id, owner, &state));
-        }
-        if state.stage > stage {
-            return Err(ObtError::StageReplayed {
-                collection: self.coll(),
-                id: id.to_string(),
-                current: state.stage,
-                presented: stage,
-            });
-        }
-        Ok(state)
-    }
-
-    // ----- writing -----
-
-    /// One conditional write on OBT `id` returning the OBT after it (a `findAndModify`).
-    async fn conditional(
-        &self,
-        id: &str,
-        what: &'static str,
-        condition: Document,
-        change: Document,
-        judge: impl Fn(Option<&ObtState>) -> Verdict,
-    ) -> Result<ObtState, ObtError> {
-        match self
-            .write_if(id, what, condition, change, true, judge)
-            .await?
-        {
-            Some(state) => Ok(state),
-            None => self.get(id).await,
-        }
-    }
-
-    /// One conditional write on OBT `id`, re-sent after transient errors and guards, with
-    /// `judge` deciding from the committed OBT whenever it matches nothing. With `post_image`
-    /// it is a `findAndModify` returning the OBT after the write; without, a plain update that
-    /// returns `None` when it lands (cheaper on some servers).
-    async fn write_if(
-        &self,
-        id: &str,
-        what: &'static str,
-        condition: Document,
-        change: Document,
-        post_image: bool,
-        judge: impl Fn(Option<&ObtState>) -> Verdict,
-    ) -> Result<Option<ObtState>, ObtError> {
-        let mut filter = doc! {
-            "_id": id,
-            fields::ACTIVE_TXN: null,
-            fields::DELETED: null,
-            fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
-        };
-        filter.extend(condition);
-        let mut change = change;
-        change.insert("$inc", doc! { fields::VERSION: 1_i64 });
-        let started = Instant::now();
-        let mut attempt = 0;
-        let mut holder = None;
-        loop {
-            let written = if post_image {
-                self.coll
-                    .find_one_and_update(filter.clone(), change.clone())
-                    .return_document(ReturnDocument::After)
-                    .await
-            } else {
-                self.coll
-                    .update_one(filter.clone(), change.clone())
-                    .await
-                    .map(|r| (r.matched_count == 1).then(Document::new))
-            };
-            let found = match written {
-                Ok(Some(_)) if !post_image => return Ok(None),
-                Ok(Some(stored)) => return self.state_of(id, stored).map(Some),
-                Ok(None) => self.committed(id).await?,
-                Err(e) if is_transient(&e) => {
-                    // It may have landed. Sending it again is safe: it is conditional, and if
-                    // the first copy landed the judge recognises the result.
-                    tracing::debug!(collection = %self.coll(), id, what, error = %e, "obt: send failed, sending again");
-                    if started.elapsed() >= self.options.retry.max_wait {
-                        return Err(RepoError::database(&self.coll(), id, what, e).into());
-                    }
-                    tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-                    attempt += 1;
-                    continue;
-                }
-                Err(e) => return Err(RepoError::database(&self.coll(), id, what, e).into()),
-            };
-            match judge(found.as_ref().map(|(state, _)| state)) {
-                Verdict::Done(state) => return Ok(Some(state)),
-                Verdict::Fail(e) => return Err(e),
-                Verdict::Again => {}
-            }
-            let holding = found.and_then(|(_, h)| h);
-            holder = holding.or(holder);
-            self.wait_turn(id, holding, holder, started, &mut attempt)
-                .await?;
-        }
-    }
-
-    /// Before writing OBT `id` again: gets the hold of `holding` out of the way if its outcome
-    /// is decided (then at once), otherwise backs off, or gives up as
-    /// [`RepoError::Locked`] (naming `last_holder`) once the wait budget is spent.
-    async fn wait_turn(
-        &self,
-        id: &str,
-        holding: Option<ObjectId>,
-        last_holder: Option<ObjectId>,
-        started: Instant,
-        attempt: &mut u32,
-    ) -> Result<(), ObtError> {
-        let key = Bson::from(id);
-        if let Some(h) = holding {
-            if self.repo.settle_hold(&key, &show_id(&key), h).await? {
-                return Ok(());
-            }
-        }
-        if started.elapsed() >= self.options.retry.max_wait {
-            return Err(RepoError::Locked {
-                collection: self.coll(),
-                id: show_id(&key),
-                holder: last_holder,
-                waited: started.elapsed(),
-            }
-            .into());
-        }
-        tokio::time::sleep(self.options.retry.backoff(*attempt)).await;
-        *attempt += 1;
-        Ok(())
-    }
-
     /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token: one upsert that can
     /// only insert, stamped with the server's time. Sending the same create again after a lost
     /// reply returns the same ownership; an id that is taken is [`ObtError::Exists`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(obts: mongotx::obt::Obt) -> Result<(), mongotx::obt::ObtError> {
+    /// use std::time::Duration;
+    /// use mongotx::obt::NewObt;
+    ///
+    /// let new = NewObt::new("volume-7", "server-a").lease(Duration::from_secs(30));
+    /// let mut owned = obts.create(new).await?;
+    /// // Carry owned.token() to every downstream write (see `Fence`), renew the lease while
+    /// // working, and move through the stages of the operation.
+    /// obts.heartbeat(&mut owned).await?;
+    /// obts.advance_owned(&mut owned, 1).await?;
+    /// obts.release_owned(&owned).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn create(&self, new: NewObt) -> Result<Ownership, ObtError> {
         self.check_name("OBT id", &new.id)?;
         self.check_name("owner", &new.owner)?;
@@ -427,8 +85,7 @@ impl Obt {
         let filter = doc! { "_id": &new.id, fields::VERSION: { "$exists": false } };
         let change = doc! { "$setOnInsert": fields, "$currentDate": { "beat_at": true } };
         let sent = Instant::now();
-        let started = Instant::now();
-        let mut attempt = 0;
+        let mut retry = Retry::until_deadline(self.options.retry);
         loop {
             let written = self
                 .coll
@@ -439,10 +96,9 @@ impl Obt {
                 Ok(r) if r.upserted_id.is_some() => break,
                 Ok(_) => {}
                 Err(e) if crate::obt::fence::is_duplicate_key(&e) => {}
-                Err(e) if is_transient(&e) && started.elapsed() < self.options.retry.max_wait => {
+                Err(e) if is_transient(&e) && !retry.exhausted() => {
                     tracing::debug!(collection = %self.coll(), id = %new.id, error = %e, "obt: create send failed, sending again");
-                    tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-                    attempt += 1;
+                    retry.pause().await;
                     continue;
                 }
                 Err(e) => {
@@ -456,19 +112,18 @@ impl Obt {
                 }
                 Some((state, _)) => return Err(self.exists(new.id, state)),
                 // Released meanwhile: try again, within the wait budget.
-                None if started.elapsed() < self.options.retry.max_wait => {}
+                None if !retry.exhausted() => {}
                 None => {
                     return Err(RepoError::Locked {
                         collection: self.coll(),
                         id: show_id(&Bson::from(new.id.as_str())),
                         holder: None,
-                        waited: started.elapsed(),
+                        waited: retry.elapsed(),
                     }
                     .into())
                 }
             }
-            tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-            attempt += 1;
+            retry.pause().await;
         }
         let state = ObtState {
             id: new.id,
@@ -482,8 +137,9 @@ impl Obt {
         Ok(Ownership::new(state, sent))
     }
 
-    /// The seed's preemption: takes OBT `id` from `current_owner` (who must own it now) for
-    /// `new_owner`, with a new token. No waiting: the previous owner is fenced off from here on.
+    /// Preemption as in the reference design: takes OBT `id` from `current_owner` (who must own
+    /// it now) for `new_owner`, with a new token. No waiting: the previous owner is fenced off
+    /// from here on.
     pub async fn preempt(
         &self,
         id: &str,
@@ -792,9 +448,10 @@ impl Obt {
         Ok(())
     }
 
-    /// Releases (deletes) OBT `id`, which `owner` must own: the seed's call, by owner name. A
-    /// delete delivered late could remove a later OBT of the same id and owner name; owners that
-    /// reuse names should use [`release_owned`](Obt::release_owned).
+    /// Releases (deletes) OBT `id`, which `owner` must own: the reference design's delete call,
+    /// which identifies the owner by name only. A delete delivered late could remove a later OBT
+    /// of the same id and owner name; owners that reuse names should use
+    /// [`release_owned`](Obt::release_owned).
     pub async fn release(&self, id: &str, owner: &str) -> Result<(), ObtError> {
         self.check_name("OBT id", id)?;
         self.check_name("owner", owner)?;
@@ -829,18 +486,16 @@ impl Obt {
     ) -> Result<(), ObtError> {
         let mut filter = doc! { "_id": id, fields::ACTIVE_TXN: null };
         filter.extend(condition);
-        let started = Instant::now();
-        let mut attempt = 0;
+        let mut retry = Retry::until_deadline(self.options.retry);
         let mut unsure = false;
         loop {
             let deleted = self.coll.delete_one(filter.clone()).await;
             match deleted {
                 Ok(r) if r.deleted_count == 1 => return Ok(()),
                 Ok(_) => {}
-                Err(e) if is_transient(&e) && started.elapsed() < self.options.retry.max_wait => {
+                Err(e) if is_transient(&e) && !retry.exhausted() => {
                     unsure = true;
-                    tokio::time::sleep(self.options.retry.backoff(attempt)).await;
-                    attempt += 1;
+                    retry.pause().await;
                     continue;
                 }
                 Err(e) => return Err(RepoError::database(&self.coll(), id, "release", e).into()),
@@ -854,8 +509,7 @@ impl Obt {
                     None => holder,
                 },
             };
-            self.wait_turn(id, holder, holder, started, &mut attempt)
-                .await?;
+            self.wait_turn(id, holder, holder, &mut retry).await?;
         }
     }
 

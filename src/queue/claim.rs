@@ -32,7 +32,7 @@ use bson::{doc, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use crate::queue::error::QueueError;
-use crate::queue::model::{Batch, BatchStatus};
+use crate::queue::model::{Batch, BatchStatus, Place};
 use crate::queue::store::{name_problem, shown, Batches};
 use crate::server::clock::plus;
 
@@ -78,64 +78,6 @@ pub enum Submission {
     /// The ledger did not take it (it said so, or could not be reached): retry after the delay
     /// window.
     Delayed,
-}
-
-/// A batch's place in its service's order.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Place {
-    pub at: i64,
-    pub header: String,
-}
-
-impl Place {
-    pub(crate) fn of(batch: &Batch) -> Place {
-        Place {
-            at: batch.created_at.timestamp_millis(),
-            header: batch.header.clone(),
-        }
-    }
-
-    fn from_fields(d: &Document, at: &str, header: &str) -> Option<Place> {
-        Some(Place {
-            at: d.get_datetime(at).ok()?.timestamp_millis(),
-            header: d.get_str(header).ok()?.to_string(),
-        })
-    }
-}
-
-/// A service's document: its slot (the batch that may be in flight) and its mark.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Service {
-    pub holder: Option<Place>,
-    /// The claim that took the slot.
-    pub holder_token: Option<ObjectId>,
-    pub mark: Option<Place>,
-    /// The newest stamp given to a batch of the service, in milliseconds.
-    pub newest: Option<i64>,
-}
-
-impl Service {
-    pub(crate) fn parse(d: &Document) -> Service {
-        Service {
-            holder: d
-                .get_document("holder")
-                .ok()
-                .and_then(|h| Place::from_fields(h, "at", "header")),
-            holder_token: d
-                .get_document("holder")
-                .ok()
-                .and_then(|h| h.get_object_id("token").ok()),
-            mark: Place::from_fields(d, "mark_at", "mark_header"),
-            newest: d.get_datetime("newest").ok().map(|t| t.timestamp_millis()),
-        }
-    }
-
-    /// The latest place a new batch must come after (other than `header` itself holding the
-    /// slot).
-    pub(crate) fn bound(&self, header: &str) -> Option<Place> {
-        let holder = self.holder.clone().filter(|h| h.header != header);
-        holder.max(self.mark.clone())
-    }
 }
 
 /// Filter: batches of `service` strictly before `place`.
@@ -555,8 +497,9 @@ impl Batches {
         let mut set = doc! { "status": status.as_str() };
         let mut update = Document::new();
         if status == BatchStatus::Unknown {
-            // The seed: unknown clears submitted, so the queuer takes the batch again. A
-            // submitter that still holds a claim on it has lost it.
+            // As the reference design requires of the monitor: recording unknown clears
+            // submitted, so the queuer takes the batch again. A submitter that still holds a
+            // claim on it has lost it.
             set.insert("submitted", false);
             update.insert("$unset", doc! { "claim": "" });
         } else if status.is_final() {

@@ -13,27 +13,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// What the ledger answers a submission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    /// Taken: ask its status later.
-    Accepted,
-    /// Not taken this time: submit again after the delay window.
-    Delayed,
-}
-
-/// What the ledger says about a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LedgerStatus {
-    /// Taken, not decided yet.
-    Pending,
-    /// Found invalid; it will never be committed.
-    Invalid,
-    /// Committed.
-    Committed,
-    /// Never taken, or forgotten: submit it again.
-    Unknown,
-}
+use crate::queue::roles::LedgerApi;
+pub use crate::queue::roles::{Answer, LedgerStatus};
 
 /// What the ledger does with a submission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,6 +225,16 @@ impl Ledger {
     /// Submissions received.
     pub fn submissions(&self) -> u64 {
         self.state().submissions
+    }
+}
+
+impl LedgerApi for Ledger {
+    async fn submit(&self, service: &str, header: &str, content: &str) -> Result<Answer, String> {
+        Ok(Ledger::submit(self, service, header, content))
+    }
+
+    async fn status(&self, header: &str) -> Result<LedgerStatus, String> {
+        Ok(Ledger::status(self, header))
     }
 }
 

@@ -54,7 +54,7 @@ impl LedgerServer {
             .route("/submit", post(submit))
             .route("/status", post(status))
             .with_state(ledger.clone());
-        let (addr, stop) = crate::server::http::serve_local(app, "the ledger server").await?;
+        let (addr, stop) = crate::testkit::http::serve_local(app, "the ledger server").await?;
         Ok(LedgerServer {
             addr,
             ledger,

@@ -1,14 +1,21 @@
 //! The batch queuer: batches of many services reach an external ledger one at a time per
 //! service, in creation order, with any number of queuers, submitters and monitors running at
-//! once. The queuer is the seed's one-round serial strategy, as a pure function from the batches
-//! and "now" to the queue ([`one_round_serial`], [`category`]); [`Batches`] keeps them in the
+//! once. The queuer is the one-round serial strategy of the reference design (a planning document
+//! for submitting batches to a distributed ledger in order): every round queues the batches the
+//! ledger does not know, the delayed batches whose delay window has passed, and the oldest batch
+//! of each service that has nothing in flight. It is a pure function from the batches and "now"
+//! to the queue ([`one_round_serial`], [`category`]); [`Batches`] keeps them in the
 //! database; a [`Submitter`] claims queued batches and submits them, a [`Monitor`] records what
-//! the ledger says; [`ledger`] is a ledger simulator for tests and the demo.
+//! the ledger says. A ledger simulator for tests and examples (`ledger`, `ledger_http`) comes with
+//! the `testkit` feature.
 
 mod claim;
 mod error;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod ledger;
-#[cfg(feature = "cli")]
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod ledger_http;
 mod model;
 mod queuer;
@@ -19,7 +26,7 @@ pub use claim::{Claim, Submission, MAX_CLAIM};
 pub use error::QueueError;
 pub use model::{Batch, BatchStatus, DEFAULT_DELAY};
 pub use queuer::{category, one_round_serial, Category};
-pub use roles::{LedgerApi, Monitor, Submitter};
+pub use roles::{Answer, LedgerApi, LedgerStatus, Monitor, Submitter};
 pub use store::{
     Batches, NewBatch, BATCHES_COLLECTION, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, MAX_NAME,
     SERVICES_SCHEMA, SERVICES_SUFFIX,

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use bson::DateTime;
+use bson::{oid::ObjectId, DateTime, Document};
 
 /// What the ledger last said about a batch (`None` on a [`Batch`]: nothing yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,8 +71,8 @@ pub struct Batch {
     pub last_submitted_at: Option<DateTime>,
 }
 
-/// The seed's default delay window: a delayed batch is retried once this long has passed since
-/// its last submission.
+/// The default delay window, 15 s as in the queuer's reference design: a delayed batch is
+/// retried once this long has passed since its last submission.
 pub const DEFAULT_DELAY: Duration = Duration::from_secs(15);
 
 impl Batch {
@@ -80,5 +80,63 @@ impl Batch {
     /// batch still marked with a submitter (recording it clears the mark).
     pub fn needs(&self, status: BatchStatus) -> bool {
         self.status != Some(status) || (status == BatchStatus::Unknown && self.submitted)
+    }
+}
+
+/// A batch's place in its service's order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Place {
+    pub at: i64,
+    pub header: String,
+}
+
+impl Place {
+    pub(crate) fn of(batch: &Batch) -> Place {
+        Place {
+            at: batch.created_at.timestamp_millis(),
+            header: batch.header.clone(),
+        }
+    }
+
+    fn from_fields(d: &Document, at: &str, header: &str) -> Option<Place> {
+        Some(Place {
+            at: d.get_datetime(at).ok()?.timestamp_millis(),
+            header: d.get_str(header).ok()?.to_string(),
+        })
+    }
+}
+
+/// A service's document: its slot (the batch that may be in flight) and its mark.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Service {
+    pub holder: Option<Place>,
+    /// The claim that took the slot.
+    pub holder_token: Option<ObjectId>,
+    pub mark: Option<Place>,
+    /// The newest stamp given to a batch of the service, in milliseconds.
+    pub newest: Option<i64>,
+}
+
+impl Service {
+    pub(crate) fn parse(d: &Document) -> Service {
+        Service {
+            holder: d
+                .get_document("holder")
+                .ok()
+                .and_then(|h| Place::from_fields(h, "at", "header")),
+            holder_token: d
+                .get_document("holder")
+                .ok()
+                .and_then(|h| h.get_object_id("token").ok()),
+            mark: Place::from_fields(d, "mark_at", "mark_header"),
+            newest: d.get_datetime("newest").ok().map(|t| t.timestamp_millis()),
+        }
+    }
+
+    /// The latest place a new batch must come after (other than `header` itself holding the
+    /// slot).
+    pub(crate) fn bound(&self, header: &str) -> Option<Place> {
+        let holder = self.holder.clone().filter(|h| h.header != header);
+        holder.max(self.mark.clone())
     }
 }

@@ -1,8 +1,10 @@
 //! The one-round serial queuer, as a pure function from the batches and "now" to the queue:
-//! which batches a submitter should take next. No I/O, so every row of the seed's table is a
-//! unit test.
+//! which batches a submitter should take next. It follows the reference design, a planning
+//! document for the one-round serial strategy that gives six steps and a table sorting every
+//! state a batch can be in into queue now, queue later and don't queue. No I/O, so every row of
+//! that table is a unit test.
 //!
-//! The seed's steps:
+//! The reference design's six steps:
 //!
 //! 1. Leave out batches the ledger has settled (committed, valid, invalid).
 //! 2. Start an empty queue.
@@ -12,7 +14,7 @@
 //! 6. For each of them, queue its oldest batch; among batches created at the same time, the
 //!    one whose header sorts first.
 //!
-//! Two readings the seed's table makes explicit and its steps leave implicit: a batch a submitter
+//! Two readings the table makes explicit and the steps leave implicit: a batch a submitter
 //! has (`submitted`) is never queued, and its service gets nothing else queued meanwhile (step 6
 //! would otherwise queue the service's next batch while the first is being submitted, two in
 //! flight). Unknown and delayed batches are queued only when no submitter has them.
@@ -24,7 +26,7 @@ use bson::DateTime;
 
 use crate::queue::model::{Batch, BatchStatus};
 
-/// Where a batch stands for the queuer (the seed's three categories).
+/// Where a batch stands for the queuer (the three categories of the reference design's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Category {
     /// In this round's queue.
@@ -243,7 +245,7 @@ mod tests {
 
     #[test]
     fn queue_later_a_new_batch_while_its_service_has_one_with_a_submitter() {
-        // Beyond the seed's steps: the service's first batch is being submitted.
+        // Beyond the reference design's six steps: the service's first batch is being submitted.
         let b = batch("b2", "s1", 20);
         let in_flight = with(batch("b1", "s1", 10), true, None);
         assert_eq!(cat(&b, &[in_flight]), Category::QueueLater);
@@ -379,5 +381,147 @@ mod tests {
             Category::QueueNow
         );
         assert_eq!(category(&b, &all, now, DEFAULT_DELAY), Category::QueueLater);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const STATUSES: [Option<BatchStatus>; 7] = [
+            None,
+            Some(BatchStatus::Pending),
+            Some(BatchStatus::Invalid),
+            Some(BatchStatus::Valid),
+            Some(BatchStatus::Committed),
+            Some(BatchStatus::Unknown),
+            Some(BatchStatus::Delayed),
+        ];
+
+        /// Up to 24 batches of up to four services, created within a few milliseconds of each
+        /// other (so that ties on the creation time happen), in every status, some with a
+        /// submitter, some last submitted inside the delay window and some before it.
+        fn batches() -> impl Strategy<Value = Vec<Batch>> {
+            prop::collection::vec(
+                (
+                    0..4_u8,
+                    0..6_i64,
+                    any::<bool>(),
+                    0..7_usize,
+                    prop::option::of(0..3_i64),
+                ),
+                0..24,
+            )
+            .prop_map(|rows| {
+                rows.into_iter()
+                    .enumerate()
+                    .map(|(i, (service, created, submitted, status, last))| Batch {
+                        header: format!("h{:02}", (i * 7) % 24 + i / 24 * 24),
+                        service_id: format!("s{service}"),
+                        created_at: DateTime::from_millis(NOW - 100 + created),
+                        submitted,
+                        status: STATUSES[status],
+                        // 0: long ago; 1: just outside the window; 2: inside it.
+                        last_submitted_at: last.map(|l| {
+                            let window = DEFAULT_DELAY.as_millis() as i64;
+                            DateTime::from_millis(match l {
+                                0 => NOW - 10 * window,
+                                1 => NOW - window,
+                                _ => NOW - window + 1,
+                            })
+                        }),
+                    })
+                    .collect()
+            })
+        }
+
+        fn key(b: &Batch) -> (DateTime, &str) {
+            (b.created_at, b.header.as_str())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// The queue holds no settled batch, none a submitter has and none twice; it holds
+            /// every unknown batch and every delayed one whose window passed; of the new
+            /// batches, at most one per service, only for a service with nothing at the ledger,
+            /// in doubt or with a submitter, and then its oldest (header breaking ties).
+            #[test]
+            fn the_queue_keeps_each_services_order_and_one_batch_in_flight(batches in batches()) {
+                let now = DateTime::from_millis(NOW);
+                let queue = one_round_serial(&batches, now, DEFAULT_DELAY);
+                let headers: BTreeSet<&str> = queue.iter().map(|b| b.header.as_str()).collect();
+                prop_assert_eq!(headers.len(), queue.len(), "a batch queued twice");
+                for b in &queue {
+                    prop_assert!(!b.submitted && !b.status.is_some_and(BatchStatus::is_final));
+                    prop_assert!(b.status != Some(BatchStatus::Pending));
+                }
+                for b in batches.iter().filter(|b| !b.submitted) {
+                    let queued = headers.contains(b.header.as_str());
+                    match b.status {
+                        Some(BatchStatus::Unknown) => prop_assert!(queued, "{:?}", b),
+                        Some(BatchStatus::Delayed) => prop_assert_eq!(
+                            queued,
+                            delay_passed(b, now, DEFAULT_DELAY),
+                            "{:?}",
+                            b
+                        ),
+                        _ => {}
+                    }
+                }
+                let services: BTreeSet<&str> =
+                    batches.iter().map(|b| b.service_id.as_str()).collect();
+                for service in services {
+                    let of: Vec<&Batch> =
+                        batches.iter().filter(|b| b.service_id == service).collect();
+                    let new_queued: Vec<&&Batch> = queue
+                        .iter()
+                        .filter(|b| b.service_id == service && b.status.is_none())
+                        .collect();
+                    prop_assert!(new_queued.len() <= 1, "{} new batches of {}", new_queued.len(), service);
+                    if let Some(first) = new_queued.first() {
+                        // Settled batches are out of the picture (step 1), a mark left on one
+                        // included.
+                        let busy = of.iter().filter(|b| !b.status.is_some_and(BatchStatus::is_final)).any(|b| {
+                            b.submitted
+                                || matches!(
+                                    b.status,
+                                    Some(BatchStatus::Pending | BatchStatus::Unknown | BatchStatus::Delayed)
+                                )
+                        });
+                        prop_assert!(!busy, "{} has a batch in flight, yet {} was queued", service, first.header);
+                        let oldest = of
+                            .iter()
+                            .filter(|b| !b.status.is_some_and(BatchStatus::is_final))
+                            .map(|b| key(b))
+                            .min();
+                        prop_assert_eq!(Some(key(first)), oldest);
+                    }
+                }
+            }
+
+            /// Every batch falls in exactly the category the queue and its state say: queued
+            /// now, never (a submitter or the ledger has it, or the ledger settled it), or later.
+            #[test]
+            fn every_batch_is_in_the_category_its_state_gives(batches in batches()) {
+                let now = DateTime::from_millis(NOW);
+                let queue = one_round_serial(&batches, now, DEFAULT_DELAY);
+                for b in &batches {
+                    let queued = queue.iter().any(|q| q.header == b.header);
+                    let expected = if queued {
+                        Category::QueueNow
+                    } else if b.submitted
+                        || matches!(
+                            b.status,
+                            Some(BatchStatus::Pending | BatchStatus::Invalid | BatchStatus::Valid | BatchStatus::Committed)
+                        )
+                    {
+                        Category::DontQueue
+                    } else {
+                        Category::QueueLater
+                    };
+                    prop_assert_eq!(category(b, &batches, now, DEFAULT_DELAY), expected, "{:?}", b);
+                }
+            }
+        }
     }
 }

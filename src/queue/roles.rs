@@ -10,7 +10,6 @@ use futures::TryStreamExt;
 
 use crate::queue::claim::{Claim, Submission};
 use crate::queue::error::QueueError;
-use crate::queue::ledger::{Answer, Ledger, LedgerStatus};
 use crate::queue::model::{Batch, BatchStatus};
 use crate::queue::store::Batches;
 
@@ -30,14 +29,26 @@ pub trait LedgerApi: Send + Sync {
     fn status(&self, header: &str) -> impl Future<Output = Result<LedgerStatus, String>> + Send;
 }
 
-impl LedgerApi for Ledger {
-    async fn submit(&self, service: &str, header: &str, content: &str) -> Result<Answer, String> {
-        Ok(Ledger::submit(self, service, header, content))
-    }
+/// What the ledger answers a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Taken: ask its status later.
+    Accepted,
+    /// Not taken this time: submit again after the delay window.
+    Delayed,
+}
 
-    async fn status(&self, header: &str) -> Result<LedgerStatus, String> {
-        Ok(Ledger::status(self, header))
-    }
+/// What the ledger says about a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerStatus {
+    /// Taken, not decided yet.
+    Pending,
+    /// Found invalid; it will never be committed.
+    Invalid,
+    /// Committed.
+    Committed,
+    /// Never taken, or forgotten: submit it again.
+    Unknown,
 }
 
 /// Takes queued batches and submits them.

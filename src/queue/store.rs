@@ -9,13 +9,12 @@ use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, IndexModel};
 
-use crate::queue::claim::{Place, Service};
+use crate::server::codes;
 
 use crate::queue::error::QueueError;
-use crate::queue::model::{Batch, BatchStatus, DEFAULT_DELAY};
+use crate::queue::model::{Batch, BatchStatus, Place, Service, DEFAULT_DELAY};
 use crate::queue::queuer::one_round_serial;
 use crate::repo::store::Store;
-use crate::server::probe;
 
 /// The default collection of batches.
 pub const BATCHES_COLLECTION: &str = "batches";
@@ -94,7 +93,8 @@ pub struct Batches {
 }
 
 impl Batches {
-    /// Opens the default collection of batches, with the seed's 15 s delay window.
+    /// Opens the default collection of batches, with a 15 s delay window ([`DEFAULT_DELAY`], the
+    /// default of the queuer's reference design).
     pub async fn open(store: &Store) -> Result<Batches, QueueError> {
         Batches::with_collection(store, BATCHES_COLLECTION, DEFAULT_DELAY).await
     }
@@ -155,6 +155,21 @@ impl Batches {
     /// Its stamp (`created_at`) comes after every batch of its service already added or taken
     /// for submission, so the order of stamps is the order of `add` calls that did not overlap,
     /// and no batch is ever stamped before one that went to the ledger ahead of it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(batches: mongotx::queue::Batches) -> Result<(), mongotx::queue::QueueError> {
+    /// use mongotx::queue::NewBatch;
+    ///
+    /// let batch = batches.add(&NewBatch::new("service-a", "batch-0001", "payload")).await?;
+    /// // Submitters take each service's batches one at a time, oldest first:
+    /// for next in batches.round().await? {
+    ///     println!("submit {} of {}", next.header, next.service_id);
+    /// }
+    /// # let _ = batch;
+    /// # Ok(()) }
+    /// ```
     pub async fn add(&self, batch: &NewBatch) -> Result<Batch, QueueError> {
         self.check_header(&batch.header)?;
         if let Some(problem) = name_problem(&batch.service_id) {
@@ -185,7 +200,7 @@ impl Batches {
         match self.coll.insert_one(&doc).await {
             Ok(_) => return self.place_after_the_service(&batch.header).await,
             // Added before (or by someone else): only the stored batch says which.
-            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {}
+            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {}
             Err(e) => return Err(self.db_error(&batch.header, "add", e)),
         }
         let stored = self.stored(&batch.header).await?;
@@ -268,8 +283,10 @@ impl Batches {
         })
     }
 
-    /// One queuer round: the batches to submit now, by the seed's one-round serial strategy,
-    /// over every stored batch the ledger has not settled, at the server's time.
+    /// One queuer round: the batches to submit now, by the one-round serial strategy (batches
+    /// the ledger does not know, delayed batches past their window, then the oldest batch of each
+    /// service with nothing in flight), over every stored batch the ledger has not settled, at the
+    /// server's time.
     pub async fn round(&self) -> Result<Vec<Batch>, QueueError> {
         let open = doc! { "status": { "$nin": ["committed", "valid", "invalid"] } };
         let docs: Vec<Document> = self

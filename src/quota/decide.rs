@@ -1,6 +1,8 @@
 //! The quota decisions, free of I/O: given providers as read (with their generations), what to
 //! write and what to answer. The database layer reads, calls these, and writes conditionally on
-//! the generations read, which is the seed's algorithm; the single-provider fast path
+//! the generations read, which is the algorithm of the quota's reference design (check
+//! availability and read the generation, write only if the generation is unchanged, otherwise
+//! read again and retry); the single-provider fast path
 //! (`ops::take_fast`) encodes the same decision as the condition of one write instead.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -579,5 +581,100 @@ mod tests {
         ));
         let (_, returned) = remove(&d, |e| e.c == "c", at(0));
         assert_eq!(returned, vec![(id, 8)]);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One step against a three-level hierarchy (org > team > project).
+        #[derive(Debug, Clone)]
+        enum Step {
+            /// Consumer `c` takes `n` of the provider at `level`, under request id `r`.
+            Consume { c: u8, r: u8, level: usize, n: i64 },
+            /// Consumer `c` gives back everything it holds.
+            Release { c: u8 },
+        }
+
+        fn steps() -> impl Strategy<Value = Vec<Step>> {
+            prop::collection::vec(
+                prop_oneof![
+                    3 => (0..4_u8, 0..6_u8, 0..3_usize, 1..40_i64)
+                        .prop_map(|(c, r, level, n)| Step::Consume { c, r, level, n }),
+                    1 => (0..4_u8).prop_map(|c| Step::Release { c }),
+                ],
+                1..40,
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Whatever the order of consumes, retries of the same request and releases, no
+            /// provider goes over its limit, usage plus available is the limit, usage is what
+            /// its entries hold, a refused request changes nothing, and a request sent again
+            /// counts once.
+            #[test]
+            fn no_provider_goes_over_its_limit_and_a_retry_counts_once(
+                limits in (1..120_i64, 1..120_i64, 1..120_i64),
+                steps in steps(),
+            ) {
+                let mut d = docs(vec![
+                    provider("org", limits.0, &[]),
+                    provider("team", limits.1, &["org"]),
+                    provider("project", limits.2, &["team", "org"]),
+                ]);
+                let levels = ["org", "team", "project"];
+                let mut sent: BTreeMap<(u8, u8), i64> = BTreeMap::new();
+                for step in steps {
+                    match step {
+                        Step::Consume { c, r, level, n } => {
+                            let req = Request::with_id(format!("c{c}"), format!("r{r}"))
+                                .take(ProviderId::new(levels[level], "cores"), n);
+                            let before = d.clone();
+                            match take(&req, &d, None, None, at(0)) {
+                                Ok(Take::Apply(writes)) => {
+                                    prop_assert!(!sent.contains_key(&(c, r)), "{req:?} applied twice");
+                                    sent.insert((c, r), n);
+                                    apply(&mut d, writes);
+                                }
+                                Ok(Take::Replay { .. }) => {
+                                    prop_assert!(sent.contains_key(&(c, r)), "{req:?} replayed unsent");
+                                }
+                                Err(QuotaError::QuotaExceeded { refusals, .. }) => {
+                                    prop_assert!(!refusals.is_empty());
+                                    prop_assert!(refusals.iter().all(|f| f.requested > f.available));
+                                }
+                                // The same id with another amount or provider.
+                                Err(QuotaError::RequestReused { .. }) => {
+                                    prop_assert!(sent.contains_key(&(c, r)));
+                                }
+                                Err(other) => prop_assert!(false, "{req:?}: {other}"),
+                            }
+                            if d != before {
+                                // Only an applied request changes anything.
+                                prop_assert!(sent.contains_key(&(c, r)));
+                            }
+                        }
+                        Step::Release { c } => {
+                            let consumer = format!("c{c}");
+                            let (writes, _) = remove(&d, |e| e.c == consumer, at(0));
+                            apply(&mut d, writes);
+                            sent.retain(|(sc, _), _| *sc != c);
+                        }
+                    }
+                    for (generation, doc) in d.values() {
+                        prop_assert!(*generation >= 7);
+                        prop_assert!(doc.usage >= 0 && doc.available >= 0, "{doc:?}");
+                        prop_assert_eq!(doc.usage + doc.available, doc.limit);
+                        let held: i64 = doc.held.iter().map(|e| e.n).sum();
+                        prop_assert_eq!(held, doc.usage, "{:?}", doc);
+                    }
+                    // An ancestor holds at least what its descendants hold.
+                    let usage = |scope: &str| d[&ProviderId::new(scope, "cores")].1.usage;
+                    prop_assert!(usage("org") >= usage("team") && usage("team") >= usage("project"));
+                }
+            }
+        }
     }
 }

@@ -6,9 +6,11 @@
 //! A provider (scope, resource) is one document in [`PROVIDERS_COLLECTION`] holding its limit,
 //! its usage, `available = limit - usage`, and one entry per (consumer, request) that holds part
 //! of it. Its document version is its *generation*: every change bumps it, so a reader that sees
-//! the same generation twice knows nothing changed, exactly as in the seed.
+//! the same generation twice knows nothing changed. This is the generation id of the reference
+//! design, a proposal for ordering concurrent quota consumptions with a per-provider counter that
+//! only grows.
 //!
-//! **The seed's algorithm** (read availability and generation, write only if the generation is
+//! **That design's algorithm** (read availability and generation, write only if the generation is
 //! unchanged, otherwise re-read and retry) is how every change that spans several providers is
 //! made: the decision is computed from what was read (`decide`), and the writes go through the
 //! transaction layer, each conditional on the generation read, so they land all together or not
@@ -34,10 +36,13 @@
 //! decides. Confirming one that has expired is [`QuotaError::ReservationExpired`] and changes
 //! nothing.
 
+mod access;
+mod consume;
 mod decide;
 mod error;
 mod model;
 mod ops;
+mod release;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -59,12 +64,12 @@ use model::ProviderDoc;
 
 /// Failpoints of the quota module (consulted through [`QuotaOptions::fault_injector`], which
 /// also reaches the transaction layer's own failpoints on multi-provider changes).
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod failpoint {
-    /// After a reservation was written, before it is returned: the reserving process "dies"
-    /// holding quota that only expiry and the GC give back.
-    pub const RESERVE_AFTER: &str = "quota.reserve.after";
-    /// After a consume was written, before it is returned.
-    pub const CONSUME_AFTER: &str = "quota.consume.after";
+    pub use crate::txn::failpoint::{
+        QUOTA_CONSUME_AFTER as CONSUME_AFTER, QUOTA_RESERVE_AFTER as RESERVE_AFTER,
+    };
     /// Every quota failpoint name.
     pub const ALL: &[&str] = &[RESERVE_AFTER, CONSUME_AFTER];
 }
@@ -133,6 +138,8 @@ impl QuotaOptions {
         self
     }
 
+    #[cfg(feature = "testkit")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     /// Installs a fault injector (tests): consulted at the quota [`failpoint`]s and at the
     /// transaction layer's.
     pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> QuotaOptions {
@@ -263,9 +270,7 @@ impl Quota {
             .timeout(options.txn_timeout)
             .retry(options.retry)
             .finish(Finish::BeforeReturning);
-        if let Some(faults) = &options.faults {
-            txn_options = txn_options.fault_injector(Arc::clone(faults));
-        }
+        txn_options.faults = options.faults.clone();
         let quota = Quota {
             store: store.clone(),
             txns: Transactions::with_options(store, txn_options),

@@ -120,7 +120,8 @@ pub struct Provider {
     pub available: i64,
     /// The part of `usage` held by reservations not yet confirmed.
     pub reserved: i64,
-    /// Bumped by every change, as in the seed: equal generations mean nothing changed.
+    /// Bumped by every change, like the generation id of the quota's reference design: equal
+    /// generations mean nothing changed.
     pub generation: i64,
     /// The provider this one also consumes from.
     pub parent: Option<ProviderId>,

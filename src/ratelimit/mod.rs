@@ -28,15 +28,18 @@
 //! worker's estimate of the server's clock, which only affects fairness, never the bound.) The writes also prune entries that stopped counting, so
 //! the document stays as small as the traffic of one window.
 //!
-//! Priorities, the queue and the exhaustive model of the protocol ([`model`]) are described on
-//! [`RateLimits`] and in the README.
+//! Priorities and the queue are described on [`RateLimits`]; the exhaustive model of the protocol
+//! (`model`) comes with the `testkit` feature.
 
 mod error;
 mod limit;
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod model;
 mod ops;
 mod plan;
-#[cfg(feature = "cli")]
+#[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod simulator;
 
 use std::collections::HashMap;

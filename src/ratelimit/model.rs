@@ -1,13 +1,16 @@
-//! Exhaustive models of rate limiting across workers, after the seed's PlusCal models: the
-//! reservation protocol the limiter implements, and the naive check-then-call that the seed shows
-//! failing. [`explore`] visits every reachable state (breadth first, so a counterexample is a
-//! shortest one) and checks each against the model's property.
+//! Exhaustive models of rate limiting across workers, after the PlusCal models of the rate
+//! limiter's reference design (a worked TLA+ example in which a bulk caller and a few
+//! high-priority callers, on separate workers, share one API's call limit): the reservation
+//! protocol the limiter implements, and the naive check-then-call that the reference design shows
+//! failing, because another worker may call between a worker's check and its own call.
+//! [`explore`] visits every reachable state (breadth first, so a counterexample is a shortest
+//! one) and checks each against the model's property.
 //!
 //! Time is discrete: a tick is one step of the server's clock, and every process sees the same
 //! clock (the limiter's time comes from the server). A window is `window` consecutive ticks; the
 //! property is that **every** window, not only aligned ones, holds at most `limit` calls.
 
-pub use crate::explore::{explore, Explored, Model};
+pub use crate::testkit::explore::{explore, Explored, Model};
 
 /// The sizes of a model: `limit` calls per `window` ticks, of which `reserved` are kept for
 /// high-priority callers, one bulk process (one call at a time, any number of times) and
@@ -299,8 +302,8 @@ pub struct NaiveState {
     pub workers: Vec<Checker>,
 }
 
-/// The seed's check-then-call: each worker reads the shared count, then calls if it saw room,
-/// with other workers free to act in between.
+/// The check-then-call that the reference design shows failing: each worker reads the shared
+/// count, then calls if it saw room, with other workers free to act in between.
 #[derive(Debug, Clone, Copy)]
 pub struct NaiveModel(pub Sizes);
 

@@ -1,4 +1,7 @@
 //! The rate limiter's operations: define, reserve (try once, or wait), settle, read.
+//!
+//! (A little over 700 lines: each operation is one conditional write and the read that explains
+//! its refusal, and the pure parts, the writes' filters and updates, are already in `plan`.)
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
@@ -19,7 +22,7 @@ use crate::ratelimit::plan::{
 };
 use crate::ratelimit::RateLimits;
 use crate::server::clock::plus;
-use crate::server::probe;
+use crate::server::codes;
 
 /// The longest limiter name (it is the document id).
 pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
@@ -116,7 +119,7 @@ impl RateLimits {
                 Ok(Some(doc)) => break doc,
                 Ok(None) => {}
                 // Two definers raced on the upsert; the loser finds the winner's document.
-                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) && attempt < 3 => {}
+                Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) && attempt < 3 => {}
                 Err(e) => return Err(self.db_error(name, "define", e)),
             }
             if attempt >= 3 {
@@ -177,6 +180,21 @@ impl RateLimits {
 
     /// Reserves `n` calls on every limiter in `limiters` (all of them or none), waiting for
     /// room up to [`RateLimitOptions::max_wait`](crate::ratelimit::RateLimitOptions::max_wait).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limits: mongotx::ratelimit::RateLimits)
+    /// # -> Result<(), mongotx::ratelimit::RateLimitError> {
+    /// use std::time::Duration;
+    /// use mongotx::ratelimit::{Limit, Priority};
+    ///
+    /// limits.define("partner-api", Limit::new(100, Duration::from_secs(60))).await?;
+    /// let reservation = limits.reserve(&["partner-api"], 1, Priority::High).await?;
+    /// // ... make the call, then say how many were made (unused calls go back):
+    /// limits.settle(&reservation, 1).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn reserve(
         &self,
         limiters: &[&str],

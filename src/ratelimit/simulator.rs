@@ -149,7 +149,7 @@ impl Simulator {
             .route("/call", get(call).post(call))
             .route("/report", get(report))
             .with_state(shared.clone());
-        let (addr, stop) = crate::server::http::serve_local(app, "the API simulator").await?;
+        let (addr, stop) = crate::testkit::http::serve_local(app, "the API simulator").await?;
         Ok(Simulator {
             addr,
             shared,

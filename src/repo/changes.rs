@@ -381,4 +381,85 @@ mod tests {
         );
         assert!(Adjust::new().by("x", i64::MIN).negated().is_none());
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Dotted paths of one to four components, letters only (so always usable).
+        fn path() -> impl Strategy<Value = String> {
+            prop::collection::vec("[a-z]{1,3}", 1..5).prop_map(|parts| parts.join("."))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// A usable path set on a document reads back the value set; unset, it reads as
+            /// nothing; the other paths set before keep their values unless one contains the
+            /// other.
+            #[test]
+            fn set_then_get_and_unset_agree(paths in prop::collection::vec(path(), 1..6), v in any::<i64>()) {
+                let mut doc = Document::new();
+                let mut kept: Vec<&str> = Vec::new();
+                for (i, p) in paths.iter().enumerate() {
+                    prop_assert_eq!(path_problem(p), None);
+                    if kept.iter().any(|k| *k == p.as_str() || is_prefix(k, p) || is_prefix(p, k)) {
+                        continue;
+                    }
+                    set_path(&mut doc, p, Bson::Int64(v.wrapping_add(i as i64))).expect("set");
+                    kept.push(p);
+                }
+                for (i, p) in paths.iter().enumerate() {
+                    if kept.contains(&p.as_str()) && paths.iter().position(|q| q == p) == Some(i) {
+                        prop_assert_eq!(get_path(&doc, p), Some(&Bson::Int64(v.wrapping_add(i as i64))));
+                    }
+                }
+                let first = kept[0];
+                unset_path(&mut doc, first);
+                prop_assert_eq!(get_path(&doc, first), None);
+                prop_assert_eq!(overlapping(&kept), None);
+            }
+
+            /// Paths that contain one another always overlap; a path with an empty, `$` or
+            /// all-digit component is never usable.
+            #[test]
+            fn overlaps_and_unusable_paths_are_found(p in path(), q in "[a-z]{1,3}", bad in 0..4_usize) {
+                let child = format!("{p}.{q}");
+                prop_assert!(overlapping(&[&p, &child]).is_some());
+                prop_assert!(overlapping(&[&child, &p]).is_some());
+                prop_assert!(overlapping(&[&p, &p]).is_some());
+                let unusable = match bad {
+                    0 => format!("{p}..{q}"),
+                    1 => format!("{p}.${q}"),
+                    2 => format!("{p}.0"),
+                    _ => format!(".{p}"),
+                };
+                prop_assert!(path_problem(&unusable).is_some(), "{}", unusable);
+            }
+
+            /// Adding 64-bit integers is exact or refused (never wraps), and an adjust followed
+            /// by its negation leaves the number where it was.
+            #[test]
+            fn increments_never_wrap_and_negation_undoes_them(a in any::<i64>(), b in any::<i64>(), p in path()) {
+                let exact = i128::from(a) + i128::from(b);
+                match add(&Bson::Int64(a), &Bson::Int64(b)) {
+                    Some(Bson::Int64(sum)) => prop_assert_eq!(i128::from(sum), exact),
+                    None => prop_assert!(i64::try_from(exact).is_err()),
+                    other => prop_assert!(false, "{:?}", other),
+                }
+                let mut doc = Document::new();
+                set_path(&mut doc, &p, Bson::Int64(a)).expect("set");
+                let adjust = Adjust::new().by(p.clone(), b);
+                if adjust.apply_to(&mut doc).is_ok() {
+                    let back = adjust.negated();
+                    if let Some(back) = back.filter(|n| n.apply_to(&mut doc).is_ok()) {
+                        let _ = back;
+                        prop_assert_eq!(get_path(&doc, &p), Some(&Bson::Int64(a)));
+                    }
+                } else {
+                    prop_assert!(i64::try_from(exact).is_err(), "{} + {} refused", a, b);
+                }
+            }
+        }
+    }
 }

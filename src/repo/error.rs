@@ -10,7 +10,7 @@ use bson::{oid::ObjectId, Bson};
 use thiserror::Error;
 
 use crate::repo::collection::SpecError;
-use crate::repo::hold::HoldError;
+use crate::repo::outcome::HoldError;
 use crate::server::clock::ClockError;
 use crate::server::summarize;
 

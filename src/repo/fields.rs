@@ -6,7 +6,6 @@
 
 use bson::{oid::ObjectId, Bson, Document};
 
-use crate::repo::hold::Hold;
 use crate::repo::schema::BsonType;
 
 /// Stored name of the schema version: which shape of the document this is (`long`).
@@ -151,19 +150,8 @@ impl SystemFields {
     }
 }
 
-/// The hold a held document describes itself with; `Err` when it is missing or unreadable.
-pub(crate) fn read_hold(doc: &Document) -> Result<Hold, String> {
-    match doc.get(HOLD) {
-        Some(Bson::Document(hold)) => bson::from_document(hold.clone())
-            .map_err(|e| format!("system field `{HOLD}` cannot be read: {e}")),
-        Some(other) => Err(mistyped(HOLD, "an object", other)),
-        None => Err(format!(
-            "the document is held (`{ACTIVE_TXN}` is set) but carries no `{HOLD}`"
-        )),
-    }
-}
-
-fn mistyped(name: &str, expected: &str, found: &Bson) -> String {
+/// The message for system field `name` holding `found` where it must hold `expected`.
+pub(crate) fn mistyped(name: &str, expected: &str, found: &Bson) -> String {
     format!(
         "system field `{name}` must be {expected}, found {}",
         BsonType::of(found)

@@ -14,7 +14,7 @@
 //! Processes cache the floor for at most `refresh`; a purge deletes tombstones only once the floor
 //! covering them has been in place for `grace` (server time), longer than any cache lives, so no
 //! insert sent after the purge can use a floor that is too low. (An insert sent before the purge
-//! and delivered more than `grace - refresh` later could; the README lists this limit.)
+//! and delivered more than `grace - refresh` later could; docs/guarantees.md lists this limit.)
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use mongodb::options::UpdateOptions;
 use mongodb::{Collection, Database};
 
 use crate::repo::fields;
-use crate::server::probe;
+use crate::server::codes;
 
 /// Name of the collection of per-collection metadata.
 pub const META_COLLECTION: &str = "mongotx_meta";
@@ -137,7 +137,7 @@ pub(crate) async fn raise_floor(
             .await;
         match created {
             Ok(_) => return Ok(Some(now)),
-            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => continue,
+            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => continue,
             Err(e) => return Err(e),
         }
     }

@@ -5,27 +5,50 @@
 //! collection, its schema version, its upgrade steps and its JSON Schema; a [`Repository`] reads and
 //! writes the collection's documents, each stamped with the system fields in [`fields`].
 //!
-//! Inside, one idea per module: `schema` validates documents against MongoDB's `$jsonSchema`
-//! dialect; `changes` builds updates and increments; `ids` compares ids as the server does; `hold`
-//! defines how a document held by a transaction describes itself and what it means; `resolve`
-//! resolves one held document; `query` evaluates queries on committed values; `meta` keeps the
-//! registry of managed collections and their version floors; `write` is one conditional write as
-//! data. The layer never names the transaction layer: the store is handed a [`HoldResolver`]
+//! # Layout
+//!
+//! Three layers; a module imports only from its own layer and the ones before it, never in a
+//! cycle:
+//!
+//! 1. **Base pieces**, one idea per module: [`fields`] names the system fields; `ids` compares ids
+//!    as the server does; `schema` validates documents against MongoDB's `$jsonSchema` dialect;
+//!    `changes` builds updates and increments; `collection` defines a collection; `outcome` is
+//!    what a holder's record says and why a hold could not be resolved; `error` is the
+//!    repository's error type; `meta` keeps the registry of managed collections and their version
+//!    floors; `store` is the [`Store`], its settings and the seam to the transaction layer;
+//!    `names` checks the names callers give the domain modules.
+//! 2. **The hold protocol**, in `hold/`: how a document held by a transaction describes itself,
+//!    how anyone resolves it, how a staging transaction is decided, and the conditional writes
+//!    (tombstones included) all of that uses.
+//! 3. **The CRUD layer**: `repository` reads and writes documents by id, with its input checks in
+//!    `checks` and, in `write_path`, the conditional write loop that waits for or resolves the
+//!    holds it meets; `query` evaluates queries on committed values and `find` runs them; `open`
+//!    opens collections (definition checks, indexes, validators).
+//!
+//! The layer never names the transaction layer: the store is handed a [`HoldResolver`]
 //! (by default [`RecordResolver`], which reads transaction records) for the one thing it cannot
 //! decide alone, a holder's outcome.
+//!
+//! [`Store`]: store::Store
+//! [`CollectionSpec`]: collection::CollectionSpec
+//! [`Repository`]: repository::Repository
+//! [`HoldResolver`]: store::HoldResolver
+//! [`RecordResolver`]: store::RecordResolver
 
 pub(crate) mod changes;
+pub(crate) mod checks;
 pub(crate) mod collection;
 pub(crate) mod error;
 pub mod fields;
+pub(crate) mod find;
 pub(crate) mod hold;
 pub(crate) mod ids;
 pub(crate) mod meta;
 pub(crate) mod names;
+pub(crate) mod open;
+pub(crate) mod outcome;
 pub(crate) mod query;
 pub(crate) mod repository;
-pub(crate) mod resolve;
 pub(crate) mod schema;
-pub(crate) mod staging;
 pub(crate) mod store;
-pub(crate) mod write;
+pub(crate) mod write_path;

@@ -26,7 +26,7 @@
 use bson::{doc, oid::ObjectId, Bson, Document};
 
 use crate::repo::fields;
-use crate::repo::hold::{self, ALWAYS_UNSET};
+use crate::repo::hold::held::{self as hold, ALWAYS_UNSET};
 
 /// Field the first pass adds to tell free documents (1) from held candidates (0).
 pub(crate) const KNOWN_TAG: &str = "_mongotx_known";
@@ -424,6 +424,68 @@ pub(crate) fn unknown_holder(result: &Document) -> Option<ObjectId> {
         }
         _ => None,
     }
+}
+
+/// Why a projection cannot be used, if it cannot: only inclusions (`1`/`true`) or only
+/// exclusions (`0`/`false`) of the caller's own fields; no computed fields, no system fields, and
+/// never an excluded `_id` (every result carries its id).
+pub(crate) fn projection_problem(projection: &Document) -> Option<String> {
+    let mut including = None;
+    for (key, value) in projection {
+        let name = key.split('.').next().unwrap_or(key);
+        if key.is_empty() || key.split('.').any(str::is_empty) || key.starts_with('$') {
+            return Some(format!(
+                "the projection names `{key}`, which is not a field path"
+            ));
+        }
+        if HIDDEN.contains(&name) || name.starts_with("_mongotx") || fields::ALL.contains(&name) {
+            return Some(format!(
+                "the projection names `{key}`, a system field (mongotx reads those itself)"
+            ));
+        }
+        let include = match value {
+            Bson::Boolean(b) => *b,
+            Bson::Int32(1) | Bson::Int64(1) => true,
+            Bson::Int32(0) | Bson::Int64(0) => false,
+            Bson::Double(d) if *d == 1.0 || *d == 0.0 => *d == 1.0,
+            other => {
+                return Some(format!(
+                    "the projection gives `{key}` the value {other}; use 1 to include a field or 0 to exclude it"
+                ))
+            }
+        };
+        if key == "_id" {
+            if !include {
+                return Some("the projection excludes `_id`; every result carries its id".into());
+            }
+            continue;
+        }
+        match including {
+            Some(mode) if mode != include => {
+                return Some(
+                    "the projection mixes inclusions and exclusions; use one or the other".into(),
+                )
+            }
+            _ => including = Some(include),
+        }
+    }
+    None
+}
+
+/// The `$project` stage of a checked projection: an inclusion keeps the system fields and the
+/// first pass's tag too, which the results are read by.
+pub(crate) fn projection_stage(projection: &Document) -> Document {
+    let mut stage = projection.clone();
+    let includes = projection.iter().any(|(key, value)| {
+        key != "_id" && matches!(value, Bson::Boolean(true) | Bson::Int32(1) | Bson::Int64(1))
+            || matches!(value, Bson::Double(d) if key != "_id" && *d == 1.0)
+    });
+    if includes {
+        for name in fields::ALL.into_iter().chain([KNOWN_TAG]) {
+            stage.insert(name, 1);
+        }
+    }
+    doc! { "$project": stage }
 }
 
 #[cfg(test)]

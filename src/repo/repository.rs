@@ -6,6 +6,9 @@
 //! stored in an older shape that must be upgraded first). A held document is waited for, or, once
 //! its holder's outcome is decided or its deadline has passed, resolved on the spot from the hold it
 //! carries (see `hold`).
+//!
+//! The type, its public calls, its reads and its errors are here; the lock-wait write path behind
+//! update, adjust, replace and delete is in `write_path`, the input checks are in `checks`.
 
 use std::collections::BTreeSet;
 use std::marker::PhantomData;
@@ -14,21 +17,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, oid::ObjectId, Bson, Document};
-use futures::TryStreamExt;
 use mongodb::Collection;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::repo::changes::{self, Adjust, Update};
+use crate::repo::changes::{Adjust, Update};
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
-use crate::repo::hold::{HoldError, HoldKind, TxnStatus};
-use crate::repo::query;
-use crate::repo::resolve::{self, Committed, Settled};
+use crate::repo::hold::held::{self, HoldKind};
+use crate::repo::hold::resolve::{self, Committed};
+use crate::repo::outcome::HoldError;
 use crate::repo::schema::{BsonType, Violation};
 use crate::repo::store::Store;
-use crate::server::{clock, probe};
+use crate::server::clock;
+use crate::server::codes;
 
 /// The version a document has right after insert into a collection that was never purged.
 pub const FIRST_VERSION: i64 = 1;
@@ -61,41 +64,6 @@ impl<T> Stamped<T> {
     }
 }
 
-/// A query over live documents, evaluated on committed values: filter, sort and limit.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Query {
-    filter: Document,
-    sort: Option<Document>,
-    limit: Option<i64>,
-}
-
-impl Query {
-    /// Matches every live document.
-    pub fn new() -> Query {
-        Query::default()
-    }
-
-    /// Restricts to documents matching a MongoDB filter.
-    pub fn filter(mut self, filter: Document) -> Query {
-        self.filter = filter;
-        self
-    }
-
-    /// Sorts the results (MongoDB sort document, e.g. `doc! { "name": 1 }`).
-    pub fn sort(mut self, sort: Document) -> Query {
-        self.sort = Some(sort);
-        self
-    }
-
-    /// Returns at most `limit` documents (0 means no limit, as in the driver). A negative limit
-    /// is refused by [`Repository::find`] (`InvalidQuery`): the driver reads it as "one batch of
-    /// that size", which a query on committed values has no use for.
-    pub fn limit(mut self, limit: i64) -> Query {
-        self.limit = (limit != 0).then_some(limit);
-        self
-    }
-}
-
 /// A typed collection of stamped documents.
 ///
 /// ```no_run
@@ -116,10 +84,10 @@ impl Query {
 /// # Ok(()) }
 /// ```
 pub struct Repository<T> {
-    store: Store,
-    spec: Arc<CollectionSpec>,
-    coll: Collection<Document>,
-    id_types: Arc<BTreeSet<BsonType>>,
+    pub(super) store: Store,
+    pub(super) spec: Arc<CollectionSpec>,
+    pub(super) coll: Collection<Document>,
+    pub(super) id_types: Arc<BTreeSet<BsonType>>,
     _type: PhantomData<fn() -> T>,
 }
 
@@ -145,30 +113,22 @@ impl<T> std::fmt::Debug for Repository<T> {
 }
 
 /// The change a conditional write applies.
-enum Change<'a> {
+pub(super) enum Change<'a> {
     Update(&'a Update),
     Adjust(&'a Adjust),
     Replace(Document),
     Delete,
 }
 
-/// What a failed conditional write should do next, after looking at the document.
-enum Next {
-    Retry,
-    Wait(ObjectId),
-    Fail(RepoError),
-    Upgrade(Document, i64),
-}
-
 /// Waiting for holders, bounded by the store's lock-wait policy.
-struct Waiter {
-    started: Instant,
-    pauses: u32,
-    last_holder: Option<ObjectId>,
+pub(super) struct Waiter {
+    pub(super) started: Instant,
+    pub(super) pauses: u32,
+    pub(super) last_holder: Option<ObjectId>,
 }
 
 impl Waiter {
-    fn new() -> Waiter {
+    pub(super) fn new() -> Waiter {
         Waiter {
             started: Instant::now(),
             pauses: 0,
@@ -234,7 +194,7 @@ where
                 }
                 Err(e) => e,
             };
-            if probe::error_code(&error) != Some(probe::DUPLICATE_KEY) {
+            if codes::error_code(&error) != Some(codes::DUPLICATE_KEY) {
                 return Err(self.write_error(&shown, "insert", error));
             }
             if let Some(index) = other_index(&error) {
@@ -251,8 +211,7 @@ where
             let Some(holder) = sys.active_txn else {
                 return Err(taken());
             };
-            let hold =
-                fields::read_hold(&stored).map_err(|reason| self.malformed(&shown, reason))?;
+            let hold = held::read_hold(&stored).map_err(|reason| self.malformed(&shown, reason))?;
             if hold.op != HoldKind::Insert {
                 return Err(taken());
             }
@@ -311,97 +270,6 @@ where
             }),
             Committed::Absent => Err(not_found()),
         }
-    }
-
-    /// Finds live documents matching the query, with filter, sort and limit evaluated on
-    /// committed values (tombstones and uncommitted changes are never seen).
-    ///
-    /// Never waits for a transaction and never fails because a document is held: a held
-    /// document reads as its committed value. The cost does not depend on what is held
-    /// elsewhere: one command when nothing the filter can match is held; otherwise at most four
-    /// plus one per collection that the holders' staging transactions touch (see `repo::query`
-    /// and `HoldResolver::statuses`), and one more under a limit when over a thousand held
-    /// documents can match. (Long results add the cursor's `getMore`s, as any query's do.)
-    pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {
-        if let Some(reason) = query::problem(&query.filter, query.sort.as_ref(), query.limit) {
-            return Err(RepoError::InvalidQuery {
-                collection: self.name().to_string(),
-                reason,
-            });
-        }
-        let (filter, sort, limit) = (&query.filter, query.sort.as_ref(), query.limit);
-        // Under a limit the whole first pass fits one reply (held candidates are a few bytes).
-        let batch = limit.and_then(|l| u32::try_from(l.saturating_add(query::HOLDER_BATCH)).ok());
-        let rows = self
-            .aggregate(query::holders_pass(filter, sort, limit), batch)
-            .await?;
-        let mut holders: Vec<ObjectId> = rows.iter().filter_map(query::unknown_holder).collect();
-        if holders.is_empty() {
-            // The pass left room for held candidates beyond the limit; there were none.
-            let limit = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(0));
-            return rows
-                .into_iter()
-                .take(limit)
-                .map(|row| self.decode_row(row))
-                .collect();
-        }
-        // Under a limit the held candidates come first; a pass they filled may have left some.
-        if limit.is_some_and(|l| holders.len() as i64 >= l.saturating_add(query::HOLDER_BATCH)) {
-            let all = self
-                .aggregate(query::holders_of(filter), Some(u32::MAX >> 1))
-                .await?;
-            holders.extend(all.iter().filter_map(|row| row.get_object_id("_id").ok()));
-        }
-        holders.sort();
-        holders.dedup();
-        let mut committed: Vec<ObjectId> = Vec::new();
-        if let Some(first) = holders.first().copied() {
-            let statuses = self
-                .store
-                .inner
-                .resolver
-                .statuses(&self.store, &holders)
-                .await
-                .map_err(|source| self.hold_error("*", first, source))?;
-            committed.extend(
-                statuses
-                    .into_iter()
-                    .filter(|(_, status)| *status == TxnStatus::Committed)
-                    .map(|(txn, _)| txn),
-            );
-        }
-        let batch = limit.and_then(|l| u32::try_from(l).ok());
-        self.aggregate(query::values_pass(filter, sort, limit, &committed), batch)
-            .await?
-            .into_iter()
-            .map(|row| self.decode_row(row))
-            .collect()
-    }
-
-    async fn aggregate(
-        &self,
-        stages: Vec<Document>,
-        batch: Option<u32>,
-    ) -> Result<Vec<Document>, RepoError> {
-        let mut action = self.coll.aggregate(stages);
-        if let Some(batch) = batch {
-            action = action.batch_size(batch);
-        }
-        // A filter the server cannot read is refused before it is sent (`query::problem`); what
-        // the server still refuses is reported as its error, whole, as the source.
-        action
-            .await
-            .map_err(|e| self.db_error("*", "find", e))?
-            .try_collect()
-            .await
-            .map_err(|e| self.db_error("*", "find", e))
-    }
-
-    fn decode_row(&self, mut row: Document) -> Result<Stamped<T>, RepoError> {
-        row.remove(query::KNOWN_TAG);
-        let id = row.get("_id").cloned().unwrap_or(Bson::Null);
-        let shown = show_id(&id);
-        self.decode(&id, &shown, row)
     }
 
     /// Sets and unsets fields of the document at `expected_version`; returns the new version.
@@ -492,254 +360,6 @@ where
             .await
     }
 
-    // ----- the conditional write loop -----
-
-    async fn write(&self, id: Bson, expected: i64, change: Change<'_>) -> Result<i64, RepoError> {
-        let shown = show_id(&id);
-        let new_version = expected + 1;
-        let current = self.spec.schema_version();
-        let filter = self.happy_filter(&id, expected, &change);
-        let mut waiter = Waiter::new();
-        loop {
-            let written = match &change {
-                Change::Delete => {
-                    self.store
-                        .write_tombstone(&self.coll, filter.clone(), &id, current, new_version)
-                        .await
-                }
-                Change::Replace(value) => {
-                    let mut replacement = value.clone();
-                    self.stamp(&mut replacement, new_version);
-                    self.coll
-                        .replace_one(filter.clone(), replacement)
-                        .await
-                        .map(|r| r.matched_count)
-                }
-                Change::Update(_) | Change::Adjust(_) => self
-                    .coll
-                    .update_one(filter.clone(), self.happy_update(new_version, &change))
-                    .await
-                    .map(|r| r.matched_count),
-            };
-            match written {
-                Ok(1) => {
-                    tracing::debug!(collection = self.name(), id = %shown, version = new_version, "{}", change.verb());
-                    return Ok(new_version);
-                }
-                Ok(_) => {}
-                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                    let index = other_index(&e).unwrap_or_else(|| "_id_".to_string());
-                    return Err(self.duplicate_key(&shown, index));
-                }
-                Err(e) => return Err(self.write_error(&shown, change.verb(), e)),
-            }
-
-            match self
-                .diagnose(&id, &shown, expected, current, &change)
-                .await?
-            {
-                Next::Fail(error) => return Err(error),
-                Next::Upgrade(stored, stored_schema) => {
-                    if self
-                        .write_upgraded(&id, &shown, expected, stored, stored_schema, &change)
-                        .await?
-                    {
-                        return Ok(new_version);
-                    }
-                }
-                Next::Retry => {}
-                Next::Wait(holder) => self.wait_for(&id, &shown, holder, &mut waiter).await?,
-            }
-            if waiter.started.elapsed() >= self.store.inner.lock_wait.max_wait {
-                return Err(self.locked(&shown, &waiter));
-            }
-        }
-    }
-
-    /// Deals with document `id` held by `holder`: resolves it if its outcome is decided or its
-    /// deadline passed, else pauses; fails with `Locked` once the lock-wait budget is spent.
-    async fn wait_for(
-        &self,
-        id: &Bson,
-        shown: &str,
-        holder: ObjectId,
-        waiter: &mut Waiter,
-    ) -> Result<(), RepoError> {
-        let lock_wait = self.store.inner.lock_wait;
-        let settled = resolve::settle(&self.store, self.name(), id, holder)
-            .await
-            .map_err(|source| self.hold_error(shown, holder, source))?;
-        // A resolved holder is retried at once, unless the same one is still there.
-        let again = waiter.last_holder == Some(holder);
-        waiter.last_holder = Some(holder);
-        if settled == Settled::Freed && !again {
-            return Ok(());
-        }
-        if waiter.started.elapsed() >= lock_wait.max_wait {
-            return Err(self.locked(shown, waiter));
-        }
-        tokio::time::sleep(lock_wait.backoff(waiter.pauses)).await;
-        waiter.pauses += 1;
-        Ok(())
-    }
-
-    fn locked(&self, shown: &str, waiter: &Waiter) -> RepoError {
-        RepoError::Locked {
-            collection: self.name().to_string(),
-            id: shown.to_string(),
-            holder: waiter.last_holder,
-            waited: waiter.started.elapsed(),
-        }
-    }
-
-    /// The filter of the single write attempted first.
-    fn happy_filter(&self, id: &Bson, expected: i64, change: &Change<'_>) -> Document {
-        let current = self.spec.schema_version();
-        let mut filter = doc! {
-            "_id": id.clone(),
-            fields::VERSION: expected,
-            fields::ACTIVE_TXN: null,
-            fields::DELETED: null,
-        };
-        match change {
-            // Field-level changes are only safe on documents already in the current shape.
-            Change::Update(_) => {
-                filter.insert(fields::SCHEMA_VERSION, current);
-            }
-            Change::Adjust(adjust) => {
-                filter.insert(fields::SCHEMA_VERSION, current);
-                filter.insert("$and", adjust.applicable());
-            }
-            // A whole new value (or a tombstone) may replace any older shape.
-            Change::Replace(_) | Change::Delete => {
-                filter.insert(fields::SCHEMA_VERSION, doc! { "$lte": current });
-            }
-        }
-        filter
-    }
-
-    /// The update document of a field-level change.
-    fn happy_update(&self, new_version: i64, change: &Change<'_>) -> Document {
-        match change {
-            Change::Update(update) => {
-                let mut set = doc! {};
-                for (path, value) in update.sets() {
-                    set.insert(path.clone(), value.clone());
-                }
-                set.insert(fields::VERSION, new_version);
-                let mut op = doc! { "$set": set };
-                if !update.unsets().is_empty() {
-                    let unset: Document = update
-                        .unsets()
-                        .iter()
-                        .map(|p| (p.clone(), Bson::String(String::new())))
-                        .collect();
-                    op.insert("$unset", unset);
-                }
-                op
-            }
-            Change::Adjust(adjust) => {
-                let inc: Document = adjust
-                    .increments()
-                    .iter()
-                    .map(|(p, v)| (p.clone(), v.clone()))
-                    .collect();
-                doc! { "$inc": inc, "$set": { fields::VERSION: new_version } }
-            }
-            Change::Replace(_) | Change::Delete => doc! {},
-        }
-    }
-
-    /// Reads the document after a write matched nothing and decides what to do.
-    async fn diagnose(
-        &self,
-        id: &Bson,
-        shown: &str,
-        expected: i64,
-        current: i64,
-        change: &Change<'_>,
-    ) -> Result<Next, RepoError> {
-        let Some(stored) = self.read_raw(id, shown).await? else {
-            return Ok(Next::Fail(RepoError::NotFound {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-            }));
-        };
-        let sys = self.system_fields(shown, &stored)?;
-        if sys.is_deleted() {
-            return Ok(Next::Fail(RepoError::Deleted {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-                version: sys.version,
-            }));
-        }
-        if let Some(holder) = sys.active_txn {
-            return Ok(Next::Wait(holder));
-        }
-        if sys.schema_version > current {
-            return Ok(Next::Fail(self.too_new(shown, sys.schema_version)));
-        }
-        if sys.version != expected {
-            return Ok(Next::Fail(RepoError::VersionConflict {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-                expected,
-                actual: sys.version,
-            }));
-        }
-        if sys.schema_version < current && matches!(change, Change::Update(_) | Change::Adjust(_)) {
-            return Ok(Next::Upgrade(stored, sys.schema_version));
-        }
-        if let Change::Adjust(adjust) = change {
-            if let Some(error) = self.increment_refused(shown, adjust, &stored) {
-                return Ok(Next::Fail(error));
-            }
-        }
-        // The document matches now: a holder came and went between the write and the read.
-        Ok(Next::Retry)
-    }
-
-    /// Applies a field-level change to an older-shape document by upgrading it in memory and
-    /// replacing it whole, still conditional on the version and stored shape read.
-    async fn write_upgraded(
-        &self,
-        id: &Bson,
-        shown: &str,
-        expected: i64,
-        stored: Document,
-        stored_schema: i64,
-        change: &Change<'_>,
-    ) -> Result<bool, RepoError> {
-        let mut doc = self.upgrade(shown, stored, stored_schema)?;
-        let applied = match change {
-            Change::Update(update) => update.apply_to(&mut doc),
-            Change::Adjust(adjust) => adjust.apply_to(&mut doc),
-            Change::Replace(_) | Change::Delete => Ok(()),
-        };
-        applied.map_err(|violation| self.invalid(shown, violation))?;
-        self.stamp(&mut doc, expected + 1);
-        self.validate(shown, &doc)?;
-        let filter = doc! {
-            "_id": id.clone(),
-            fields::VERSION: expected,
-            fields::SCHEMA_VERSION: stored_schema,
-            fields::ACTIVE_TXN: null,
-            fields::DELETED: null,
-        };
-        let result = match self.coll.replace_one(filter, doc).await {
-            Ok(result) => result,
-            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                let index = other_index(&e).unwrap_or_else(|| "_id_".to_string());
-                return Err(self.duplicate_key(shown, index));
-            }
-            Err(e) => return Err(self.write_error(shown, change.verb(), e)),
-        };
-        if result.matched_count == 1 {
-            tracing::info!(collection = self.name(), id = %shown, from = stored_schema, to = self.spec.schema_version(), "upgraded document on write");
-        }
-        Ok(result.matched_count == 1)
-    }
-
     // ----- reading -----
 
     /// The stored document under `id`, exactly as stored.
@@ -785,7 +405,12 @@ where
     }
 
     /// Turns a committed document (system fields included, no hold) into the caller's value.
-    fn decode(&self, id: &Bson, shown: &str, doc: Document) -> Result<Stamped<T>, RepoError> {
+    pub(super) fn decode(
+        &self,
+        id: &Bson,
+        shown: &str,
+        doc: Document,
+    ) -> Result<Stamped<T>, RepoError> {
         let sys = self.system_fields(shown, &doc)?;
         if sys.schema_version > self.spec.schema_version() {
             return Err(self.too_new(shown, sys.schema_version));
@@ -836,219 +461,6 @@ where
         Ok(upgraded)
     }
 
-    // ----- input checks (all run before anything touches the database) -----
-
-    pub(crate) fn check_write(&self, id: &Bson, expected: i64) -> Result<(), RepoError> {
-        self.check_id(id)?;
-        // i64::MAX has no next version to write.
-        if !(FIRST_VERSION..i64::MAX).contains(&expected) {
-            return Err(RepoError::InvalidVersion {
-                collection: self.name().to_string(),
-                id: show_id(id),
-                version: expected,
-            });
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_id(&self, id: &Bson) -> Result<(), RepoError> {
-        let found = BsonType::of(id);
-        if self.id_types.contains(&found) {
-            return Ok(());
-        }
-        Err(RepoError::InvalidId {
-            collection: self.name().to_string(),
-            id: show_id(id),
-            found: found.alias().to_string(),
-            expected: self
-                .id_types
-                .iter()
-                .map(|t| t.alias())
-                .collect::<Vec<_>>()
-                .join(" or "),
-        })
-    }
-
-    fn check_paths<'a>(
-        &self,
-        shown: &str,
-        paths: impl Iterator<Item = &'a str>,
-    ) -> Result<(), RepoError> {
-        let paths: Vec<&str> = paths.collect();
-        for path in &paths {
-            if fields::is_system_path(path) {
-                return Err(RepoError::SystemField {
-                    collection: self.name().to_string(),
-                    id: shown.to_string(),
-                    field: path.to_string(),
-                });
-            }
-            let problem = if *path == "_id" || path.starts_with("_id.") {
-                Some("`_id` cannot be changed")
-            } else {
-                changes::path_problem(path)
-            };
-            if let Some(reason) = problem {
-                return Err(self.invalid(
-                    shown,
-                    Violation {
-                        field: path.to_string(),
-                        reason: reason.to_string(),
-                    },
-                ));
-            }
-        }
-        if let Some((a, b)) = changes::overlapping(&paths) {
-            return Err(self.invalid(
-                shown,
-                Violation {
-                    field: b.to_string(),
-                    reason: format!("conflicts with `{a}` in the same change"),
-                },
-            ));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_update(&self, shown: &str, update: &Update) -> Result<(), RepoError> {
-        if update.is_empty() {
-            return Err(self.empty(shown));
-        }
-        self.check_paths(shown, update.paths())?;
-        let schema = self.spec.schema();
-        for (path, value) in update.sets() {
-            if let Some((field, reason)) = fields::bad_name(value, path.split('.').count()) {
-                return Err(self.invalid(
-                    shown,
-                    Violation {
-                        field: format!("{path}.{field}"),
-                        reason: reason.to_string(),
-                    },
-                ));
-            }
-            schema
-                .validate_set(path, value)
-                .map_err(|v| self.invalid(shown, v))?;
-        }
-        for path in update.unsets() {
-            schema
-                .validate_unset(path)
-                .map_err(|v| self.invalid(shown, v))?;
-        }
-        Ok(())
-    }
-
-    /// `InvalidIncrement` if one of `adjust`'s increments cannot be added to `stored` (a 64-bit
-    /// overflow, or a stored value that is not a number).
-    pub(crate) fn increment_refused(
-        &self,
-        shown: &str,
-        adjust: &Adjust,
-        stored: &Document,
-    ) -> Option<RepoError> {
-        adjust
-            .problem_on(stored)
-            .map(|(field, amount, reason)| RepoError::InvalidIncrement {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-                field: field.to_string(),
-                amount: amount.to_string(),
-                reason,
-            })
-    }
-
-    pub(crate) fn check_adjust(&self, shown: &str, adjust: &Adjust) -> Result<(), RepoError> {
-        if adjust.is_empty() {
-            return Err(self.empty(shown));
-        }
-        self.check_paths(shown, adjust.increments().iter().map(|(p, _)| p.as_str()))?;
-        let schema = self.spec.schema();
-        for (path, amount) in adjust.increments() {
-            if let Some(reason) = changes::increment_problem(amount) {
-                return Err(RepoError::InvalidIncrement {
-                    collection: self.name().to_string(),
-                    id: shown.to_string(),
-                    field: path.clone(),
-                    amount: amount.to_string(),
-                    reason: reason.to_string(),
-                });
-            }
-            let by = BsonType::of(amount);
-            match schema.allowed_types(path) {
-                // Undeclared: the schema may still forbid the field outright.
-                None => schema
-                    .validate_set(path, amount)
-                    .map_err(|v| self.invalid(shown, v))?,
-                Some(allowed) => {
-                    let numeric: Vec<BsonType> =
-                        allowed.iter().copied().filter(|t| t.is_numeric()).collect();
-                    let reason = if numeric.is_empty() {
-                        Some("the field is not numeric".to_string())
-                    } else {
-                        numeric
-                            .iter()
-                            .map(|t| (t, promoted(*t, by)))
-                            .find(|(_, result)| !allowed.contains(result))
-                            .map(|(t, result)| {
-                                format!(
-                                    "adding a {} to a {} field gives a {}, which the schema does not allow",
-                                    by.alias(),
-                                    t.alias(),
-                                    result.alias()
-                                )
-                            })
-                    };
-                    if let Some(reason) = reason {
-                        return Err(self.invalid(
-                            shown,
-                            Violation {
-                                field: path.clone(),
-                                reason,
-                            },
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    pub(crate) fn encode(&self, value: &T, shown: &str) -> Result<Document, RepoError> {
-        let doc = bson::to_document(value).map_err(|e| RepoError::Encode {
-            collection: self.name().to_string(),
-            reason: e.to_string(),
-        })?;
-        if let Some(field) = doc.keys().find(|k| fields::is_system_path(k)) {
-            return Err(RepoError::SystemField {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-                field: field.to_string(),
-            });
-        }
-        if let Some((field, reason)) = fields::bad_name_in(&doc) {
-            return Err(self.invalid(
-                shown,
-                Violation {
-                    field,
-                    reason: reason.to_string(),
-                },
-            ));
-        }
-        Ok(doc)
-    }
-
-    pub(crate) fn validate(&self, shown: &str, doc: &Document) -> Result<(), RepoError> {
-        self.spec
-            .schema()
-            .validate(doc)
-            .map_err(|v| self.invalid(shown, v))
-    }
-
-    pub(crate) fn stamp(&self, doc: &mut Document, version: i64) {
-        doc.insert(fields::SCHEMA_VERSION, self.spec.schema_version());
-        doc.insert(fields::VERSION, version);
-    }
-
     // ----- error helpers -----
 
     pub(crate) fn system_fields(
@@ -1072,7 +484,7 @@ where
         }
     }
 
-    fn empty(&self, shown: &str) -> RepoError {
+    pub(super) fn empty(&self, shown: &str) -> RepoError {
         RepoError::EmptyChange {
             collection: self.name().to_string(),
             id: shown.to_string(),
@@ -1101,7 +513,7 @@ where
         }
     }
 
-    fn hold_error(&self, shown: &str, holder: ObjectId, source: HoldError) -> RepoError {
+    pub(super) fn hold_error(&self, shown: &str, holder: ObjectId, source: HoldError) -> RepoError {
         RepoError::Hold {
             collection: self.name().to_string(),
             id: shown.to_string(),
@@ -1134,7 +546,7 @@ where
         operation: &'static str,
         source: mongodb::error::Error,
     ) -> RepoError {
-        if let Some((field, rule)) = probe::validation_failure(&source) {
+        if let Some((field, rule)) = codes::validation_failure(&source) {
             return RepoError::Refused {
                 collection: self.name().to_string(),
                 id: shown.to_string(),
@@ -1150,7 +562,7 @@ where
             mongodb::error::ErrorKind::InvalidArgument { message, .. } => {
                 message.contains("within") && message.contains("bytes")
             }
-            _ => probe::error_code(&source) == Some(10334),
+            _ => codes::error_code(&source) == Some(10334),
         };
         if too_large {
             return RepoError::Invalid {
@@ -1165,7 +577,7 @@ where
 }
 
 impl Change<'_> {
-    fn verb(&self) -> &'static str {
+    pub(super) fn verb(&self) -> &'static str {
         match self {
             Change::Update(_) => "update",
             Change::Adjust(_) => "adjust",
@@ -1176,17 +588,6 @@ impl Change<'_> {
 }
 
 /// The index a duplicate-key error names, when it is not the `_id` index.
-fn other_index(error: &mongodb::error::Error) -> Option<String> {
-    probe::duplicate_key_index(error).filter(|index| index != "_id_")
-}
-
-/// The BSON type `$inc` produces when adding a `by` to a `field` (ignoring int overflow).
-fn promoted(field: BsonType, by: BsonType) -> BsonType {
-    use BsonType::{Double, Int, Long};
-    match (field, by) {
-        (Double, _) | (_, Double) => Double,
-        (Long, _) | (_, Long) => Long,
-        (Int, Int) => Int,
-        (other, _) => other,
-    }
+pub(super) fn other_index(error: &mongodb::error::Error) -> Option<String> {
+    codes::duplicate_key_index(error).filter(|index| index != "_id_")
 }

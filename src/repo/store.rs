@@ -1,32 +1,27 @@
 //! The entry point: a database handle plus the settings every repository shares, and the services
 //! the layers above need from one place: the server's time, the durability of protocol writes,
-//! version floors and tombstone shapes.
+//! version floors. It also defines the one seam between the repository layer and the transaction
+//! layer, [`HoldResolver`]: the store is handed one (by default [`RecordResolver`]) for the one
+//! thing it cannot decide alone, a holder's outcome. Opening repositories is `open`'s; writing
+//! tombstones is the hold protocol's (`hold::tombstone`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bson::{doc, Bson, DateTime, Document};
-use futures::TryStreamExt;
-use mongodb::options::{CollectionOptions, IndexOptions, ReadConcern, WriteConcern};
-use mongodb::{Collection, Database, IndexModel};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use async_trait::async_trait;
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use mongodb::options::{CollectionOptions, ReadConcern, WriteConcern};
+use mongodb::{Collection, Database};
 use tokio::sync::OnceCell;
 
-use crate::repo::changes::set_path;
-use crate::repo::collection::{CollectionSpec, SpecError};
 use crate::repo::error::RepoError;
 use crate::repo::fields;
-use crate::repo::hold::{self, HoldResolver, RecordResolver};
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
-use crate::repo::repository::Repository;
-use crate::repo::schema::JsonSchema;
-use crate::repo::write::{self, Write};
+use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::server::clock::{self, ClockError, Durability, ServerClock, Topology};
-use crate::server::probe;
-use crate::server::semantics::{self, Semantic};
+use crate::server::semantics::Semantic;
 
 /// Default name of the collection holding ActiveTransaction records.
 pub const TRANSACTIONS_COLLECTION: &str = "mongotx_transactions";
@@ -112,19 +107,20 @@ pub(crate) struct StoreInner {
     pub(crate) lock_wait: LockWait,
     pub(crate) resolver: Arc<dyn HoldResolver>,
     txns_collection: String,
-    validation: ServerValidation,
-    validator_support: OnceCell<bool>,
-    check_server: bool,
+    pub(crate) validation: ServerValidation,
+    pub(crate) validator_support: OnceCell<bool>,
+    pub(crate) check_server: bool,
     /// What the server check found, once it could ask the server (an unreachable server is
     /// asked again next time).
-    server_checked: OnceCell<Result<(), Semantic>>,
+    pub(crate) server_checked: OnceCell<Result<(), Semantic>>,
     durability: Durability,
     topology: OnceCell<Topology>,
     clock: ServerClock,
     floor_refresh: Duration,
     floor_grace: Duration,
     floors: Mutex<HashMap<String, CachedFloor>>,
-    markers: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    /// The unique-index paths of each collection that tombstones mark (see `hold::tombstone`).
+    pub(crate) markers: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// When this process first met a hold of each transaction whose record was absent.
     absent_since: Mutex<HashMap<bson::oid::ObjectId, Instant>>,
     /// Whether a round of writes goes as one `bulkWrite`: the setting, until the server turns out
@@ -364,68 +360,8 @@ impl Store {
         Ok(self.inner.db.collection_with_options(name, options))
     }
 
-    /// Opens a typed repository: checks the definition, registers the collection, creates the
-    /// system indexes and installs the server-side validator where supported. Idempotent.
-    pub async fn repository<T>(&self, spec: CollectionSpec) -> Result<Repository<T>, RepoError>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync,
-    {
-        spec.check_upgrades()?;
-        let name = spec.name().to_string();
-        crate::repo::collection::check_name(self.transactions_collection())?;
-        // A repository there could overwrite the records and registrations the protocol runs on.
-        if name == self.transactions_collection() || name == META_COLLECTION {
-            return Err(SpecError::Name {
-                name,
-                reason: "mongotx keeps its own records there (transaction records or the collection registry)",
-            }
-            .into());
-        }
-        self.ensure_server_suits().await?;
-        let db_error = |operation: &'static str| {
-            let collection = name.clone();
-            move |source| RepoError::database(&collection, "*", operation, source)
-        };
-
-        if self.installs_validator().await {
-            self.install_validator(&spec)
-                .await
-                .map_err(db_error("installing the validator"))?;
-        } else {
-            tracing::info!(
-                collection = %name,
-                "server does not enforce $jsonSchema validators; documents are validated on the client only"
-            );
-        }
-
-        let coll = self.inner.db.collection::<Document>(&name);
-        // Sparse indexes: only tombstones and held documents carry these fields; purge, the GC's
-        // sweep and queries on committed values look documents up by them (a query finds the held
-        // documents whose pre-image may match it by the fields their holds changed).
-        let sparse = |field: &str| {
-            IndexModel::builder()
-                .keys(doc! { field: 1 })
-                .options(IndexOptions::builder().sparse(true).build())
-                .build()
-        };
-        coll.create_indexes([
-            sparse(fields::DELETED),
-            sparse(fields::ACTIVE_TXN),
-            sparse(hold::CHANGED_PATH),
-        ])
-        .await
-        .map_err(db_error("creating indexes"))?;
-        meta::register(&self.meta(), &name)
-            .await
-            .map_err(db_error("registering the collection"))?;
-        self.refresh_markers(&name)
-            .await
-            .map_err(db_error("listing indexes"))?;
-
-        Ok(Repository::new(self.clone(), Arc::new(spec), coll))
-    }
-
-    fn meta(&self) -> Collection<Document> {
+    /// The registry of managed collections (see `meta`).
+    pub(crate) fn meta(&self) -> Collection<Document> {
         self.inner.db.collection(META_COLLECTION)
     }
 
@@ -514,115 +450,6 @@ impl Store {
         Ok(purged)
     }
 
-    /// The paths tombstones of `collection` fill with a per-document marker: the first key of every
-    /// unique index that would otherwise index all tombstones under one missing (null) key.
-    async fn refresh_markers(&self, collection: &str) -> mongodb::error::Result<Arc<Vec<String>>> {
-        let indexes: Vec<IndexModel> = self
-            .inner
-            .db
-            .collection::<Document>(collection)
-            .list_indexes()
-            .await?
-            .try_collect()
-            .await?;
-        let paths: Vec<String> = indexes
-            .iter()
-            .filter(|index| {
-                let options = index.options.as_ref();
-                options.and_then(|o| o.unique) == Some(true)
-                    && options.and_then(|o| o.sparse) != Some(true)
-                    && options
-                        .and_then(|o| o.partial_filter_expression.as_ref())
-                        .is_none()
-            })
-            .filter_map(|index| index.keys.keys().next().cloned())
-            .filter(|path| path != "_id")
-            .collect();
-        let paths = Arc::new(paths);
-        if let Ok(mut markers) = self.inner.markers.lock() {
-            markers.insert(collection.to_string(), Arc::clone(&paths));
-        }
-        Ok(paths)
-    }
-
-    fn markers(&self, collection: &str) -> Arc<Vec<String>> {
-        self.inner
-            .markers
-            .lock()
-            .ok()
-            .and_then(|markers| markers.get(collection).cloned())
-            .unwrap_or_default()
-    }
-
-    /// Replaces what `filter` matches in `coll` by the tombstone of `id` at `version`; refreshes
-    /// the tombstone's unique-index markers and tries again if a unique index refuses it.
-    pub(crate) async fn write_tombstone(
-        &self,
-        coll: &Collection<Document>,
-        filter: Document,
-        id: &Bson,
-        schema_version: i64,
-        version: i64,
-    ) -> mongodb::error::Result<u64> {
-        let write = self
-            .tombstone_write(coll.name(), filter.clone(), id, schema_version, version)
-            .await?;
-        let sent = write::run(coll, &write).await;
-        self.after_tombstone(coll, filter, id, schema_version, version, sent)
-            .await
-    }
-
-    /// The replacement of what `filter` matches in collection `name` by the tombstone of `id` at
-    /// `version`, with the unique-index markers this process knows of (see
-    /// [`after_tombstone`](Store::after_tombstone) for when they are out of date).
-    pub(crate) async fn tombstone_write(
-        &self,
-        name: &str,
-        filter: Document,
-        id: &Bson,
-        schema_version: i64,
-        version: i64,
-    ) -> mongodb::error::Result<Write> {
-        let deleted_at = self
-            .now()
-            .await
-            .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
-        let paths = self.markers(name);
-        Ok(Write::Replace(
-            filter,
-            tombstone(id, schema_version, version, deleted_at, &paths),
-        ))
-    }
-
-    /// What a tombstone write that came back `sent` comes to: a unique index that refused it
-    /// (an index made after this process read the markers) gets the markers read again and the
-    /// tombstone sent once more.
-    pub(crate) async fn after_tombstone(
-        &self,
-        coll: &Collection<Document>,
-        filter: Document,
-        id: &Bson,
-        schema_version: i64,
-        version: i64,
-        sent: mongodb::error::Result<u64>,
-    ) -> mongodb::error::Result<u64> {
-        match sent {
-            Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                self.refresh_markers(coll.name()).await?;
-                let write = self
-                    .tombstone_write(coll.name(), filter, id, schema_version, version)
-                    .await?;
-                match write::run(coll, &write).await {
-                    Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => Err(
-                        mongodb::error::Error::custom("a unique index refused the tombstone twice"),
-                    ),
-                    other => other,
-                }
-            }
-            other => other,
-        }
-    }
-
     /// How long (on this process's monotonic clock) transaction `txn` has been seen holding a
     /// document without a record; the first call starts the count.
     pub(crate) fn absent_for(&self, txn: bson::oid::ObjectId) -> Duration {
@@ -638,265 +465,67 @@ impl Store {
         }
         now.duration_since(*seen.entry(txn).or_insert(now))
     }
-
-    /// Inserts the placeholder fence of transaction `txn` for the absent document `id` of `coll`:
-    /// system fields, the fence hold and, at each unique-index path, a per-id marker (as a
-    /// tombstone has), so that no unique index refuses it. Returns whether it was inserted (`false`:
-    /// the id is taken).
-    pub(crate) async fn write_placeholder(
-        &self,
-        coll: &Collection<Document>,
-        id: &Bson,
-        schema_version: i64,
-        txn: bson::oid::ObjectId,
-        hold: Document,
-    ) -> mongodb::error::Result<bool> {
-        let name = coll.name().to_string();
-        let mut paths = self.markers(&name);
-        for attempt in 0..2 {
-            let mut placeholder = tombstone(id, schema_version, 0, DateTime::MIN, &paths);
-            placeholder.remove(fields::DELETED);
-            placeholder.insert(fields::ACTIVE_TXN, txn);
-            placeholder.insert(fields::HOLD, hold.clone());
-            match coll.insert_one(placeholder).await {
-                Ok(_) => return Ok(true),
-                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                    if probe::duplicate_key_index(&e).is_none_or(|index| index == "_id_")
-                        || attempt > 0
-                    {
-                        return Ok(false);
-                    }
-                    paths = self.refresh_markers(&name).await?;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(false)
-    }
-
-    /// Checks once per store that the server has what the protocol needs (see
-    /// [`StoreBuilder::check_server`]).
-    pub(crate) async fn ensure_server_suits(&self) -> Result<(), RepoError> {
-        if !self.inner.check_server {
-            return Ok(());
-        }
-        let checked = self
-            .inner
-            .server_checked
-            .get_or_try_init(|| semantics::essentials(&self.inner.db))
-            .await
-            .map_err(|source| RepoError::database("*", "*", "checking the server", source))?;
-        match checked {
-            Ok(()) => Ok(()),
-            Err(missing) => Err(RepoError::ServerUnsuitable {
-                name: missing.name,
-                what: missing.what,
-                detail: missing.detail.clone(),
-            }),
-        }
-    }
-
-    async fn installs_validator(&self) -> bool {
-        match self.inner.validation {
-            ServerValidation::Always => true,
-            ServerValidation::Never => false,
-            ServerValidation::Auto => {
-                *self
-                    .inner
-                    .validator_support
-                    .get_or_init(|| probe::validator_support(&self.inner.db))
-                    .await
-            }
-        }
-    }
-
-    /// Installs the collection's schema as its server-side validator, for documents of this
-    /// code's schema version only.
-    ///
-    /// Tombstones (user fields cleared) and fence placeholders (never had any) are let through.
-    /// So are documents of *other* schema versions: during a rolling upgrade, processes of the
-    /// old and the new version write at once, each validated on its own client; refusing the
-    /// other version's documents would refuse valid writes until every process runs the same
-    /// code. A validator is never replaced by one of an older version (a process of the old
-    /// version that restarts late leaves the new one in place); if two installs race, the one
-    /// that lands last wins, and either of them accepts every valid write of both versions.
-    async fn install_validator(&self, spec: &CollectionSpec) -> Result<(), mongodb::error::Error> {
-        let version = spec.schema_version();
-        if let Some(installed) = self.installed_validator_version(spec.name()).await? {
-            if installed > version {
-                tracing::info!(
-                    collection = spec.name(),
-                    installed,
-                    version,
-                    "the server's validator is of a newer schema version; left in place"
-                );
-                return Ok(());
-            }
-        }
-        let mut schema = spec.schema().to_document();
-        // Holds are written by the protocol, not by callers: declare them whatever the schema says.
-        if let Ok(properties) = schema.get_document_mut("properties") {
-            if !properties.contains_key(fields::HOLD) {
-                properties.insert(fields::HOLD, doc! { "bsonType": "object" });
-            }
-        }
-        let validator = doc! {
-            "$or": [
-                { fields::DELETED: { "$exists": true } },
-                { hold::FENCE: true, fields::VERSION: 0_i64 },
-                { fields::SCHEMA_VERSION: { "$type": "long", "$ne": version } },
-                { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },
-            ]
-        };
-        self.put_validator(spec.name(), validator).await
-    }
-
-    /// The schema version whose validator `collection` has, if mongotx installed one.
-    async fn installed_validator_version(
-        &self,
-        collection: &str,
-    ) -> Result<Option<i64>, mongodb::error::Error> {
-        let listed = self
-            .inner
-            .db
-            .run_command(doc! { "listCollections": 1, "filter": { "name": collection } })
-            .await?;
-        let validator = listed
-            .get_document("cursor")
-            .ok()
-            .and_then(|c| c.get_array("firstBatch").ok())
-            .and_then(|batch| {
-                batch
-                    .iter()
-                    .filter_map(Bson::as_document)
-                    .find(|entry| entry.get_str("name").ok() == Some(collection))
-            })
-            .and_then(|entry| entry.get_document("options").ok())
-            .and_then(|options| options.get_document("validator").ok());
-        let Some(clauses) = validator.and_then(|v| v.get_array("$or").ok()) else {
-            return Ok(None);
-        };
-        Ok(clauses
-            .iter()
-            .filter_map(Bson::as_document)
-            .find_map(|clause| {
-                clause
-                    .get_document(fields::SCHEMA_VERSION)
-                    .ok()
-                    .and_then(|condition| condition.get_i64("$ne").ok())
-            }))
-    }
-
-    /// Installs `schema` (JSON Schema text) as the validator of a collection that only a
-    /// protocol writes (no system fields, no tombstones), where the store installs validators;
-    /// returns the collection with the protocol's concerns.
-    pub(crate) async fn validated_protocol_collection(
-        &self,
-        name: &str,
-        schema: &str,
-    ) -> mongodb::error::Result<Collection<Document>> {
-        // Its validator would replace the one on the transaction records or the registry.
-        if name == self.transactions_collection() || name == META_COLLECTION {
-            return Err(mongodb::error::Error::custom(format!(
-                "collection {name} is mongotx's own and cannot hold another protocol's records"
-            )));
-        }
-        self.ensure_server_suits()
-            .await
-            .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
-        if self.installs_validator().await {
-            let parsed = JsonSchema::parse(name, schema)
-                .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
-            self.put_validator(name, doc! { "$jsonSchema": parsed.to_document() })
-                .await?;
-        }
-        self.protocol_collection(name).await
-    }
-
-    /// Creates `collection` with `validator`, or replaces the validator of an existing one.
-    async fn put_validator(
-        &self,
-        collection: &str,
-        validator: Document,
-    ) -> Result<(), mongodb::error::Error> {
-        let created = self
-            .inner
-            .db
-            .run_command(doc! { "create": collection, "validator": validator.clone() })
-            .await;
-        match created {
-            Ok(_) => Ok(()),
-            Err(e) if probe::error_code(&e) == Some(NAMESPACE_EXISTS) => self
-                .inner
-                .db
-                .run_command(doc! { "collMod": collection, "validator": validator })
-                .await
-                .map(|_| ()),
-            Err(e) => Err(e),
-        }
-    }
 }
 
-const NAMESPACE_EXISTS: i32 = 48;
+/// Reads and decides transaction outcomes for holds; the seam between the repository layer and
+/// the transaction layer (whose records these are). [`RecordResolver`] is the standard one.
+#[async_trait]
+pub trait HoldResolver: Send + Sync + 'static {
+    /// What the record of `txn` says now (a staging record whose participants are all in place
+    /// is committed, and is written so).
+    async fn status(&self, store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError>;
 
-/// Marks a tombstone's unique-index fields with a value no other document can have.
-const TOMBSTONE_MARKER: &str = "_mongotx_tombstone";
-
-/// The tombstone of `id`: system fields only, plus a per-id marker at each of `paths` so that
-/// tombstones never collide in a user's unique index.
-pub(crate) fn tombstone(
-    id: &Bson,
-    schema_version: i64,
-    version: i64,
-    deleted_at: DateTime,
-    paths: &[String],
-) -> Document {
-    let mut doc = doc! {
-        "_id": id.clone(),
-        fields::SCHEMA_VERSION: schema_version,
-        fields::VERSION: version,
-        fields::DELETED: deleted_at,
-    };
-    for path in paths {
-        // A path under another marked path lands inside that marker document; still unique per id.
-        let _ = set_path(
-            &mut doc,
-            path,
-            Bson::Document(doc! { TOMBSTONE_MARKER: id.clone() }),
-        );
+    /// What the records of `txns` say, for a reader: nothing is written, and a staging record
+    /// whose participants are all in place reads as committed. The standard resolver reads them
+    /// all in a bounded number of commands (see `RecordResolver`); this default asks
+    /// [`HoldResolver::status`] for each, all at once.
+    async fn statuses(
+        &self,
+        store: &Store,
+        txns: &[ObjectId],
+    ) -> Result<HashMap<ObjectId, TxnStatus>, HoldError> {
+        let found = futures::future::join_all(txns.iter().map(|t| self.status(store, *t))).await;
+        txns.iter()
+            .zip(found)
+            .map(|(t, status)| status.map(|s| (*t, s)))
+            .collect()
     }
-    doc
+
+    /// Decides `txn` if it is still undecided with a deadline at or before `now` (server time):
+    /// commits it if every participant is in place, else fences the missing ones and aborts it.
+    /// Returns the status after the attempt.
+    async fn abort_expired(
+        &self,
+        store: &Store,
+        txn: ObjectId,
+        now: DateTime,
+    ) -> Result<TxnStatus, HoldError>;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+// Declared here, beside the seam, so that the builder can default to it; what it does (its
+// `HoldResolver` impl) is the hold protocol's, in `hold::staging`.
+/// The resolver that reads ActiveTransaction records from the store's transactions collection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordResolver;
 
-    #[test]
-    fn tombstones_mark_unique_fields_per_id() {
-        let at = DateTime::from_millis(1);
-        let plain = tombstone(&Bson::from("a"), 1, 3, at, &[]);
-        assert_eq!(
-            plain,
-            doc! { "_id": "a", "_schema": 1_i64, "_version": 3_i64, "_deleted": at }
-        );
-        let marked = tombstone(
-            &Bson::from("a"),
-            1,
-            3,
-            at,
-            &["email".to_string(), "login.name".to_string()],
-        );
-        assert_eq!(
-            marked.get_document("email").expect("email marker"),
-            &doc! { TOMBSTONE_MARKER: "a" }
-        );
-        assert_eq!(
-            marked
-                .get_document("login")
-                .and_then(|l| l.get_document("name"))
-                .expect("nested marker"),
-            &doc! { TOMBSTONE_MARKER: "a" }
-        );
+/// The resolver used without a transaction layer: every hold counts as pending forever.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTransactions;
+
+#[async_trait]
+impl HoldResolver for NoTransactions {
+    async fn status(&self, _store: &Store, _txn: ObjectId) -> Result<TxnStatus, HoldError> {
+        Ok(TxnStatus::Pending {
+            deadline: DateTime::MAX,
+        })
+    }
+
+    async fn abort_expired(
+        &self,
+        store: &Store,
+        txn: ObjectId,
+        _now: DateTime,
+    ) -> Result<TxnStatus, HoldError> {
+        self.status(store, txn).await
     }
 }

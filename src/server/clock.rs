@@ -103,7 +103,7 @@ impl Hello {
 pub(crate) async fn hello(db: &Database) -> mongodb::error::Result<Hello> {
     match db.run_command(doc! { "hello": 1 }).await {
         Ok(reply) => Ok(Hello::parse(&reply)),
-        Err(e) if crate::server::probe::error_code(&e).is_some() => db
+        Err(e) if crate::server::codes::error_code(&e).is_some() => db
             .run_command(doc! { "isMaster": 1 })
             .await
             .map(|reply| Hello::parse(&reply)),

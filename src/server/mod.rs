@@ -1,21 +1,16 @@
 //! The server layer, beneath everything else: what the deployment is and what time it is on the
 //! server ([`ServerClock`], [`Topology`], [`Durability`]), whether a server keeps the guarantees
-//! mongotx builds on ([`probe`](crate::probe)), and a server to run against when none is given
-//! ([`test_server`](crate::test_server), [`local`](crate::local_server)).
+//! mongotx builds on ([`probe`](crate::probe)). A server to run against when none is given lives
+//! in the test rig (`testkit`, a non-default feature).
 //!
 //! It knows nothing of repositories or transactions. Its other job is to turn driver errors into
 //! the short, clean causes the higher layers put in their messages ([`summarize`]), keeping the
 //! driver error itself as the `source()`.
 
 pub(crate) mod clock;
-#[cfg(feature = "cli")]
-pub(crate) mod http;
-pub mod local;
+pub(crate) mod codes;
 pub(crate) mod probe;
 pub(crate) mod semantics;
-pub mod test_server;
-#[cfg(feature = "cli")]
-pub mod toxiproxy;
 
 use mongodb::error::{Error, ErrorKind, WriteFailure};
 

@@ -1,8 +1,8 @@
 //! The server behaviours mongotx relies on, beyond single-document atomicity, checked one by one
 //! against a live server.
 //!
-//! `tests/conformance.rs` proves each of them in depth, citing the MongoDB manual; here each is a
-//! quick check the probe runs against any server (`mongotx-probe`, `mongotx::probe`), and the
+//! `tests/it/conformance.rs` proves each of them in depth, citing the MongoDB manual; here each is
+//! a quick check the probe runs against any server (`mongotx-probe`, `mongotx::probe`), and the
 //! ones the transaction protocol cannot do without are also checked when a [`Store`] opens its
 //! first collection ([`essentials`]), so that a wire-compatible server that lacks one is refused,
 //! naming it, before any data is written.
@@ -14,7 +14,7 @@ use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 
-use crate::server::probe::{error_code, DUPLICATE_KEY, VALIDATION_FAILED};
+use crate::server::codes::{error_code, DUPLICATE_KEY, VALIDATION_FAILED};
 use crate::server::summarize;
 
 /// One relied-on behaviour, as a server showed it.

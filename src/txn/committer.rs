@@ -1,14 +1,18 @@
 //! The commit protocol: how a staged transaction becomes all-or-nothing on single-document writes,
 //! in one round of writes (a parallel commit).
 //!
+//! (Over 700 lines on purpose: the protocol's steps read here in the order they run, and that
+//! order, with what each step may assume of the ones before it, is what makes it safe; split,
+//! a reader would have to reassemble it. What the steps share with the GC is in `recovery`.)
+//!
 //! 1. **Round.** Concurrently: write the ActiveTransaction record in state `staging` (its
 //!    participants, a deadline: server time plus the timeout), and apply every entry, each
 //!    conditional on the expected version and a free document. An apply leaves the document
 //!    *held*: `_txn` names the transaction and `_hold` carries the deadline and the entry's own
 //!    undo (see `repo::hold`). The applies to existing documents travel in one `bulkWrite` where
-//!    the server has it (see `repo::write`): two messages for the whole round.
+//!    the server has it (see `repo::hold::write`): two messages for the whole round.
 //! 2. **Return.** Once the record and every apply are acknowledged, the transaction is committed
-//!    (implicitly: see `repo::staging`), and `commit` can return.
+//!    (implicitly: see `repo::hold::staging`), and `commit` can return.
 //! 3. **Commit point.** Write `committed` (conditional on `staging`) so that readers need not check
 //!    the participants, ...
 //! 4. **Finish.** ... free every document in one round (a delete becomes a tombstone), ...
@@ -48,11 +52,15 @@ use mongodb::Collection;
 
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
-use crate::repo::hold::{record, HoldKind, TxnState, TxnStatus};
-use crate::repo::resolve::{self, Settled};
-use crate::repo::staging;
-use crate::repo::write;
-use crate::server::{clock, is_transient, probe};
+use crate::repo::hold::held::{self, HoldKind};
+use crate::repo::hold::record::{self, TxnState};
+use crate::repo::hold::resolve::{self, Settled};
+use crate::repo::hold::staging;
+use crate::repo::hold::write;
+use crate::repo::outcome::{HoldError, TxnStatus};
+use crate::retry::Retry;
+use crate::server::codes;
+use crate::server::{clock, is_transient};
 use crate::txn::error::TxnError;
 use crate::txn::failpoint;
 use crate::txn::recovery::{self, Deletion, Env, COORDINATOR};
@@ -364,10 +372,8 @@ impl Transactions {
         let env = &self.env;
         let t = txn.id;
         if !refused && record_ambiguous {
-            return match staging::load(&env.store, t).await {
-                Ok(Some(found))
-                    if crate::repo::hold::status_of(&found) == Ok(TxnStatus::Committed) =>
-                {
+            return match record::load(&env.store, t).await {
+                Ok(Some(found)) if record::status_of(&found) == Ok(TxnStatus::Committed) => {
                     Ok(TxnStatus::Committed)
                 }
                 _ => Err(TxnError::CommitUnknown {
@@ -377,19 +383,20 @@ impl Transactions {
             };
         }
         let mut last = String::new();
-        let parts: Vec<staging::Participant> = txn
+        let parts: Vec<record::Participant> = txn
             .entries
             .iter()
-            .map(|e| staging::Participant {
+            .map(|e| record::Participant {
                 coll: e.coll.clone(),
                 id: e.id.clone(),
                 schema: e.schema,
             })
             .collect();
         let mut fenced = refused;
+        let mut pace = Retry::until_deadline(self.options.retry);
         for attempt in 0..ABORT_ATTEMPTS {
             if attempt > 0 {
-                tokio::time::sleep(self.options.retry.backoff(attempt)).await;
+                pace.pause().await;
             }
             if !fenced {
                 match staging::fence_one(&env.store, t, &parts, txn.deadline).await {
@@ -422,9 +429,9 @@ impl Transactions {
                     continue;
                 }
             }
-            let status = match staging::load(&env.store, t).await {
+            let status = match record::load(&env.store, t).await {
                 // Refused for good: it never committed, whatever became of its record.
-                Ok(None) if refused => staging::fence_record(&env.store, t, txn.deadline).await,
+                Ok(None) if refused => record::fence_record(&env.store, t, txn.deadline).await,
                 Ok(None) => {
                     // Its record may have arrived staging, been committed by a resolver who found
                     // every participant in place, been finished and deleted.
@@ -433,9 +440,7 @@ impl Transactions {
                         cause: "its record is gone and an apply's reply was lost".into(),
                     });
                 }
-                Ok(Some(found)) => {
-                    crate::repo::hold::status_of(&found).map_err(crate::repo::hold::HoldError::new)
-                }
+                Ok(Some(found)) => record::status_of(&found).map_err(HoldError::new),
                 Err(e) => Err(e),
             };
             match status {
@@ -486,9 +491,10 @@ impl Transactions {
             record::ENTRIES: keep_or(record::ENTRIES, doc! { "$literal": entries }.into()),
         } }];
         let mut last = None;
+        let mut pace = Retry::until_deadline(self.options.retry);
         for send in 0..RECORD_SENDS {
             if send > 0 {
-                tokio::time::sleep(self.options.retry.backoff(send)).await;
+                pace.pause().await;
             }
             match records
                 .find_one_and_update(doc! { "_id": t }, update.clone())
@@ -620,18 +626,16 @@ impl Transactions {
         wait: bool,
     ) -> Result<Applied, TxnError> {
         let env = &self.env;
-        let lock_wait = self.store.lock_wait();
-        let started = std::time::Instant::now();
-        let mut pauses = 0_u32;
+        let mut waiting = Retry::until_deadline(self.store.lock_wait());
         let mut last_holder = None;
         // A send without an answer may still run later: then a refusal is not final.
         let mut ambiguous = false;
         let mut retries = 0;
-        let locked = |holder| RepoError::Locked {
+        let locked = |holder, waited| RepoError::Locked {
             collection: entry.coll.clone(),
             id: show_id(&entry.id),
             holder,
-            waited: started.elapsed(),
+            waited,
         };
         let applied = loop {
             let sent = match (sent.take(), write) {
@@ -655,8 +659,8 @@ impl Transactions {
                     Err(TxnError::Expired { .. }) => break Applied::Late(false),
                     other => other?,
                 },
-                Err(e) if probe::error_code(&e) == Some(probe::DUPLICATE_KEY) => {
-                    match probe::duplicate_key_index(&e).filter(|index| index != "_id_") {
+                Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
+                    match codes::duplicate_key_index(&e).filter(|index| index != "_id_") {
                         Some(index) => {
                             break Applied::Failed(
                                 RepoError::DuplicateKey {
@@ -683,7 +687,7 @@ impl Transactions {
                 Diagnosis::Retry => {
                     retries += 1;
                     if retries > APPLY_RETRIES {
-                        break Applied::Failed(locked(last_holder), false);
+                        break Applied::Failed(locked(last_holder, waiting.elapsed()), false);
                     }
                 }
                 Diagnosis::Held(holder) => {
@@ -700,11 +704,10 @@ impl Transactions {
                     if settled == Settled::Live && !wait {
                         break Applied::Blocked(holder, false);
                     }
-                    if started.elapsed() >= lock_wait.max_wait {
-                        break Applied::Failed(locked(Some(holder)), false);
+                    if waiting.exhausted() {
+                        break Applied::Failed(locked(Some(holder), waiting.elapsed()), false);
                     }
-                    tokio::time::sleep(lock_wait.backoff(pauses)).await;
-                    pauses += 1;
+                    waiting.pause().await;
                 }
             }
         };
@@ -761,7 +764,7 @@ impl Transactions {
         };
         let sys = SystemFields::read(&stored).map_err(malformed)?;
         if sys.active_txn == Some(t) {
-            if fields::read_hold(&stored).map_err(malformed)?.fence {
+            if held::read_hold(&stored).map_err(malformed)?.fence {
                 // A resolver fenced it after our deadline and is aborting us.
                 return Err(TxnError::Expired { txn: t });
             }
@@ -772,7 +775,7 @@ impl Transactions {
         }
         if let Some(holder) = sys.active_txn {
             // Only a pending insert can give the id back; anything else keeps it taken.
-            if is_insert && fields::read_hold(&stored).map_err(malformed)?.op != HoldKind::Insert {
+            if is_insert && held::read_hold(&stored).map_err(malformed)?.op != HoldKind::Insert {
                 return Ok(duplicate());
             }
             return Ok(Diagnosis::Held(holder));

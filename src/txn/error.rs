@@ -150,7 +150,7 @@ pub enum TxnError {
         txn: ObjectId,
         /// What went wrong.
         #[source]
-        source: crate::repo::hold::HoldError,
+        source: crate::repo::outcome::HoldError,
     },
     /// The server or the connection failed during a protocol step.
     #[error("transaction {}: {step} failed: {}", show_txn(txn), summarize(source))]
@@ -200,7 +200,7 @@ impl TxnError {
         collection: &str,
         id: &bson::Bson,
         holder: ObjectId,
-        source: crate::repo::hold::HoldError,
+        source: crate::repo::outcome::HoldError,
     ) -> TxnError {
         TxnError::document(
             txn,

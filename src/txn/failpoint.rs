@@ -30,9 +30,11 @@ pub trait FaultInjector: Send + Sync + 'static {
 }
 
 /// An injector that crashes at exactly one failpoint (the usual choice for crash tests).
+#[cfg(feature = "testkit")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CrashAt(pub Failpoint);
 
+#[cfg(feature = "testkit")]
 impl FaultInjector for CrashAt {
     fn crash_at(&self, point: Failpoint) -> bool {
         point == self.0
@@ -96,7 +98,14 @@ pub const GC_SWEEP_BEFORE: &str = "gc.sweep.before";
 /// GC: after resolving a held document in the sweep.
 pub const GC_SWEEP_AFTER: &str = "gc.sweep.after";
 
-/// Every failpoint name.
+/// Quota: after a reservation was written, before it is returned (the reserving process "dies"
+/// holding quota that only expiry and the GC give back).
+pub const QUOTA_RESERVE_AFTER: &str = "quota.reserve.after";
+/// Quota: after a consume was written, before it is returned.
+pub const QUOTA_CONSUME_AFTER: &str = "quota.consume.after";
+
+/// Every failpoint name of the transaction layer (the quota's are in `quota::failpoint`).
+#[cfg(feature = "testkit")]
 pub const ALL: &[&str] = &[
     BEGIN_BEFORE,
     BEGIN_AFTER,

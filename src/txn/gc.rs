@@ -16,14 +16,15 @@ use futures::TryStreamExt;
 use mongodb::Database;
 
 use crate::repo::fields;
-use crate::repo::hold::TxnStatus;
+use crate::repo::hold::resolve;
 use crate::repo::meta;
-use crate::repo::resolve;
+use crate::repo::outcome::TxnStatus;
 use crate::repo::store::{Store, TRANSACTIONS_COLLECTION};
 use crate::server::clock::{self, Durability};
 use crate::txn::error::TxnError;
+use crate::txn::expired::{self, Resolution};
 use crate::txn::failpoint::{self, FaultInjector, Faults};
-use crate::txn::recovery::{self, Env, Resolution};
+use crate::txn::recovery::Env;
 use crate::txn::transaction::check_records_collection;
 
 /// Settings of a GC.
@@ -113,6 +114,8 @@ impl GcOptions {
         self
     }
 
+    #[cfg(feature = "testkit")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     /// Installs a fault injector (tests): the GC stops at the points it chooses.
     pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> GcOptions {
         self.faults = Some(injector);
@@ -244,7 +247,7 @@ impl Gc {
 
     /// Finishes or rolls back every transaction whose deadline is at or before `now`, a page of
     /// `batch_size` records at a time (in deadline order, each record visited once a round):
-    /// each page is resolved together (see `recovery::resolve_expired_many`), so a page costs a
+    /// each page is resolved together (see `expired::resolve_expired_many`), so a page costs a
     /// few commands whatever its size, besides the staging transactions it has to decide.
     async fn resolve_expired(
         &self,
@@ -294,7 +297,7 @@ impl Gc {
             let full = page.len() == page_size;
             let page = self.claim(&records, page, now).await?;
             let resolved =
-                recovery::resolve_expired_many(&self.env, page, now, PARALLEL_DECISIONS).await?;
+                expired::resolve_expired_many(&self.env, page, now, PARALLEL_DECISIONS).await?;
             // Records that stay (undecidable yet, an aborted one before its deadline, a failure)
             // are let go at once, for whoever comes next; only a runner that dies keeps its
             // claims until they run out.
@@ -478,52 +481,10 @@ impl Gc {
     pub async fn resolve(&self, txn: ObjectId) -> Result<bool, TxnError> {
         self.options.validate()?;
         let now = self.env.now(Some(txn)).await?;
-        let resolution = recovery::resolve_expired(&self.env, txn, now).await?;
+        let resolution = expired::resolve_expired(&self.env, txn, now).await?;
         Ok(matches!(
             resolution,
             Resolution::Finished | Resolution::RolledBack
         ))
-    }
-}
-
-/// Parses a duration such as `500ms`, `30s`, `5m`, `2h`, `7d` (a bare number is seconds).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 30s, 5m, 2h, 7d)"))?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86_400.0,
-        other => {
-            return Err(format!(
-                "{text:?}: unknown unit {other:?} (use ms, s, m, h or d)"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
     }
 }

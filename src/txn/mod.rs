@@ -4,17 +4,20 @@
 //! update, adjust, delete, check) and commits them. Inside, one idea per module: `worklist` turns
 //! each entry into its writes without I/O; `committer` runs the commit protocol (its module doc
 //! gives the steps and why each is safe when repeated, late or interrupted); `recovery` finishes or
-//! rolls back whole transactions from their records; [`Gc`] does that for expired ones, sweeps
-//! holds whose transaction ended, and purges tombstones; `failpoint` lets tests stop any party at
-//! any write. The layer stands on the repository layer (holds are defined there) and never the
+//! rolls back whole transactions from their records, and `expired` decides those whose deadline
+//! passed; [`Gc`] does that page by page, sweeps holds whose transaction ended, and purges
+//! tombstones; `options` holds the settings and what a commit returns; `failpoint` lets tests
+//! stop any party at any write. The layer stands on the repository layer (holds are defined there) and never the
 //! other way round.
 
 pub(crate) mod committer;
 pub(crate) mod error;
+pub(crate) mod expired;
 pub mod failpoint;
 pub(crate) mod gc;
-#[cfg(test)]
+#[cfg(all(test, feature = "testkit"))]
 mod model;
+pub(crate) mod options;
 pub(crate) mod recovery;
 pub(crate) mod transaction;
 pub(crate) mod worklist;

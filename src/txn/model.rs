@@ -1,6 +1,9 @@
 //! An exhaustive model of the commit protocol (the parallel commit of `committer`, the decisions
-//! and fences of `repo::staging`, the GC's and writers' resolutions of `repo::resolve`), explored
-//! state by state with [`crate::explore`].
+//! and fences of `repo::hold::staging`, the GC's and writers' resolutions of `repo::hold::resolve`), explored
+//! state by state with [`crate::testkit::explore`].
+//!
+//! (Compiled for unit tests only. Over 700 lines on purpose: the model's state, its actions and
+//! the invariants checked in every state are one specification, read together.)
 //!
 //! Two transactions, three documents: T0 changes d0 and d1; T1 changes d1 and creates d2. Both read
 //! d1 at the same version, so at most one of them can commit. Each coordinator sends its record
@@ -22,7 +25,7 @@
 //! - **no orphaned hold**: in a state where nobody can do anything more, no document is held and
 //!   no record is left.
 
-use crate::explore::Model;
+use crate::testkit::explore::Model;
 
 /// Transactions in the model.
 const TXNS: usize = 2;
@@ -746,7 +749,7 @@ impl Model for CommitModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explore::explore;
+    use crate::testkit::explore::explore;
 
     const LIMIT: usize = 20_000_000;
 

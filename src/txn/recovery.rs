@@ -12,18 +12,20 @@ use std::collections::HashSet;
 
 use bson::{doc, oid::ObjectId, DateTime, Document};
 use futures::future::join_all;
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use mongodb::Collection;
 
-use crate::repo::hold::{self, TxnState, TxnStatus};
-use crate::repo::resolve;
-use crate::repo::staging;
+use crate::repo::hold::held;
+use crate::repo::hold::record::{self, TxnState};
+use crate::repo::hold::resolve;
+use crate::repo::hold::write::{self, Write};
 use crate::repo::store::Store;
-use crate::repo::write::{self, Write};
+use crate::retry::Retry;
 use crate::server::is_transient;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{self, Faults};
 use crate::txn::worklist::{ActiveTransaction, Entry};
+use crate::LockWait;
 
 /// Which failpoint names a party uses for the steps it shares with others.
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +125,13 @@ impl Env {
 /// How many times an idempotent write is retried after a transient error.
 const TRANSIENT_RETRIES: u32 = 4;
 
+/// The pauses between those retries: 20, 40, 80, 160 ms (jittered down to half).
+const TRANSIENT_PACE: LockWait = LockWait {
+    max_wait: Duration::MAX,
+    initial_backoff: Duration::from_millis(20),
+    max_backoff: Duration::from_millis(160),
+};
+
 /// Runs an idempotent operation, retrying transient failures with a short backoff: a reply lost
 /// after a conditional write landed makes the retry match nothing, which is the same outcome.
 pub(crate) async fn retry_transient<T, F, Fut>(what: &str, op: F) -> mongodb::error::Result<T>
@@ -148,13 +157,13 @@ where
         Some(sent) => sent,
         None => op().await,
     };
-    let mut attempt = 0;
+    let mut pace = Retry::tries(TRANSIENT_PACE, TRANSIENT_RETRIES + 1);
     loop {
         match result {
-            Err(e) if is_transient(&e) && attempt < TRANSIENT_RETRIES => {
-                attempt += 1;
+            Err(e) if is_transient(&e) && !pace.exhausted() => {
+                let attempt = pace.pauses() + 1;
                 tracing::debug!(what, attempt, error = %e, "retrying after a transient error");
-                tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+                pace.pause().await;
                 result = op().await;
             }
             other => return other,
@@ -315,7 +324,7 @@ pub(crate) async fn finish_many(
         let t = txn.id;
         let coll = env.collection(Some(t), &entry.coll).await?;
         let write = if entry.deletes() {
-            let filter = hold::applied_by(&entry.id, t);
+            let filter = held::applied_by(&entry.id, t);
             env.store
                 .tombstone_write(coll.name(), filter, &entry.id, entry.schema, entry.applied)
                 .await
@@ -340,7 +349,7 @@ pub(crate) async fn finish_many(
                 return Ok(());
             }
             // A tombstone is made anew for each send (the unique-index markers may change).
-            let filter = hold::applied_by(&entry.id, t);
+            let filter = held::applied_by(&entry.id, t);
             let (id, schema, version) = (&entry.id, entry.schema, entry.applied);
             let first = env
                 .store
@@ -525,7 +534,7 @@ async fn delete_records(
     if deletion == Deletion::AfterDeadline {
         filter.insert(
             "$expr",
-            doc! { "$gt": ["$$NOW", format!("${}", hold::record::DEADLINE)] },
+            doc! { "$gt": ["$$NOW", format!("${}", record::DEADLINE)] },
         );
     }
     retry_transient("delete the records", || async {
@@ -555,7 +564,7 @@ async fn delete_records(
     }
 }
 
-/// Moves staging transaction `t` to `to` (see [`hold::leave_staging`]).
+/// Moves staging transaction `t` to `to` (see [`record::leave_staging`]).
 pub(crate) async fn leave_staging(
     env: &Env,
     t: ObjectId,
@@ -566,7 +575,7 @@ pub(crate) async fn leave_staging(
         .store
         .protocol_collection(env.store.transactions_collection())
         .await?;
-    hold::leave_staging(&records, t, to, extra).await
+    record::leave_staging(&records, t, to, extra).await
 }
 
 /// Reads a record.
@@ -585,175 +594,4 @@ pub(crate) async fn load(env: &Env, t: ObjectId) -> Result<Option<ActiveTransact
             })
         })
         .transpose()
-}
-
-/// What resolving a transaction did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Resolution {
-    /// Its record is gone: it already ended.
-    Gone,
-    /// Its deadline has not passed; it may still be working.
-    NotExpired,
-    /// It had committed; its documents were freed.
-    Finished,
-    /// It had not committed; its applied changes were undone.
-    RolledBack,
-}
-
-/// Resolves many expired transactions at once (a GC page): the staging ones are decided,
-/// `parallel` at a time; then every committed one is finished in one round of writes and every
-/// aborted one rolled back in another, and their records go in one command each. `found` are
-/// the records as read. Returns each transaction's resolution; `Err` only for an injected crash.
-pub(crate) async fn resolve_expired_many(
-    env: &Env,
-    found: Vec<Document>,
-    now: DateTime,
-    parallel: usize,
-) -> Result<Vec<(ObjectId, Result<Resolution, TxnError>)>, TxnError> {
-    let mut out = Vec::new();
-    let mut committed: Vec<ActiveTransaction> = Vec::new();
-    let mut aborted: Vec<ActiveTransaction> = Vec::new();
-    let mut staging: Vec<(ActiveTransaction, Document)> = Vec::new();
-    for record in found {
-        let Ok(t) = record.get_object_id("_id") else {
-            continue;
-        };
-        let txn = match bson::from_document::<ActiveTransaction>(record.clone()) {
-            Ok(txn) => txn,
-            Err(e) => {
-                out.push((
-                    t,
-                    Err(TxnError::Malformed {
-                        txn: t,
-                        reason: e.to_string(),
-                    }),
-                ));
-                continue;
-            }
-        };
-        if txn.deadline > now {
-            out.push((t, Ok(Resolution::NotExpired)));
-            continue;
-        }
-        match txn.state {
-            TxnState::Committed => committed.push(txn),
-            TxnState::Aborted => aborted.push(txn),
-            TxnState::Staging => staging.push((txn, record)),
-        }
-    }
-    let decided: Vec<_> = futures::stream::iter(staging)
-        .map(|(txn, record)| async move {
-            let decided = decide_staging(env, txn.id, &record).await;
-            (txn, decided)
-        })
-        .buffer_unordered(parallel.max(1))
-        .collect()
-        .await;
-    for (mut txn, decided) in decided {
-        match decided {
-            Ok(TxnStatus::Committed) => {
-                txn.state = TxnState::Committed;
-                committed.push(txn);
-            }
-            Ok(TxnStatus::Aborted) => {
-                txn.state = TxnState::Aborted;
-                aborted.push(txn);
-            }
-            // A participant is held by another live transaction: next round.
-            Ok(TxnStatus::Pending { .. }) => out.push((txn.id, Ok(Resolution::NotExpired))),
-            Ok(TxnStatus::Absent) => out.push((txn.id, Ok(Resolution::Gone))),
-            Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
-            Err(e) => out.push((txn.id, Err(e))),
-        }
-    }
-    let committed: Vec<&ActiveTransaction> = committed.iter().collect();
-    let aborted: Vec<&ActiveTransaction> = aborted.iter().collect();
-    let (finished, rolled_back) = futures::join!(
-        finish_many(env, &committed, COLLECTOR),
-        rollback_many(env, &aborted, COLLECTOR, Deletion::AfterDeadline),
-    );
-    let (finished, rolled_back) = (finished?, rolled_back?);
-    for (txn, result) in committed.iter().zip(finished) {
-        out.push((txn.id, result.map(|()| Resolution::Finished)));
-    }
-    for (txn, result) in aborted.iter().zip(rolled_back) {
-        // Undone; a record that stays waits for the server's clock to pass its deadline.
-        let resolution = |gone| {
-            if gone {
-                Resolution::RolledBack
-            } else {
-                Resolution::NotExpired
-            }
-        };
-        out.push((txn.id, result.map(resolution)));
-    }
-    Ok(out)
-}
-
-/// Decides the expired staging transaction `t` (record `found`) with the GC's failpoints.
-async fn decide_staging(env: &Env, t: ObjectId, found: &Document) -> Result<TxnStatus, TxnError> {
-    let point = |name: &'static str, step: usize| {
-        let name = match name {
-            staging::FENCE_BEFORE => failpoint::GC_FENCE_BEFORE,
-            staging::FENCE_AFTER => failpoint::GC_FENCE_AFTER,
-            staging::DECIDE_BEFORE => failpoint::GC_CLAIM_BEFORE,
-            _ => failpoint::GC_CLAIM_AFTER,
-        };
-        env.point(Some(t), name, step)
-    };
-    staging::decide_expired(&env.store, t, found, &point, &|source| TxnError::Resolve {
-        txn: t,
-        source,
-    })
-    .await
-}
-
-/// Finishes or rolls back transaction `t` if its deadline is at or before `now` (server time).
-///
-/// A staging transaction is first decided: committed if every participant is in place, else a
-/// missing one is fenced and it is aborted (see `repo::staging`). An aborted record stays until
-/// the server's clock passes its deadline.
-pub(crate) async fn resolve_expired(
-    env: &Env,
-    t: ObjectId,
-    now: DateTime,
-) -> Result<Resolution, TxnError> {
-    for _ in 0..3 {
-        let Some(txn) = load(env, t).await? else {
-            return Ok(Resolution::Gone);
-        };
-        if txn.deadline > now {
-            return Ok(Resolution::NotExpired);
-        }
-        match txn.state {
-            TxnState::Committed => {
-                finish_all(env, &txn, COLLECTOR).await?;
-                tracing::info!(txn = %t, entries = txn.entries.len(), "finished expired committed transaction");
-                return Ok(Resolution::Finished);
-            }
-            TxnState::Aborted => {
-                if !rollback_all(env, &txn, COLLECTOR, Deletion::AfterDeadline).await? {
-                    // Undone; the record waits for the server's clock to pass its deadline.
-                    return Ok(Resolution::NotExpired);
-                }
-                tracing::info!(txn = %t, entries = txn.entries.len(), "rolled back aborted transaction");
-                return Ok(Resolution::RolledBack);
-            }
-            TxnState::Staging => {
-                let Some(found) = staging::load(&env.store, t)
-                    .await
-                    .map_err(|source| TxnError::Resolve { txn: t, source })?
-                else {
-                    return Ok(Resolution::Gone);
-                };
-                let decided = decide_staging(env, t, &found).await?;
-                if matches!(decided, TxnStatus::Pending { .. }) {
-                    // A participant is held by another live transaction: next round.
-                    return Ok(Resolution::NotExpired);
-                }
-                // Decided (by us or meanwhile): look again and act on it.
-            }
-        }
-    }
-    Ok(Resolution::NotExpired)
 }

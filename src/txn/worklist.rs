@@ -10,9 +10,10 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::repo::fields;
-use crate::repo::hold::{self, Hold, HoldKind, TxnState};
+use crate::repo::hold::held::{self, Hold, HoldKind};
+use crate::repo::hold::record::TxnState;
+use crate::repo::hold::write::Write;
 use crate::repo::ids;
-use crate::repo::write::Write;
 
 /// The ActiveTransaction record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,7 +127,7 @@ impl Entry {
             Op::Rewrite { post, pre } => {
                 let mut restore = pre.clone();
                 restore.remove("_id");
-                for name in hold::ALWAYS_UNSET {
+                for name in held::ALWAYS_UNSET {
                     restore.remove(name);
                 }
                 restore.extend(previous);
@@ -282,7 +283,7 @@ impl Entry {
     /// The write that makes this entry final after the commit point (not for deletes, whose
     /// tombstone the store writes).
     pub(crate) fn finish(&self, txn: ObjectId) -> Write {
-        hold::finish(&self.id, txn)
+        held::finish(&self.id, txn)
     }
 
     /// The write that undoes this entry if it is applied, putting back exactly the document as it

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use clap::Parser;
-use mongotx::test_server::TestServer;
+use mongotx::testkit::test_server::TestServer;
 use mongotx::{Adjust, CollectionSpec, Store, Transactions, Update};
 use serde::{Deserialize, Serialize};
 

@@ -16,7 +16,7 @@ use mongotx::obt::{NewObt, Obt};
 use mongotx::queue::{Batches, NewBatch};
 use mongotx::quota::{NewProvider, Quota, Request};
 use mongotx::ratelimit::{Attempt, Limit, Priority, RateLimits};
-use mongotx::toxiproxy::Toxiproxy;
+use mongotx::testkit::toxiproxy::Toxiproxy;
 use mongotx::{Adjust, CollectionSpec, Finish, Repository, Store, Transactions, TxnOptions};
 use rand::Rng;
 

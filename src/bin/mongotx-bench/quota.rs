@@ -1,7 +1,8 @@
 //! Quota rows: consume latency next to one conditional update (on a bare counter and on a
 //! document shaped like the provider), the round trips a consume sends, a three-provider consume,
-//! and 32 consumers on one hot provider next to raw `$inc` writers and to the seed's
-//! read-then-generation-checked write done with the raw driver.
+//! and 32 consumers on one hot provider next to raw `$inc` writers and to the algorithm of the
+//! quota's reference design (read availability and generation, write only if the generation is
+//! unchanged, otherwise read again) done with the raw driver.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use mongotx::quota::{NewProvider, ProviderId, Quota, Request};
-use mongotx::test_server::TestServer;
+use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
 use crate::{micros, stats};
@@ -94,7 +95,7 @@ async fn give_one(raw: &Collection<Document>, id: &str) -> Result<(), Error> {
 
 /// Consume latency on a provider holding `live` other allocations, next to a conditional
 /// update of a bare counter and of a copy of the provider's document (same size, same
-/// generation check as the seed's write).
+/// generation check as the reference design's write).
 async fn latency_row(
     quota: &Quota,
     db: &Database,
@@ -243,7 +244,8 @@ where
 }
 
 /// 32 consumers on one provider, each taking one unit and giving it back in a loop: mongotx,
-/// raw `$inc` updates, and the seed's algorithm done with the raw driver.
+/// raw `$inc` updates, and the reference design's generation-checked algorithm done with the raw
+/// driver.
 async fn hot_provider_rows(quota: &Quota, raw: &Collection<Document>) -> Result<(), Error> {
     raw.insert_one(doc! { "_id": "hot", "available": LIMIT, "usage": 0_i64 })
         .await?;
@@ -292,10 +294,10 @@ async fn hot_provider_rows(quota: &Quota, raw: &Collection<Document>) -> Result<
                     let found = raw
                         .find_one(doc! { "_id": "seed" })
                         .await?
-                        .ok_or("the seed counter is missing")?;
+                        .ok_or("the counter of the reference algorithm is missing")?;
                     let generation = found.get_i64("_version")?;
                     if found.get_i64("available")? < 1 {
-                        return Err("the seed counter ran out".into());
+                        return Err("the counter of the reference algorithm ran out".into());
                     }
                     seed_writes.fetch_add(1, Ordering::Relaxed);
                     let written = raw
@@ -341,7 +343,7 @@ async fn hot_provider_rows(quota: &Quota, raw: &Collection<Document>) -> Result<
         left.usage
     );
     println!(
-        "  seed's algorithm (raw driver)   {:>8.0} consumes/s = {:.2}x raw; retries per consume {:.3}",
+        "  reference algorithm (raw driver){:>8.0} consumes/s = {:.2}x raw; retries per consume {:.3}",
         per_second(seed.0),
         per_second(seed.0) / per_second(raw_cycles.0).max(f64::MIN_POSITIVE),
         retries(seed_writes, seed.0)

@@ -12,7 +12,7 @@ use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection};
 use mongotx::ratelimit::{Attempt, Limit, Priority, RateLimits};
-use mongotx::test_server::TestServer;
+use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
 use crate::{micros, stats};

@@ -12,7 +12,7 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
-use mongotx::failpoint::{self, CrashAt, Failpoint};
+use mongotx::testkit::failpoint::{self, CrashAt, Failpoint};
 use mongotx::{
     Adjust, CollectionSpec, Finish, Gc, GcOptions, Query, Repository, Store, Transactions,
     TxnError, TxnOptions,

@@ -9,12 +9,11 @@ mod metrics;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
-use mongotx::{parse_duration, Gc, GcOptions, Store};
+use mongotx::{GcOptions, GcPass, GcRunner, Store};
 
 /// The longest `--interval` accepted (a GC that runs less than daily leaves dead coordinators'
 /// documents held for days).
@@ -41,7 +40,7 @@ struct Args {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=GcOptions::MAX_BATCH_SIZE as i64))]
     batch_size: u32,
     /// Purge tombstones deleted longer ago than this (e.g. 7d); tombstones are kept if unset.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = cli::parse_duration)]
     tombstone_retention: Option<Duration>,
     /// How long a raised version floor stands before tombstones under it are purged; other
     /// processes re-read floors four times as often (more than zero: with none, a process that
@@ -107,135 +106,83 @@ async fn run(args: Args) -> Result<(), String> {
         .transactions_collection(args.transactions_collection.clone())
         .version_floor_grace(args.version_floor_grace)
         .build();
-    let gc = Gc::with_store(
-        &store,
-        GcOptions::default()
-            .batch_size(args.batch_size as usize)
-            .tombstone_retention(args.tombstone_retention),
-    );
+    let gc_options = GcOptions::default()
+        .batch_size(args.batch_size as usize)
+        .tombstone_retention(args.tombstone_retention);
     let metrics = Arc::new(metrics::Metrics::new(args.interval));
     if let Some(addr) = args.metrics_addr {
         let bound = metrics::serve(addr, Arc::clone(&metrics)).await?;
         println!("metrics: http://{bound}/metrics, health: http://{bound}/health");
         tracing::info!(%bound, "serving metrics");
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let wake = Arc::new(tokio::sync::Notify::new());
-    spawn_signal_watch(Arc::clone(&stop), Arc::clone(&wake))?;
+    let runner = GcRunner::new(&store, gc_options)
+        .interval(args.interval)
+        .quota_sweep(!args.no_quota)
+        .ratelimit_sweep(!args.no_ratelimit);
     tracing::info!(db = %args.db, interval = ?args.interval, once = args.once, "GC runner started");
-
-    loop {
-        let started = Instant::now();
-        let round = match store.server_time().await {
-            Ok(now) => gc.run_round_at(now, &stop).await,
-            Err(e) => Err(mongotx::TxnError::Clock {
-                txn: None,
-                source: e,
-            }),
-        };
-        metrics.round(started.elapsed(), round.as_ref().map_err(|_| ()));
-        match round {
-            Ok(summary) => println!(
-                "round: finished={} rolled_back={} swept={} skipped={} purged={}",
-                summary.finished,
-                summary.rolled_back,
-                summary.swept,
-                summary.skipped,
-                summary.purged
-            ),
-            Err(e) if args.once => return Err(format!("GC round failed: {e}")),
-            // The server was reachable at start: an outage now is waited out, not fatal.
-            Err(e) => {
-                tracing::warn!(error = %e, "GC round failed; retrying next round");
-                println!("round: failed ({e})");
-            }
+    if args.once {
+        let pass = runner.pass().await;
+        report(&pass, &metrics);
+        if let Err(e) = &pass.round {
+            return Err(format!("GC round failed: {e}"));
         }
-        if !args.no_quota && !stop.load(Ordering::SeqCst) {
-            match sweep_quota(&store).await {
-                Ok(Some(swept)) => {
-                    metrics.quota_sweep(swept.expired, swept.pruned);
-                    println!("quota: expired={} pruned={}", swept.expired, swept.pruned)
-                }
-                Ok(None) => {}
-                Err(e) if args.once => return Err(format!("quota sweep failed: {e}")),
-                Err(e) => {
-                    metrics.sweep_failed();
-                    tracing::warn!(error = %e, "quota sweep failed; retrying next round");
-                    println!("quota: failed ({e})");
-                }
-            }
+        if let Some(Err(e)) = &pass.quota {
+            return Err(format!("quota sweep failed: {e}"));
         }
-        if !args.no_ratelimit && !stop.load(Ordering::SeqCst) {
-            match sweep_ratelimits(&store).await {
-                Ok(Some(pruned)) => {
-                    metrics.ratelimit_sweep(pruned);
-                    println!("ratelimit: pruned={pruned}");
-                }
-                Ok(None) => {}
-                Err(e) if args.once => return Err(format!("rate-limiter sweep failed: {e}")),
-                Err(e) => {
-                    metrics.sweep_failed();
-                    tracing::warn!(error = %e, "rate-limiter sweep failed; retrying next round");
-                    println!("ratelimit: failed ({e})");
-                }
-            }
+        if let Some(Err(e)) = &pass.ratelimit {
+            return Err(format!("rate-limiter sweep failed: {e}"));
         }
-        if args.once || stop.load(Ordering::SeqCst) {
-            break;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(args.interval) => {}
-            _ = wake.notified() => {}
-        }
-        if stop.load(Ordering::SeqCst) {
-            break;
-        }
+    } else {
+        // The server was reachable at start: an outage now is waited out, not fatal.
+        runner
+            .run(shutdown_signal()?, |pass| report(pass, &metrics))
+            .await;
     }
     tracing::info!("GC runner stopped");
     Ok(())
 }
 
-/// Sets `stop` on SIGINT or SIGTERM; the round in progress finishes its current item.
-/// Returns expired reservations, if this database has quota providers at all (so that the GC
-/// never creates the quota collection where nobody uses it).
-async fn sweep_quota(store: &Store) -> Result<Option<mongotx::quota::SweepSummary>, String> {
-    let names = store
-        .database()
-        .list_collection_names()
-        .await
-        .map_err(|e| format!("list collections: {e}"))?;
-    if !names
-        .iter()
-        .any(|n| n == mongotx::quota::PROVIDERS_COLLECTION)
-    {
-        return Ok(None);
+/// Prints one line per part of a pass and feeds the metrics.
+fn report(pass: &GcPass, metrics: &metrics::Metrics) {
+    metrics.round(pass.took, pass.round.as_ref().map_err(|_| ()));
+    match &pass.round {
+        Ok(summary) => println!(
+            "round: finished={} rolled_back={} swept={} skipped={} purged={}",
+            summary.finished, summary.rolled_back, summary.swept, summary.skipped, summary.purged
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "GC round failed; retrying next round");
+            println!("round: failed ({e})");
+        }
     }
-    let quota = mongotx::quota::Quota::open(store)
-        .await
-        .map_err(|e| e.to_string())?;
-    quota.sweep().await.map(Some).map_err(|e| e.to_string())
+    match &pass.quota {
+        Some(Ok(swept)) => {
+            metrics.quota_sweep(swept.expired, swept.pruned);
+            println!("quota: expired={} pruned={}", swept.expired, swept.pruned);
+        }
+        Some(Err(e)) => {
+            metrics.sweep_failed();
+            tracing::warn!(error = %e, "quota sweep failed; retrying next round");
+            println!("quota: failed ({e})");
+        }
+        None => {}
+    }
+    match &pass.ratelimit {
+        Some(Ok(pruned)) => {
+            metrics.ratelimit_sweep(*pruned);
+            println!("ratelimit: pruned={pruned}");
+        }
+        Some(Err(e)) => {
+            metrics.sweep_failed();
+            tracing::warn!(error = %e, "rate-limiter sweep failed; retrying next round");
+            println!("ratelimit: failed ({e})");
+        }
+        None => {}
+    }
 }
 
-/// Prunes the limiters, if this database has any (so that the GC never creates the collection).
-async fn sweep_ratelimits(store: &Store) -> Result<Option<u64>, String> {
-    let names = store
-        .database()
-        .list_collection_names()
-        .await
-        .map_err(|e| format!("list collections: {e}"))?;
-    if !names
-        .iter()
-        .any(|n| n == mongotx::ratelimit::LIMITERS_COLLECTION)
-    {
-        return Ok(None);
-    }
-    let limits = mongotx::ratelimit::RateLimits::open(store)
-        .await
-        .map_err(|e| e.to_string())?;
-    limits.sweep().await.map(Some).map_err(|e| e.to_string())
-}
-
-fn spawn_signal_watch(stop: Arc<AtomicBool>, wake: Arc<tokio::sync::Notify>) -> Result<(), String> {
+/// Completes on SIGINT or SIGTERM; the runner then finishes its current item and returns.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -243,23 +190,18 @@ fn spawn_signal_watch(stop: Arc<AtomicBool>, wake: Arc<tokio::sync::Notify>) -> 
             signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
         let mut int =
             signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch SIGINT: {e}"))?;
-        tokio::spawn(async move {
+        Ok(async move {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
             tracing::info!("signal received: finishing the current item, then exiting");
-            stop.store(true, Ordering::SeqCst);
-            wake.notify_one();
-        });
+        })
     }
     #[cfg(not(unix))]
     {
-        tokio::spawn(async move {
+        Ok(async move {
             let _ = tokio::signal::ctrl_c().await;
-            stop.store(true, Ordering::SeqCst);
-            wake.notify_one();
-        });
+        })
     }
-    Ok(())
 }

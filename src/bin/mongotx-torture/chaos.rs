@@ -1,5 +1,8 @@
 //! The orchestrator of a torture run: server, wire proxy, toxiproxy, processes, faults, and the
 //! verification at the end.
+//!
+//! (Over 700 lines on purpose: the run is one timeline, from starting the server to checking the
+//! ledger at the end, and reads best in that order; the roles it starts are in `roles`.)
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,9 +12,9 @@ use std::time::{Duration, Instant};
 use bson::{doc, oid::ObjectId, Document};
 use clap::Args;
 use futures::TryStreamExt;
-use mongotx::local_server::LocalServer;
-use mongotx::test_server::TestServer;
-use mongotx::toxiproxy::Toxiproxy;
+use mongotx::testkit::local_server::LocalServer;
+use mongotx::testkit::test_server::TestServer;
+use mongotx::testkit::toxiproxy::Toxiproxy;
 use mongotx::{fields, Gc, GcOptions, Query, TRANSACTIONS_COLLECTION};
 use rand::Rng;
 
@@ -204,7 +207,8 @@ async fn start_server(args: &RunArgs) -> Result<Server, String> {
             .map(Server::Chosen)
             .map_err(|e| e.to_string());
     };
-    if std::env::var(mongotx::test_server::URI_ENV).is_ok_and(|uri| !uri.trim().is_empty()) {
+    if std::env::var(mongotx::testkit::test_server::URI_ENV).is_ok_and(|uri| !uri.trim().is_empty())
+    {
         return Err(
             "--clock-offsets needs the local test server (per-collection clocks); unset MONGODB_URI"
                 .into(),

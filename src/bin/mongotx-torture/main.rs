@@ -10,8 +10,8 @@
 //! ```
 //!
 //! `mongotx-torture run --seconds 600` is the long form (`tools/torture.sh`); `cargo test` runs a
-//! short form (`tests/torture.rs`). `--skews` gives processes clocks that run ahead or behind (an
-//! LD_PRELOAD shim from `tools/skew`), and `--no-faults` turns the faults off, which is how the
+//! short form (`tests/it/torture.rs`). `--skews` gives processes clocks that run ahead or behind
+//! (an LD_PRELOAD shim from `tools/skew`), and `--no-faults` turns the faults off, which is how the
 //! clock-skew test checks that no live transaction is ever taken for expired.
 
 mod chaos;

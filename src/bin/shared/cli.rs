@@ -128,9 +128,28 @@ pub(crate) fn collection_name(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// Parses a duration as humantime does (`500ms`, `30s`, `5m`, `2h`, `7d`, `1h 30m`); a bare
+/// number is seconds (`30`, `1.5`), as the runner's flags always took it.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let plain = !text.is_empty()
+        && text.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && text.matches('.').count() <= 1
+        && text != ".";
+    if plain {
+        let seconds: f64 = text
+            .parse()
+            .map_err(|_| format!("{text:?} is not a duration (try 500ms, 30s, 5m, 2h, 7d)"))?;
+        return Duration::try_from_secs_f64(seconds)
+            .map_err(|e| format!("{text:?} is not a duration: {e}"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}; try 500ms, 30s, 5m, 2h, 7d)"))
+}
+
 /// Clap parser of a duration that must be more than zero and at most `max`.
 pub(crate) fn duration_within(text: &str, max: Duration) -> Result<Duration, String> {
-    let duration = mongotx::parse_duration(text)?;
+    let duration = parse_duration(text)?;
     if duration.is_zero() {
         return Err(format!("{text:?}: must be more than zero"));
     }
@@ -143,4 +162,61 @@ pub(crate) fn duration_within(text: &str, max: Duration) -> Result<Duration, Str
 /// Clap parser of `--connect-timeout`: more than zero, at most [`MAX_CONNECT_TIMEOUT`].
 pub(crate) fn connect_timeout(text: &str) -> Result<Duration, String> {
     duration_within(text, MAX_CONNECT_TIMEOUT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refuses what is neither a bare number of seconds nor a humantime duration (negative
+    /// numbers, exponents, unknown units, durations too long to represent) with a one-line
+    /// message; accepts zero (the flags that cannot be zero refuse it themselves).
+    #[test]
+    fn durations_parse_or_are_refused_in_one_line() {
+        let garbage = [
+            "",
+            "   ",
+            "abc",
+            "s",
+            "ms",
+            ".",
+            "-5s",
+            "+5s",
+            "1e400s",
+            "1e3",
+            "NaN",
+            "inf",
+            "0x10s",
+            "1.2.3s",
+            "1.2.3",
+            "5 parsecs",
+            "5S",
+            "\u{ff15}s",
+            "99999999999999999999d",
+            "18446744073709551616",
+            "1_000s",
+        ];
+        for text in garbage {
+            let refused = parse_duration(text);
+            assert!(refused.is_err(), "{text:?} was accepted: {refused:?}");
+            let message = refused.unwrap_err();
+            assert!(
+                message.contains("not a duration") && !message.contains('\n'),
+                "{text:?}: {message:?}"
+            );
+        }
+        for (text, expected) in [
+            ("0", Duration::ZERO),
+            ("30", Duration::from_secs(30)),
+            (" 1.5 ", Duration::from_millis(1500)),
+            ("5.", Duration::from_secs(5)),
+            ("500ms", Duration::from_millis(500)),
+            ("5m", Duration::from_secs(300)),
+            ("2h", Duration::from_secs(7200)),
+            ("7d", Duration::from_secs(604_800)),
+            ("1h 30m", Duration::from_secs(5400)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(expected), "{text:?}");
+        }
+    }
 }

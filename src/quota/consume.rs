@@ -1,0 +1,374 @@
+//! Consuming and reserving quota: the single-provider fast path (one conditional update) and
+//! the generation-checked path across providers and their ancestors (one transaction when there
+//! are several).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bson::{doc, Bson, DateTime, Document};
+use futures::TryStreamExt;
+
+use crate::quota::decide::{self, Docs, Take, Write};
+use crate::quota::error::QuotaError;
+use crate::quota::model::{
+    Consumed, ProviderDoc, ProviderId, Request, Reservation, PROVIDERS_COLLECTION,
+};
+use crate::quota::ops::{stored_or_restored, Attempts, Step, FAST_TRIES, MAX_TTL};
+use crate::quota::Quota;
+use crate::repo::error::RepoError;
+use crate::repo::fields;
+use crate::retry::Retry;
+use crate::server::clock::plus;
+use crate::server::is_transient;
+use crate::txn::failpoint;
+
+impl Quota {
+    /// Takes the request's amounts from its providers and their ancestors, all or nothing, and
+    /// records them under the request's consumer. Applying the same request again (a retry after
+    /// a lost reply) counts once and returns `replayed`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(quota: mongotx::quota::Quota) -> Result<(), mongotx::quota::QuotaError> {
+    /// use mongotx::quota::{ProviderId, Request};
+    ///
+    /// let cores = ProviderId::new("team-a", "cores");
+    /// // An id the caller keeps: the same request sent again after a lost reply counts once.
+    /// let request = Request::with_id("job-7", "job-7-start").take(cores, 4);
+    /// let consumed = quota.consume(&request).await?;
+    /// println!("replayed: {}", consumed.replayed);
+    /// quota.release("job-7").await?; // every unit job-7 holds goes back
+    /// # Ok(()) }
+    /// ```
+    pub async fn consume(&self, request: &Request) -> Result<Consumed, QuotaError> {
+        decide::check_request(request)?;
+        let (consumed, _) = self.take(request, None).await?;
+        self.check(failpoint::QUOTA_CONSUME_AFTER)?;
+        Ok(consumed)
+    }
+
+    /// Holds the request's amounts like [`consume`](Quota::consume) until
+    /// [`confirm`](Quota::confirm)ed or [`cancel`](Quota::cancel)led; after `ttl` (server time)
+    /// the GC returns them. Reserving the same request again returns the same reservation.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(quota: mongotx::quota::Quota) -> Result<(), mongotx::quota::QuotaError> {
+    /// use std::time::Duration;
+    /// use mongotx::quota::{ProviderId, Request};
+    ///
+    /// let seats = ProviderId::new("tenant-9", "seats");
+    /// let request = Request::new("checkout-41").take(seats, 2);
+    /// let held = quota.reserve(&request, Duration::from_secs(300)).await?;
+    /// // ... payment succeeded:
+    /// quota.confirm(&held).await?; // or quota.cancel(&held), or let the GC return it
+    /// # Ok(()) }
+    /// ```
+    pub async fn reserve(
+        &self,
+        request: &Request,
+        ttl: Duration,
+    ) -> Result<Reservation, QuotaError> {
+        decide::check_request(request)?;
+        // Expiries are stored in whole milliseconds: a ttl under one would expire as it is made.
+        if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
+            return Err(QuotaError::InvalidTtl {
+                consumer: request.consumer.clone(),
+                request: request.id.clone(),
+                ttl,
+            });
+        }
+        let expires = plus(self.store.now().await?, ttl);
+        let (_, stored) = self.take(request, Some(expires)).await?;
+        self.check(failpoint::QUOTA_RESERVE_AFTER)?;
+        Ok(Reservation {
+            consumer: request.consumer.clone(),
+            request: request.id.clone(),
+            expires: stored.unwrap_or(expires),
+        })
+    }
+
+    pub(super) async fn take(
+        &self,
+        request: &Request,
+        expires: Option<DateTime>,
+    ) -> Result<(Consumed, Option<DateTime>), QuotaError> {
+        if request.in_flight() {
+            self.refuse_reuse_elsewhere(request).await?;
+        }
+        if let [(provider, amount)] = request.claims.as_slice() {
+            if !self.has_parent(provider) {
+                if let Some(done) = self.take_fast(request, provider, *amount, expires).await? {
+                    return Ok(done);
+                }
+            }
+        }
+        self.take_checked(request, expires).await
+    }
+
+    /// Refuses a request whose (consumer, id) already holds part of a provider this request
+    /// does not touch: the id is in use for other providers. The writes only look at the
+    /// providers they touch, so without this the same id would count a second time elsewhere.
+    ///
+    /// Only a request whose id the caller chose (or that was resent) can meet its id elsewhere,
+    /// so only those pay this read; a fresh id keeps the single-write fast path. One plain query
+    /// on the indexed entries, which also looks at the values a pending transaction would
+    /// restore; a concurrent first use of the same id elsewhere can still slip past, as it is
+    /// then a race between two different requests under one id.
+    pub(super) async fn refuse_reuse_elsewhere(&self, request: &Request) -> Result<(), QuotaError> {
+        // Live entries only: a released request remembered at 0 (until its late copies can no
+        // longer land) holds nothing, and after it is forgotten its id is free anyway.
+        let filter = doc! { "held": { "$elemMatch": {
+            "c": &request.consumer, "r": &request.id, "n": { "$gt": 0_i64 },
+        } } };
+        let found: Vec<Document> = self
+            .repo
+            .raw_collection()
+            .find(stored_or_restored(&filter))
+            .projection(doc! { "_id": 1, "ancestors": 1 })
+            .await
+            .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find request", e))?
+            .try_collect()
+            .await
+            .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "find request", e))?;
+        /// What the query projects of a provider.
+        #[derive(serde::Deserialize)]
+        struct Holder {
+            #[serde(rename = "_id")]
+            id: ProviderId,
+            #[serde(default)]
+            ancestors: Vec<ProviderId>,
+        }
+        // A document of another shape cannot be a provider holding this request.
+        let holders: Vec<(ProviderId, Vec<ProviderId>)> = found
+            .into_iter()
+            .filter_map(|stored| bson::from_document::<Holder>(stored).ok())
+            .map(|h| (h.id, h.ancestors))
+            .collect();
+        let claimed: BTreeSet<&ProviderId> = request.claims.iter().map(|(p, _)| p).collect();
+        // A claimed provider's entry is mirrored in its ancestors: those are not elsewhere.
+        let touched: BTreeSet<&ProviderId> = holders
+            .iter()
+            .filter(|(id, _)| claimed.contains(id))
+            .flat_map(|(id, ancestors)| std::iter::once(id).chain(ancestors.iter()))
+            .collect();
+        if holders.iter().any(|(id, _)| !touched.contains(id)) {
+            return Err(QuotaError::RequestReused {
+                consumer: request.consumer.clone(),
+                request: request.id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// One provider without a parent: one update whose condition is the decision itself.
+    /// `None` when the generation-checked path must decide instead.
+    pub(super) async fn take_fast(
+        &self,
+        request: &Request,
+        provider: &ProviderId,
+        amount: i64,
+        expires: Option<DateTime>,
+    ) -> Result<Option<(Consumed, Option<DateTime>)>, QuotaError> {
+        let id = provider.to_bson();
+        let shown = provider.to_string();
+        let coll = self.repo.raw_collection();
+        let mut writes = 0;
+        let consumed = |replayed: bool, writes: u32| Consumed {
+            consumer: request.consumer.clone(),
+            request: request.id.clone(),
+            replayed,
+            writes,
+            retries: 0,
+        };
+        let mut pace = Retry::until_deadline(self.options.retry);
+        for _ in 0..FAST_TRIES {
+            let now = self.store.now().await?;
+            let deadline = plus(now, self.options.send_window);
+            let mut entry = doc! { "c": &request.consumer, "r": &request.id, "n": amount };
+            if let Some(expires) = expires {
+                entry.insert("exp", expires);
+            }
+            if request.in_flight() {
+                entry.insert("dl", deadline);
+            }
+            let filter = doc! {
+                "_id": id.clone(),
+                fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
+                fields::ACTIVE_TXN: null,
+                fields::DELETED: null,
+                "parent": null,
+                "available": { "$gte": amount },
+                "held": { "$not": { "$elemMatch": { "c": &request.consumer, "r": &request.id } } },
+                "$expr": { "$lte": ["$$NOW", deadline] },
+            };
+            let update = doc! {
+                "$inc": { "usage": amount, "available": -amount, fields::VERSION: 1_i64 },
+                "$push": { "held": entry },
+            };
+            writes += 1;
+            match coll.update_one(filter, update).await {
+                Ok(result) if result.matched_count == 1 => {
+                    return Ok(Some((consumed(false, writes), expires)))
+                }
+                Ok(_) => {}
+                Err(e) if is_transient(&e) => {
+                    // The update may have been applied, or may still be: from now on every
+                    // send of this request leaves a deadline in its entry.
+                    request.mark_in_flight();
+                    tracing::debug!(provider = %shown, error = %e, "quota: consume send failed, resending");
+                    pace.pause().await;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(
+                        RepoError::database(PROVIDERS_COLLECTION, &shown, "consume", e).into(),
+                    )
+                }
+            }
+            // Nothing matched: find out why from the document itself.
+            let Some(stored) = self.repo.read_raw(&id, &shown).await? else {
+                return Err(QuotaError::UnknownProvider {
+                    provider: provider.clone(),
+                });
+            };
+            if stored
+                .get(fields::DELETED)
+                .is_some_and(|v| v != &Bson::Null)
+            {
+                return Err(QuotaError::UnknownProvider {
+                    provider: provider.clone(),
+                });
+            }
+            if stored.get("parent").is_some_and(|v| v != &Bson::Null) {
+                self.remember_parent(provider);
+                return Ok(None);
+            }
+            let held = stored
+                .get(fields::ACTIVE_TXN)
+                .is_some_and(|v| v != &Bson::Null);
+            if held
+                || stored.get_i64(fields::SCHEMA_VERSION).ok()
+                    != Some(self.repo.spec().schema_version())
+            {
+                return Ok(None);
+            }
+            let generation = stored.get_i64(fields::VERSION).unwrap_or_default();
+            let doc: ProviderDoc = bson::from_document(stored)
+                .map_err(|e| self.repo.malformed(&shown, e.to_string()))?;
+            let docs: Docs = [(provider.clone(), (generation, doc))]
+                .into_iter()
+                .collect();
+            match decide::take(request, &docs, expires, None, now)? {
+                Take::Replay { expires } => {
+                    if request.in_flight() {
+                        self.keep_deadline(request, provider, deadline).await?;
+                    }
+                    return Ok(Some((consumed(true, writes), expires)));
+                }
+                // It changed between the write and the read, or the send arrived after its
+                // deadline: try again.
+                Take::Apply(_) => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// A request found applied by a resend may have other copies in flight: its entry must keep
+    /// their deadline so that a release remembers it until then.
+    pub(super) async fn keep_deadline(
+        &self,
+        request: &Request,
+        provider: &ProviderId,
+        deadline: DateTime,
+    ) -> Result<(), QuotaError> {
+        let mut attempts = Attempts::new(
+            self.options.retry,
+            format!(
+                "keep the deadline of request {} of consumer {}",
+                request.id, request.consumer
+            ),
+        );
+        loop {
+            let (generation, mut doc) = self.read_one(provider).await?;
+            let Some(entry) = doc.held.iter_mut().find(|e| {
+                e.is(&request.consumer, &request.id) && !e.is_tombstone() && e.dl.is_none()
+            }) else {
+                return Ok(());
+            };
+            entry.dl = Some(deadline);
+            match self.write(vec![Write { generation, doc }]).await? {
+                Step::Done => return Ok(()),
+                Step::Retry(reason) | Step::Ambiguous(reason) => attempts.again(reason).await?,
+            }
+        }
+    }
+
+    /// The algorithm of the quota's reference design: read the providers and their generations,
+    /// decide, write all of them conditionally on the generations read (one transaction when
+    /// there are several), and start over if any changed.
+    pub(super) async fn take_checked(
+        &self,
+        request: &Request,
+        expires: Option<DateTime>,
+    ) -> Result<(Consumed, Option<DateTime>), QuotaError> {
+        let mut attempts = Attempts::new(
+            self.options.retry,
+            format!(
+                "consume request {} of consumer {}",
+                request.id, request.consumer
+            ),
+        );
+        let mut writes = 0_u32;
+        let mut guards = Vec::new();
+        loop {
+            let now = self.store.now().await?;
+            let deadline = request
+                .in_flight()
+                .then(|| plus(now, self.options.send_window));
+            let docs = self.read_for(request).await?;
+            if docs.len() > 1 && guards.is_empty() {
+                guards = self.queue(docs.keys()).await;
+                continue;
+            }
+            let take = decide::take(request, &docs, expires, deadline, now)?;
+            let writes_now = match take {
+                Take::Replay { expires } => {
+                    return Ok((
+                        Consumed {
+                            consumer: request.consumer.clone(),
+                            request: request.id.clone(),
+                            replayed: true,
+                            writes,
+                            retries: attempts.attempts,
+                        },
+                        expires,
+                    ))
+                }
+                Take::Apply(writes_now) => writes_now,
+            };
+            writes += u32::try_from(writes_now.len()).unwrap_or(u32::MAX);
+            match self.write(writes_now).await? {
+                Step::Done => {
+                    return Ok((
+                        Consumed {
+                            consumer: request.consumer.clone(),
+                            request: request.id.clone(),
+                            replayed: false,
+                            writes,
+                            retries: attempts.attempts,
+                        },
+                        expires,
+                    ))
+                }
+                Step::Retry(reason) => attempts.again(reason).await?,
+                Step::Ambiguous(reason) => {
+                    request.mark_in_flight();
+                    attempts.again(reason).await?
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The lock-wait write path of update, adjust, replace and delete: one conditional write on the
+//! happy path; when it matches nothing, the document is read to say why, and the write fails (not
+//! found, deleted, changed, schema too new), waits for or resolves the hold it met (bounded by the
+//! store's lock-wait policy), upgrades an older shape in memory and writes it whole, or goes again.
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields;
+use crate::repo::hold::resolve::{self, Settled};
+use crate::repo::repository::{other_index, Change, Repository, Waiter};
+use crate::server::codes;
+
+/// What a failed conditional write should do next, after looking at the document.
+enum Next {
+    Retry,
+    Wait(ObjectId),
+    Fail(RepoError),
+    Upgrade(Document, i64),
+}
+
+impl<T> Repository<T>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    pub(super) async fn write(
+        &self,
+        id: Bson,
+        expected: i64,
+        change: Change<'_>,
+    ) -> Result<i64, RepoError> {
+        let shown = show_id(&id);
+        let new_version = expected + 1;
+        let current = self.spec.schema_version();
+        let filter = self.happy_filter(&id, expected, &change);
+        let mut waiter = Waiter::new();
+        loop {
+            let written = match &change {
+                Change::Delete => {
+                    self.store
+                        .write_tombstone(&self.coll, filter.clone(), &id, current, new_version)
+                        .await
+                }
+                Change::Replace(value) => {
+                    let mut replacement = value.clone();
+                    self.stamp(&mut replacement, new_version);
+                    self.coll
+                        .replace_one(filter.clone(), replacement)
+                        .await
+                        .map(|r| r.matched_count)
+                }
+                Change::Update(_) | Change::Adjust(_) => self
+                    .coll
+                    .update_one(filter.clone(), self.happy_update(new_version, &change))
+                    .await
+                    .map(|r| r.matched_count),
+            };
+            match written {
+                Ok(1) => {
+                    tracing::debug!(collection = self.name(), id = %shown, version = new_version, "{}", change.verb());
+                    return Ok(new_version);
+                }
+                Ok(_) => {}
+                Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
+                    let index = other_index(&e).unwrap_or_else(|| "_id_".to_string());
+                    return Err(self.duplicate_key(&shown, index));
+                }
+                Err(e) => return Err(self.write_error(&shown, change.verb(), e)),
+            }
+
+            match self
+                .diagnose(&id, &shown, expected, current, &change)
+                .await?
+            {
+                Next::Fail(error) => return Err(error),
+                Next::Upgrade(stored, stored_schema) => {
+                    if self
+                        .write_upgraded(&id, &shown, expected, stored, stored_schema, &change)
+                        .await?
+                    {
+                        return Ok(new_version);
+                    }
+                }
+                Next::Retry => {}
+                Next::Wait(holder) => self.wait_for(&id, &shown, holder, &mut waiter).await?,
+            }
+            if waiter.started.elapsed() >= self.store.inner.lock_wait.max_wait {
+                return Err(self.locked(&shown, &waiter));
+            }
+        }
+    }
+
+    /// Deals with document `id` held by `holder`: resolves it if its outcome is decided or its
+    /// deadline passed, else pauses; fails with `Locked` once the lock-wait budget is spent.
+    pub(super) async fn wait_for(
+        &self,
+        id: &Bson,
+        shown: &str,
+        holder: ObjectId,
+        waiter: &mut Waiter,
+    ) -> Result<(), RepoError> {
+        let lock_wait = self.store.inner.lock_wait;
+        let settled = resolve::settle(&self.store, self.name(), id, holder)
+            .await
+            .map_err(|source| self.hold_error(shown, holder, source))?;
+        // A resolved holder is retried at once, unless the same one is still there.
+        let again = waiter.last_holder == Some(holder);
+        waiter.last_holder = Some(holder);
+        if settled == Settled::Freed && !again {
+            return Ok(());
+        }
+        if waiter.started.elapsed() >= lock_wait.max_wait {
+            return Err(self.locked(shown, waiter));
+        }
+        tokio::time::sleep(lock_wait.backoff(waiter.pauses)).await;
+        waiter.pauses += 1;
+        Ok(())
+    }
+
+    fn locked(&self, shown: &str, waiter: &Waiter) -> RepoError {
+        RepoError::Locked {
+            collection: self.name().to_string(),
+            id: shown.to_string(),
+            holder: waiter.last_holder,
+            waited: waiter.started.elapsed(),
+        }
+    }
+
+    /// The filter of the single write attempted first.
+    fn happy_filter(&self, id: &Bson, expected: i64, change: &Change<'_>) -> Document {
+        let current = self.spec.schema_version();
+        let mut filter = doc! {
+            "_id": id.clone(),
+            fields::VERSION: expected,
+            fields::ACTIVE_TXN: null,
+            fields::DELETED: null,
+        };
+        match change {
+            // Field-level changes are only safe on documents already in the current shape.
+            Change::Update(_) => {
+                filter.insert(fields::SCHEMA_VERSION, current);
+            }
+            Change::Adjust(adjust) => {
+                filter.insert(fields::SCHEMA_VERSION, current);
+                filter.insert("$and", adjust.applicable());
+            }
+            // A whole new value (or a tombstone) may replace any older shape.
+            Change::Replace(_) | Change::Delete => {
+                filter.insert(fields::SCHEMA_VERSION, doc! { "$lte": current });
+            }
+        }
+        filter
+    }
+
+    /// The update document of a field-level change.
+    fn happy_update(&self, new_version: i64, change: &Change<'_>) -> Document {
+        match change {
+            Change::Update(update) => {
+                let mut set = doc! {};
+                for (path, value) in update.sets() {
+                    set.insert(path.clone(), value.clone());
+                }
+                set.insert(fields::VERSION, new_version);
+                let mut op = doc! { "$set": set };
+                if !update.unsets().is_empty() {
+                    let unset: Document = update
+                        .unsets()
+                        .iter()
+                        .map(|p| (p.clone(), Bson::String(String::new())))
+                        .collect();
+                    op.insert("$unset", unset);
+                }
+                op
+            }
+            Change::Adjust(adjust) => {
+                let inc: Document = adjust
+                    .increments()
+                    .iter()
+                    .map(|(p, v)| (p.clone(), v.clone()))
+                    .collect();
+                doc! { "$inc": inc, "$set": { fields::VERSION: new_version } }
+            }
+            Change::Replace(_) | Change::Delete => doc! {},
+        }
+    }
+
+    /// Reads the document after a write matched nothing and decides what to do.
+    async fn diagnose(
+        &self,
+        id: &Bson,
+        shown: &str,
+        expected: i64,
+        current: i64,
+        change: &Change<'_>,
+    ) -> Result<Next, RepoError> {
+        let Some(stored) = self.read_raw(id, shown).await? else {
+            return Ok(Next::Fail(RepoError::NotFound {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+            }));
+        };
+        let sys = self.system_fields(shown, &stored)?;
+        if sys.is_deleted() {
+            return Ok(Next::Fail(RepoError::Deleted {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+                version: sys.version,
+            }));
+        }
+        if let Some(holder) = sys.active_txn {
+            return Ok(Next::Wait(holder));
+        }
+        if sys.schema_version > current {
+            return Ok(Next::Fail(self.too_new(shown, sys.schema_version)));
+        }
+        if sys.version != expected {
+            return Ok(Next::Fail(RepoError::VersionConflict {
+                collection: self.name().to_string(),
+                id: shown.to_string(),
+                expected,
+                actual: sys.version,
+            }));
+        }
+        if sys.schema_version < current && matches!(change, Change::Update(_) | Change::Adjust(_)) {
+            return Ok(Next::Upgrade(stored, sys.schema_version));
+        }
+        if let Change::Adjust(adjust) = change {
+            if let Some(error) = self.increment_refused(shown, adjust, &stored) {
+                return Ok(Next::Fail(error));
+            }
+        }
+        // The document matches now: a holder came and went between the write and the read.
+        Ok(Next::Retry)
+    }
+
+    /// Applies a field-level change to an older-shape document by upgrading it in memory and
+    /// replacing it whole, still conditional on the version and stored shape read.
+    async fn write_upgraded(
+        &self,
+        id: &Bson,
+        shown: &str,
+        expected: i64,
+        stored: Document,
+        stored_schema: i64,
+        change: &Change<'_>,
+    ) -> Result<bool, RepoError> {
+        let mut doc = self.upgrade(shown, stored, stored_schema)?;
+        let applied = match change {
+            Change::Update(update) => update.apply_to(&mut doc),
+            Change::Adjust(adjust) => adjust.apply_to(&mut doc),
+            Change::Replace(_) | Change::Delete => Ok(()),
+        };
+        applied.map_err(|violation| self.invalid(shown, violation))?;
+        self.stamp(&mut doc, expected + 1);
+        self.validate(shown, &doc)?;
+        let filter = doc! {
+            "_id": id.clone(),
+            fields::VERSION: expected,
+            fields::SCHEMA_VERSION: stored_schema,
+            fields::ACTIVE_TXN: null,
+            fields::DELETED: null,
+        };
+        let result = match self.coll.replace_one(filter, doc).await {
+            Ok(result) => result,
+            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
+                let index = other_index(&e).unwrap_or_else(|| "_id_".to_string());
+                return Err(self.duplicate_key(shown, index));
+            }
+            Err(e) => return Err(self.write_error(shown, change.verb(), e)),
+        };
+        if result.matched_count == 1 {
+            tracing::info!(collection = self.name(), id = %shown, from = stored_schema, to = self.spec.schema_version(), "upgraded document on write");
+        }
+        Ok(result.matched_count == 1)
+    }
+}

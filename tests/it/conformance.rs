@@ -1,0 +1,1689 @@
+//! The server behaviours mongotx's correctness rests on, one test each, every expectation taken
+//! from the MongoDB manual page cited beside it. The suite runs against whatever server the tests
+//! use, so it checks a user's own deployment too:
+//!
+//! ```sh
+//! MONGODB_URI=mongodb://host:27017/ cargo test --test it conformance::
+//! ```
+//!
+//! Where MongoDB changed between versions, a test asks the server which version it is and expects
+//! that version's behaviour (the local test server plays 8.0, or 4.4 with `--no-bulk-write`, which
+//! `MONGOTX_TEST_SERVER_ARGS=--no-bulk-write` gives the harness). Nothing is skipped: a behaviour a
+//! version lacks is asserted to be absent.
+
+use std::collections::BTreeSet;
+
+use crate::common::TestDb;
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use futures::future::join_all;
+use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
+use mongodb::{Collection, Database};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// The server's version as (major, minor), from `buildInfo`.
+async fn version(db: &Database) -> (i32, i32) {
+    let info = db
+        .run_command(doc! { "buildInfo": 1 })
+        .await
+        .expect("buildInfo");
+    let parts: Vec<i32> = info
+        .get_array("versionArray")
+        .expect("buildInfo.versionArray")
+        .iter()
+        .filter_map(|v| v.as_i32().or_else(|| v.as_i64().map(|n| n as i32)))
+        .collect();
+    (parts[0], parts.get(1).copied().unwrap_or(0))
+}
+
+/// Runs a command that must succeed (ok: 1), returning its reply.
+async fn command(db: &Database, cmd: Document) -> Document {
+    let shown = cmd.to_string();
+    db.run_command(cmd)
+        .await
+        .unwrap_or_else(|e| panic!("command {shown} failed: {e}"))
+}
+
+/// The code of a command's error, which must fail.
+async fn command_error_code(db: &Database, cmd: Document) -> i32 {
+    let shown = cmd.to_string();
+    match db.run_command(cmd).await {
+        Ok(reply) => panic!("command {shown} should fail, replied {reply}"),
+        Err(e) => code_of(&e).unwrap_or_else(|| panic!("command {shown}: no server code in {e}")),
+    }
+}
+
+fn code_of(e: &mongodb::error::Error) -> Option<i32> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some(c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some(w.code),
+        _ => None,
+    }
+}
+
+/// The write errors of a write command's reply (empty when there are none).
+fn write_errors(reply: &Document) -> Vec<Document> {
+    reply
+        .get_array("writeErrors")
+        .map(|errors| {
+            errors
+                .iter()
+                .filter_map(|e| e.as_document().cloned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn int(doc: &Document, key: &str) -> i64 {
+    match doc.get(key) {
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        Some(Bson::Double(n)) => *n as i64,
+        other => panic!("{key} is not a number in {doc}: {other:?}"),
+    }
+}
+
+/// Every document of a collection, sorted by `_id`.
+async fn all(coll: &Collection<Document>) -> Vec<Document> {
+    coll.find(doc! {})
+        .sort(doc! { "_id": 1 })
+        .await
+        .expect("find")
+        .try_collect()
+        .await
+        .expect("collect")
+}
+
+/// The `_id`s a filter matches, in the order of `sort`.
+async fn ids(coll: &Collection<Document>, filter: Document, sort: Document) -> Vec<Bson> {
+    coll.find(filter)
+        .sort(sort)
+        .await
+        .expect("find")
+        .try_collect::<Vec<Document>>()
+        .await
+        .expect("collect")
+        .into_iter()
+        .map(|d| d.get("_id").cloned().unwrap_or(Bson::Null))
+        .collect()
+}
+
+/// Asserts that `filter` matches exactly the documents with the `_id`s `expected`, sorted by `_id`.
+async fn assert_matches(coll: &Collection<Document>, filter: Document, expected: &[i32]) {
+    let shown = filter.to_string();
+    let found = ids(coll, filter, doc! { "_id": 1 }).await;
+    let expected: Vec<Bson> = expected.iter().map(|i| Bson::Int32(*i)).collect();
+    assert_eq!(found, expected, "{shown}");
+}
+
+/// Creates `name` with `validator` (and any extra options) and returns it.
+async fn with_validator(db: &Database, name: &str, options: Document) -> Collection<Document> {
+    let mut create = doc! { "create": name };
+    create.extend(options);
+    command(db, create).await;
+    db.collection(name)
+}
+
+/// The reply of a raw `insert` of one document.
+async fn insert_raw(db: &Database, coll: &str, document: Document) -> Document {
+    command(
+        db,
+        doc! { "insert": coll, "documents": [document], "ordered": true },
+    )
+    .await
+}
+
+/// Whether inserting `document` is refused by the validator (code 121); any other error fails.
+async fn refused_by_validator(db: &Database, coll: &str, document: Document) -> bool {
+    let reply = insert_raw(db, coll, document.clone()).await;
+    match write_errors(&reply).first() {
+        None => false,
+        Some(error) if int(error, "code") == 121 => true,
+        Some(error) => panic!("inserting {document} failed otherwise: {error}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schema validation
+// ---------------------------------------------------------------------------------------------
+
+fn account_schema() -> Document {
+    doc! { "$jsonSchema": {
+        "bsonType": "object",
+        "required": ["owner", "balance"],
+        "properties": {
+            "owner": { "bsonType": "string" },
+            "balance": { "bsonType": "long", "minimum": 0 },
+        },
+    } }
+}
+
+/// https://www.mongodb.com/docs/manual/core/schema-validation/specify-json-schema/ : a document
+/// that does not match the collection's `$jsonSchema` is refused with code 121
+/// (DocumentValidationFailure), one that does is stored.
+#[tokio::test]
+async fn a_json_schema_validator_refuses_an_invalid_insert_with_code_121() {
+    let t = TestDb::new().await;
+    let coll = with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
+    let reply = insert_raw(
+        &t.db,
+        "acc",
+        doc! { "_id": 1, "owner": "ann", "balance": "lots" },
+    )
+    .await;
+    let errors = write_errors(&reply);
+    assert_eq!(errors.len(), 1, "{reply}");
+    assert_eq!(int(&errors[0], "code"), 121, "{reply}");
+    assert_eq!(int(&reply, "n"), 0, "{reply}");
+    let reply = insert_raw(
+        &t.db,
+        "acc",
+        doc! { "_id": 2, "owner": "bob", "balance": 5_i64 },
+    )
+    .await;
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+    assert_eq!(all(&coll).await.len(), 1);
+}
+
+/// https://www.mongodb.com/docs/manual/core/schema-validation/handle-invalid-documents/ and the
+/// 5.0 release notes ("Improved error messages for schema validation"): from 5.0 a refusal carries
+/// `errInfo` with the failing document's `_id` and `details` naming each rule that failed
+/// (`operatorName`), the property (`propertiesNotSatisfied[].propertyName`) and the missing
+/// required fields; 4.4 carries no details.
+#[tokio::test]
+async fn a_validation_failure_names_the_rule_and_the_property() {
+    let t = TestDb::new().await;
+    with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
+    let reply = insert_raw(&t.db, "acc", doc! { "_id": 7, "balance": "lots" }).await;
+    let error = write_errors(&reply).first().cloned().expect("refused");
+    assert_eq!(int(&error, "code"), 121);
+    let details = error
+        .get_document("errInfo")
+        .ok()
+        .and_then(|info| info.get_document("details").ok());
+    if version(&t.db).await < (5, 0) {
+        assert!(
+            details.is_none(),
+            "4.4 explains no validation failure: {error}"
+        );
+        return;
+    }
+    let info = error.get_document("errInfo").expect("errInfo");
+    assert_eq!(
+        info.get("failingDocumentId"),
+        Some(&Bson::Int32(7)),
+        "{info}"
+    );
+    let details = details.expect("errInfo.details");
+    assert_eq!(details.get_str("operatorName").ok(), Some("$jsonSchema"));
+    let rules: Vec<&Document> = details
+        .get_array("schemaRulesNotSatisfied")
+        .expect("schemaRulesNotSatisfied")
+        .iter()
+        .filter_map(Bson::as_document)
+        .collect();
+    let properties = rules
+        .iter()
+        .find(|r| r.get_str("operatorName").ok() == Some("properties"))
+        .unwrap_or_else(|| panic!("no properties rule in {details}"));
+    let property = properties
+        .get_array("propertiesNotSatisfied")
+        .expect("propertiesNotSatisfied")[0]
+        .as_document()
+        .expect("a property");
+    assert_eq!(property.get_str("propertyName").ok(), Some("balance"));
+    let failed = property.get_array("details").expect("details")[0]
+        .as_document()
+        .expect("a rule");
+    assert_eq!(failed.get_str("operatorName").ok(), Some("bsonType"));
+    let required = rules
+        .iter()
+        .find(|r| r.get_str("operatorName").ok() == Some("required"))
+        .unwrap_or_else(|| panic!("no required rule in {details}"));
+    assert_eq!(
+        required
+            .get_array("missingProperties")
+            .expect("missingProperties"),
+        &vec![Bson::from("owner")]
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/core/schema-validation/ : validation applies to inserts and
+/// to updates (by operators, by replacement, by pipeline, through findAndModify, as an upsert, and
+/// inside a `bulkWrite`, https://www.mongodb.com/docs/manual/reference/command/bulkWrite/).
+#[tokio::test]
+async fn the_validator_checks_every_write_path() {
+    let t = TestDb::new().await;
+    let coll = with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
+    coll.insert_one(doc! { "_id": 1, "owner": "ann", "balance": 5_i64 })
+        .await
+        .expect("valid insert");
+    let refused = |reply: Document| {
+        let errors = write_errors(&reply);
+        errors.len() == 1 && int(&errors[0], "code") == 121
+    };
+    let update = |u: Bson, upsert: bool| {
+        doc! { "update": "acc", "updates": [{ "q": { "_id": if upsert { 2 } else { 1 } }, "u": u, "upsert": upsert }] }
+    };
+    // By operators, by replacement, by pipeline, as an upsert.
+    assert!(refused(
+        command(
+            &t.db,
+            update(doc! { "$set": { "balance": -1_i64 } }.into(), false)
+        )
+        .await
+    ));
+    assert!(refused(
+        command(&t.db, update(doc! { "owner": "ann" }.into(), false)).await
+    ));
+    let pipeline = vec![Bson::from(doc! { "$set": { "balance": "$owner" } })];
+    assert!(refused(
+        command(&t.db, update(pipeline.into(), false)).await
+    ));
+    assert!(refused(
+        command(
+            &t.db,
+            update(doc! { "$set": { "owner": "bo" } }.into(), true)
+        )
+        .await
+    ));
+    // findAndModify: a command error with the same code.
+    let code = command_error_code(
+        &t.db,
+        doc! { "findAndModify": "acc", "query": { "_id": 1 }, "update": { "$unset": { "owner": "" } } },
+    )
+    .await;
+    assert_eq!(code, 121);
+    // A valid change of each kind still goes through.
+    let ok = command(
+        &t.db,
+        update(doc! { "$inc": { "balance": 1_i64 } }.into(), false),
+    )
+    .await;
+    assert!(write_errors(&ok).is_empty(), "{ok}");
+    assert_eq!(
+        all(&coll).await,
+        vec![doc! { "_id": 1, "owner": "ann", "balance": 6_i64 }]
+    );
+
+    // bulkWrite: the refused entry alone fails (8.0+); before 8.0 there is no bulkWrite.
+    use mongodb::options::{InsertOneModel, UpdateOneModel, WriteModel};
+    let models: Vec<WriteModel> = vec![
+        UpdateOneModel::builder()
+            .namespace(coll.namespace())
+            .filter(doc! { "_id": 1 })
+            .update(doc! { "$set": { "balance": "x" } })
+            .build()
+            .into(),
+        InsertOneModel::builder()
+            .namespace(coll.namespace())
+            .document(doc! { "_id": 3, "owner": "cy", "balance": 1_i64 })
+            .build()
+            .into(),
+    ];
+    let outcome = t.client.bulk_write(models).ordered(false).await;
+    if version(&t.db).await < (8, 0) {
+        assert!(outcome.is_err(), "bulkWrite before 8.0");
+        return;
+    }
+    let e = outcome.expect_err("the first entry is refused");
+    let mongodb::error::ErrorKind::BulkWrite(failure) = e.kind.as_ref() else {
+        panic!("expected a bulk write error, got {e}");
+    };
+    assert_eq!(failure.write_errors.len(), 1, "{failure:?}");
+    assert_eq!(failure.write_errors.get(&0).map(|w| w.code), Some(121));
+    assert_eq!(all(&coll).await.len(), 2, "the valid entry was written");
+}
+
+/// https://www.mongodb.com/docs/manual/core/schema-validation/specify-validation-level/ :
+/// `moderate` validates inserts and updates of documents that were valid, and lets updates of
+/// already invalid documents through; `strict` (the default) validates every update.
+#[tokio::test]
+async fn validation_level_moderate_lets_updates_of_invalid_documents_through() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("acc");
+    coll.insert_many([
+        doc! { "_id": 1, "owner": 5, "balance": 1_i64 },
+        doc! { "_id": 2, "owner": "bo", "balance": 1_i64 },
+    ])
+    .await
+    .expect("seed before any validator");
+    command(
+        &t.db,
+        doc! { "collMod": "acc", "validator": account_schema(), "validationLevel": "moderate" },
+    )
+    .await;
+    let set = |id: i32, balance: i64| {
+        doc! { "update": "acc", "updates": [{ "q": { "_id": id }, "u": { "$set": { "balance": balance } } }] }
+    };
+    // Invalid before, invalid after: moderate lets it through.
+    let reply = command(&t.db, set(1, -5)).await;
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+    // Valid before: the change is checked.
+    let reply = command(&t.db, set(2, -5)).await;
+    assert_eq!(write_errors(&reply).len(), 1, "{reply}");
+    command(
+        &t.db,
+        doc! { "collMod": "acc", "validationLevel": "strict" },
+    )
+    .await;
+    let reply = command(&t.db, set(1, -6)).await;
+    assert_eq!(
+        write_errors(&reply).first().map(|e| int(e, "code")),
+        Some(121),
+        "strict checks every update: {reply}"
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/core/schema-validation/handle-invalid-documents/ :
+/// `validationAction: "warn"` stores an invalid document (and logs it); `bypassDocumentValidation`
+/// skips the validator for one command.
+#[tokio::test]
+async fn validation_action_warn_and_bypass_let_invalid_documents_in() {
+    let t = TestDb::new().await;
+    with_validator(
+        &t.db,
+        "warned",
+        doc! { "validator": account_schema(), "validationAction": "warn" },
+    )
+    .await;
+    assert!(!refused_by_validator(&t.db, "warned", doc! { "_id": 1 }).await);
+    with_validator(&t.db, "strict", doc! { "validator": account_schema() }).await;
+    assert!(refused_by_validator(&t.db, "strict", doc! { "_id": 1 }).await);
+    let reply = command(
+        &t.db,
+        doc! { "insert": "strict", "documents": [{ "_id": 1 }], "bypassDocumentValidation": true },
+    )
+    .await;
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+}
+
+/// https://www.mongodb.com/docs/manual/reference/command/collMod/#validator and
+/// https://www.mongodb.com/docs/manual/reference/command/listCollections/ : `collMod` replaces a
+/// collection's validator, which `listCollections` then reports in `options`, and writes are
+/// judged by the new one.
+#[tokio::test]
+async fn coll_mod_replaces_the_validator_and_list_collections_reports_it() {
+    let t = TestDb::new().await;
+    with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
+    let loose = doc! { "$jsonSchema": { "bsonType": "object", "required": ["owner"] } };
+    command(&t.db, doc! { "collMod": "acc", "validator": loose.clone() }).await;
+    let listed = command(
+        &t.db,
+        doc! { "listCollections": 1, "filter": { "name": "acc" } },
+    )
+    .await;
+    let first = listed
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .expect("firstBatch")[0]
+        .as_document()
+        .expect("an entry")
+        .clone();
+    assert_eq!(
+        first
+            .get_document("options")
+            .and_then(|o| o.get_document("validator")),
+        Ok(&loose),
+        "{first}"
+    );
+    assert!(!refused_by_validator(&t.db, "acc", doc! { "_id": 1, "owner": "ann" }).await);
+    assert!(refused_by_validator(&t.db, "acc", doc! { "_id": 2 }).await);
+    let code = command_error_code(
+        &t.db,
+        doc! { "collMod": "no_such_collection", "validator": loose },
+    )
+    .await;
+    assert_eq!(
+        code, 26,
+        "collMod of a missing collection is NamespaceNotFound"
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/core/schema-validation/specify-query-expression-rules/ :
+/// a validator is a query; `$jsonSchema` combines with other query operators (`$or`, `$exists`,
+/// `$expr`), which is how mongotx lets tombstones through.
+#[tokio::test]
+async fn validators_combine_json_schema_with_query_operators() {
+    let t = TestDb::new().await;
+    let validator = doc! {
+        "$or": [
+            { "deleted": { "$exists": true } },
+            account_schema(),
+        ],
+        "$expr": { "$ne": ["$owner", "nobody"] },
+    };
+    with_validator(&t.db, "acc", doc! { "validator": validator }).await;
+    assert!(!refused_by_validator(&t.db, "acc", doc! { "_id": 1, "deleted": true }).await);
+    assert!(
+        !refused_by_validator(
+            &t.db,
+            "acc",
+            doc! { "_id": 2, "owner": "a", "balance": 0_i64 }
+        )
+        .await
+    );
+    assert!(refused_by_validator(&t.db, "acc", doc! { "_id": 3, "owner": "a" }).await);
+    assert!(
+        refused_by_validator(
+            &t.db,
+            "acc",
+            doc! { "_id": 4, "owner": "nobody", "deleted": 1 }
+        )
+        .await
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/reference/operator/query/jsonSchema/ : the keywords MongoDB
+/// supports, each with a document it accepts and one it refuses. Keywords about numbers, strings,
+/// objects or arrays pass values of other types; `bsonType` tells int, long and double apart while
+/// `number` takes them all; `minLength` and `maxLength` count code points; null is a value, not a
+/// missing field.
+#[tokio::test]
+async fn json_schema_keywords_behave_as_the_manual_says() {
+    let t = TestDb::new().await;
+    let cases: Vec<(Document, Vec<(Document, bool)>)> = vec![
+        (
+            doc! { "properties": { "x": { "bsonType": "long" } } },
+            vec![
+                (doc! { "x": 1_i64 }, true),
+                (doc! { "x": 1_i32 }, false),
+                (doc! { "x": 1.0 }, false),
+                (doc! {}, true),
+                (doc! { "x": Bson::Null }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "bsonType": "number" } } },
+            vec![
+                (doc! { "x": 1_i32 }, true),
+                (doc! { "x": 1_i64 }, true),
+                (doc! { "x": 1.5 }, true),
+                (doc! { "x": "1" }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "bsonType": ["string", "null"] } } },
+            vec![
+                (doc! { "x": Bson::Null }, true),
+                (doc! { "x": "a" }, true),
+                (doc! { "x": 1 }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "type": "number" }, "b": { "type": "boolean" } } },
+            vec![
+                (doc! { "x": 1_i32, "b": true }, true),
+                (doc! { "b": 1 }, false),
+            ],
+        ),
+        (
+            doc! { "required": ["x"] },
+            vec![(doc! { "x": Bson::Null }, true), (doc! { "y": 1 }, false)],
+        ),
+        (
+            doc! {
+                "properties": { "_id": {}, "a": {} },
+                "additionalProperties": false,
+            },
+            vec![(doc! { "a": 1 }, true), (doc! { "a": 1, "b": 2 }, false)],
+        ),
+        (
+            doc! {
+                "properties": { "_id": {} },
+                "additionalProperties": { "bsonType": "int" },
+            },
+            vec![(doc! { "n": 1 }, true), (doc! { "n": "one" }, false)],
+        ),
+        (
+            doc! {
+                "properties": { "_id": {} },
+                "patternProperties": { "^s_": { "bsonType": "string" } },
+                "additionalProperties": false,
+            },
+            vec![
+                (doc! { "s_a": "x" }, true),
+                (doc! { "s_a": 1 }, false),
+                (doc! { "t": "x" }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "enum": [1, "a"] } } },
+            vec![
+                (doc! { "x": 1.0 }, true),
+                (doc! { "x": 1_i64 }, true),
+                (doc! { "x": "a" }, true),
+                (doc! { "x": 2 }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "minimum": 0, "maximum": 10_i64 } } },
+            vec![
+                (doc! { "x": 0 }, true),
+                (doc! { "x": 10 }, true),
+                (doc! { "x": -1 }, false),
+                (doc! { "x": 10.5 }, false),
+                (doc! { "x": "not a number" }, true),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "minimum": 0, "exclusiveMinimum": true } } },
+            vec![(doc! { "x": 0.5 }, true), (doc! { "x": 0 }, false)],
+        ),
+        (
+            doc! { "properties": { "x": { "multipleOf": 3 } } },
+            vec![
+                (doc! { "x": 9 }, true),
+                (doc! { "x": 9.0 }, true),
+                (doc! { "x": 10 }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "s": { "minLength": 2, "maxLength": 3 } } },
+            vec![
+                (doc! { "s": "ab" }, true),
+                (doc! { "s": "\u{e9}\u{e9}\u{e9}" }, true),
+                (doc! { "s": "a" }, false),
+                (doc! { "s": "abcd" }, false),
+                (doc! { "s": 12345 }, true),
+            ],
+        ),
+        (
+            doc! { "properties": { "s": { "pattern": "^[a-z]+$" }, "t": { "pattern": "b" } } },
+            vec![
+                (doc! { "s": "abc", "t": "abc" }, true),
+                (doc! { "s": "ab1" }, false),
+                (doc! { "t": "xyz" }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "a": { "items": { "bsonType": "int" }, "minItems": 1, "maxItems": 2 } } },
+            vec![
+                (doc! { "a": [1, 2] }, true),
+                (doc! { "a": [1, "x"] }, false),
+                (doc! { "a": [] }, false),
+                (doc! { "a": [1, 2, 3] }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "a": {
+                "items": [{ "bsonType": "int" }, { "bsonType": "string" }],
+                "additionalItems": false,
+            } } },
+            vec![
+                (doc! { "a": [1, "x"] }, true),
+                (doc! { "a": [1] }, true),
+                (doc! { "a": [1, "x", 3] }, false),
+                (doc! { "a": ["x"] }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "a": { "uniqueItems": true } } },
+            vec![(doc! { "a": [1, 2] }, true), (doc! { "a": [1, 1] }, false)],
+        ),
+        (
+            doc! { "properties": { "x": {
+                "allOf": [{ "minimum": 0 }, { "maximum": 5 }],
+                "anyOf": [{ "bsonType": "int" }, { "bsonType": "long" }],
+            } } },
+            vec![
+                (doc! { "x": 3 }, true),
+                (doc! { "x": 6 }, false),
+                (doc! { "x": 3.5 }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "oneOf": [{ "minimum": 0 }, { "maximum": 5 }] } } },
+            vec![
+                (doc! { "x": 7 }, true),
+                (doc! { "x": -1 }, true),
+                (doc! { "x": 3 }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "x": { "not": { "bsonType": "string" } } } },
+            vec![(doc! { "x": 1 }, true), (doc! { "x": "a" }, false)],
+        ),
+        (
+            doc! { "dependencies": { "a": ["b"], "c": { "required": ["d"] } } },
+            vec![
+                (doc! { "a": 1, "b": 1 }, true),
+                (doc! { "b": 1 }, true),
+                (doc! { "a": 1 }, false),
+                (doc! { "c": 1 }, false),
+                (doc! { "c": 1, "d": 1 }, true),
+            ],
+        ),
+        (
+            doc! { "minProperties": 2, "maxProperties": 3 },
+            vec![
+                (doc! { "a": 1 }, true),
+                (doc! {}, false),
+                (doc! { "a": 1, "b": 2, "c": 3 }, false),
+            ],
+        ),
+        (
+            doc! { "properties": { "o": {
+                "bsonType": "object",
+                "required": ["k"],
+                "properties": { "k": { "bsonType": "int" } },
+            } } },
+            vec![
+                (doc! { "o": { "k": 1 } }, true),
+                (doc! { "o": {} }, false),
+                (doc! { "o": { "k": "1" } }, false),
+            ],
+        ),
+    ];
+    let mut checked = 0;
+    for (n, (schema, documents)) in cases.into_iter().enumerate() {
+        let name = format!("case{n}");
+        with_validator(
+            &t.db,
+            &name,
+            doc! { "validator": { "$jsonSchema": schema.clone() } },
+        )
+        .await;
+        for (i, (mut document, valid)) in documents.into_iter().enumerate() {
+            document.insert("_id", i as i32);
+            let refused = refused_by_validator(&t.db, &name, document.clone()).await;
+            assert_eq!(
+                !refused,
+                valid,
+                "schema {schema}: {document} should be {}",
+                if valid { "accepted" } else { "refused" }
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "{checked} cases");
+}
+
+// ---------------------------------------------------------------------------------------------
+// $$NOW
+// ---------------------------------------------------------------------------------------------
+
+/// Stages that keep the server busy for a few milliseconds between two readings of `$$NOW`.
+fn spin(n: i32) -> Document {
+    doc! { "$set": { "spin": { "$size": { "$range": [0, n] } } } }
+}
+
+/// https://www.mongodb.com/docs/manual/reference/aggregation-variables/#mongodb-variable-variable.NOW :
+/// `$$NOW` "returns the same value for all members of the deployment and remains the same
+/// throughout all stages of the aggregation pipeline", including an update's pipeline.
+#[tokio::test]
+async fn now_is_one_instant_across_the_stages_of_a_pipeline_update() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("clock");
+    coll.insert_one(doc! { "_id": 1 }).await.expect("insert");
+    for _ in 0..3 {
+        let pipeline = vec![
+            doc! { "$set": { "a": "$$NOW" } },
+            spin(300_000),
+            doc! { "$set": { "b": "$$NOW" } },
+            doc! { "$unset": "spin" },
+        ];
+        coll.update_one(doc! { "_id": 1 }, pipeline)
+            .await
+            .expect("pipeline update");
+        let stored = coll
+            .find_one(doc! { "_id": 1 })
+            .await
+            .expect("find")
+            .expect("doc");
+        assert_eq!(stored.get("a"), stored.get("b"), "{stored}");
+        assert!(stored.get_datetime("a").is_ok(), "{stored}");
+    }
+}
+
+/// Same page: one statement has one `$$NOW`, so every document a multi-document update changes
+/// gets the same instant.
+#[tokio::test]
+async fn now_is_one_instant_across_the_documents_of_a_multi_update() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("clock");
+    coll.insert_many((0..40).map(|i| doc! { "_id": i }))
+        .await
+        .expect("insert");
+    let pipeline = vec![
+        spin(100_000),
+        doc! { "$set": { "t": "$$NOW" } },
+        doc! { "$unset": "spin" },
+    ];
+    let done = coll
+        .update_many(doc! {}, pipeline)
+        .await
+        .expect("multi pipeline update");
+    assert_eq!(done.modified_count, 40);
+    let stamps: BTreeSet<i64> = all(&coll)
+        .await
+        .iter()
+        .map(|d| d.get_datetime("t").expect("t").timestamp_millis())
+        .collect();
+    assert_eq!(stamps.len(), 1, "{stamps:?}");
+}
+
+/// Same page: the filter of a statement and its update read the same `$$NOW`, so a deadline the
+/// filter found not yet passed is not passed for the update either.
+#[tokio::test]
+async fn a_statement_filter_and_its_update_see_the_same_now() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("clock");
+    coll.insert_one(doc! { "_id": 1 }).await.expect("insert");
+    let mut matched = 0;
+    for attempt in 0..40_i64 {
+        // A deadline a few milliseconds after the server's now.
+        let ahead = 1 + attempt % 12;
+        coll.update_one(
+            doc! { "_id": 1 },
+            vec![doc! { "$set": { "deadline": { "$add": ["$$NOW", ahead] } } }],
+        )
+        .await
+        .expect("set deadline");
+        let done = coll
+            .update_one(
+                doc! { "_id": 1, "$expr": { "$lte": ["$$NOW", "$deadline"] } },
+                vec![
+                    spin(200_000),
+                    doc! { "$set": { "late": { "$gt": ["$$NOW", "$deadline"] } } },
+                    doc! { "$unset": "spin" },
+                ],
+            )
+            .await
+            .expect("guarded update");
+        if done.matched_count == 1 {
+            matched += 1;
+            let stored = coll
+                .find_one(doc! { "_id": 1 })
+                .await
+                .expect("find")
+                .expect("doc");
+            assert_eq!(
+                stored.get_bool("late"),
+                Ok(false),
+                "the filter saw the deadline ahead, the update saw it passed: {stored}"
+            );
+        }
+    }
+    assert!(
+        matched > 0,
+        "no attempt met its deadline: the check never ran"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison order
+// ---------------------------------------------------------------------------------------------
+
+/// https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/ and
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/eq/ : in aggregation
+/// expressions a missing field is not null and sorts before it; in a query, `{a: null}` matches
+/// both (https://www.mongodb.com/docs/manual/tutorial/query-for-null-fields/).
+#[tokio::test]
+async fn expressions_tell_a_missing_field_from_null() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("nulls");
+    coll.insert_many([
+        doc! { "_id": 1 },
+        doc! { "_id": 2, "a": Bson::Null },
+        doc! { "_id": 3, "a": 0 },
+    ])
+    .await
+    .expect("insert");
+    assert_matches(&coll, doc! { "$expr": { "$eq": ["$a", Bson::Null] } }, &[2]).await;
+    assert_matches(&coll, doc! { "$expr": { "$lt": ["$a", Bson::Null] } }, &[1]).await;
+    assert_matches(&coll, doc! { "$expr": { "$gt": ["$a", Bson::Null] } }, &[3]).await;
+    assert_matches(&coll, doc! { "a": Bson::Null }, &[1, 2]).await;
+}
+
+/// https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/#strings : strings
+/// compare by their bytes (the simple binary comparison of UTF-8) unless a collation says
+/// otherwise, in sorts, query operators and expressions alike. U+FF61 (EF BD A1) is below U+1F600
+/// (F0 9F 98 80), although its UTF-16 code unit (FF61) is above the emoji's (D83D).
+#[tokio::test]
+async fn strings_compare_and_sort_by_their_utf8_bytes() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("strings");
+    let (a, e, half_stop, emoji) = ("a", "\u{e9}", "\u{ff61}", "\u{1f600}");
+    coll.insert_many([
+        doc! { "_id": 1, "s": emoji },
+        doc! { "_id": 2, "s": half_stop },
+        doc! { "_id": 3, "s": e },
+        doc! { "_id": 4, "s": a },
+    ])
+    .await
+    .expect("insert");
+    assert_eq!(
+        ids(&coll, doc! {}, doc! { "s": 1 }).await,
+        vec![
+            Bson::Int32(4),
+            Bson::Int32(3),
+            Bson::Int32(2),
+            Bson::Int32(1)
+        ]
+    );
+    assert_matches(&coll, doc! { "s": { "$gt": half_stop } }, &[1]).await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$lt": ["$s", half_stop] } },
+        &[3, 4],
+    )
+    .await;
+}
+
+/// https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/ : values of
+/// different types sort by type (null, numbers, strings, objects, binary data, ObjectId, booleans,
+/// dates), numbers of every type by value, and a missing field sorts as null.
+#[tokio::test]
+async fn values_sort_in_bson_comparison_order() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("order");
+    let when = DateTime::from_millis(1_700_000_000_000);
+    coll.insert_many([
+        doc! { "_id": 1, "v": when },
+        doc! { "_id": 2, "v": true },
+        doc! { "_id": 3, "v": ObjectId::parse_str("650000000000000000000000").expect("oid") },
+        doc! { "_id": 4, "v": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![1] }) },
+        doc! { "_id": 5, "v": { "k": 1 } },
+        doc! { "_id": 6, "v": "text" },
+        doc! { "_id": 7, "v": 2.5 },
+        doc! { "_id": 8, "v": 2_i64 },
+        doc! { "_id": 9, "v": 1_i32 },
+        doc! { "_id": 10, "v": Bson::Null },
+    ])
+    .await
+    .expect("insert");
+    let sorted = ids(&coll, doc! {}, doc! { "v": 1, "_id": 1 }).await;
+    let expected: Vec<Bson> = [10, 9, 8, 7, 6, 5, 4, 3, 2, 1]
+        .into_iter()
+        .map(Bson::Int32)
+        .collect();
+    assert_eq!(sorted, expected);
+    // A document without the field sorts with null.
+    coll.insert_one(doc! { "_id": 0 }).await.expect("insert");
+    let first_two = ids(&coll, doc! {}, doc! { "v": 1, "_id": 1 }).await[..2].to_vec();
+    assert_eq!(first_two, vec![Bson::Int32(0), Bson::Int32(10)]);
+}
+
+/// https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/#numeric-types :
+/// numbers compare by their exact value whatever their type, so a long 5 is below the double 5.5
+/// and above 4.5.
+#[tokio::test]
+async fn numbers_compare_exactly_across_types() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("numbers");
+    coll.insert_many([
+        doc! { "_id": 1, "v": 5_i64 },
+        doc! { "_id": 2, "v": 5.25 },
+        doc! { "_id": 3, "v": 9_007_199_254_740_993_i64 },
+        doc! { "_id": 4, "v": 9_007_199_254_740_992.0 },
+    ])
+    .await
+    .expect("insert");
+    assert_matches(&coll, doc! { "v": { "$lt": 5.5 } }, &[1, 2]).await;
+    assert_matches(&coll, doc! { "v": { "$gt": 4.5, "$lt": 5.1 } }, &[1]).await;
+    assert_matches(&coll, doc! { "$expr": { "$lt": ["$v", 5.1] } }, &[1]).await;
+    assert_eq!(
+        ids(&coll, doc! {}, doc! { "v": -1 }).await[..2].to_vec(),
+        vec![Bson::Int32(3), Bson::Int32(4)]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipeline updates
+// ---------------------------------------------------------------------------------------------
+
+/// https://www.mongodb.com/docs/manual/tutorial/update-documents-with-aggregation-pipeline/ and
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/replaceWith/ : an update's
+/// `_id` is immutable; a replacement stage whose result has no `_id` keeps the document's.
+#[tokio::test]
+async fn a_pipeline_update_keeps_the_id_its_result_leaves_out() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("keep");
+    coll.insert_many([doc! { "_id": 1, "a": 1 }, doc! { "_id": 2, "a": 2 }])
+        .await
+        .expect("insert");
+    coll.update_one(
+        doc! { "_id": 1 },
+        vec![doc! { "$replaceWith": { "b": "$a" } }],
+    )
+    .await
+    .expect("replaceWith");
+    coll.update_one(
+        doc! { "_id": 2 },
+        vec![doc! { "$replaceRoot": { "newRoot": { "c": "$a" } } }],
+    )
+    .await
+    .expect("replaceRoot");
+    assert_eq!(
+        all(&coll).await,
+        vec![doc! { "_id": 1, "b": 1 }, doc! { "_id": 2, "c": 2 }]
+    );
+    let e = coll
+        .update_one(doc! { "_id": 1 }, vec![doc! { "$set": { "_id": 9 } }])
+        .await
+        .expect_err("changing _id");
+    assert_eq!(code_of(&e), Some(66), "ImmutableField: {e}");
+}
+
+/// https://www.mongodb.com/docs/manual/reference/method/db.collection.updateMany/#update-with-aggregation-pipeline :
+/// a pipeline update may change many documents, each by its own values.
+#[tokio::test]
+async fn a_pipeline_update_changes_many_documents() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("many");
+    coll.insert_many((1..=5).map(|i| doc! { "_id": i, "n": i }))
+        .await
+        .expect("insert");
+    let done = coll
+        .update_many(
+            doc! { "n": { "$gte": 2 } },
+            vec![doc! { "$set": { "n": { "$multiply": ["$n", 10] } } }],
+        )
+        .await
+        .expect("updateMany with a pipeline");
+    assert_eq!((done.matched_count, done.modified_count), (4, 4));
+    let values: Vec<i64> = all(&coll).await.iter().map(|d| int(d, "n")).collect();
+    assert_eq!(values, vec![1, 20, 30, 40, 50]);
+}
+
+/// https://www.mongodb.com/docs/manual/reference/method/db.collection.updateOne/#insert-a-new-document-if-no-match-exists--upsert-
+/// and "Upsert with Dotted _id Query" on the update page: an upsert that matches nothing starts
+/// from the filter's equality conditions, dotted paths and `$and` clauses included (not from
+/// ranges), then applies the update, whether operators or a pipeline.
+#[tokio::test]
+async fn an_upsert_is_seeded_from_the_filters_equalities() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("seeded");
+    let filter = |id: i32| {
+        doc! {
+            "_id": id,
+            "a.b": 1,
+            "$and": [{ "c": 2 }, { "d": { "$eq": 3 } }],
+            "e": { "$gt": 5 },
+        }
+    };
+    coll.update_one(filter(1), doc! { "$set": { "x": 1 } })
+        .upsert(true)
+        .await
+        .expect("operator upsert");
+    coll.update_one(filter(2), vec![doc! { "$set": { "x": "$c" } }])
+        .upsert(true)
+        .await
+        .expect("pipeline upsert");
+    let stored = all(&coll).await;
+    assert_eq!(
+        stored,
+        vec![
+            doc! { "_id": 1, "a": { "b": 1 }, "c": 2, "d": 3, "x": 1 },
+            doc! { "_id": 2, "a": { "b": 1 }, "c": 2, "d": 3, "x": 2 },
+        ]
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/core/document/#the-_id-field : `_id` may hold any type but
+/// an array, a regex or undefined, null included; an upsert on `{_id: null}` stores that null.
+#[tokio::test]
+async fn an_upsert_on_a_null_id_stores_a_null_id() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("nullid");
+    let done = coll
+        .update_one(doc! { "_id": Bson::Null }, doc! { "$set": { "a": 1 } })
+        .upsert(true)
+        .await
+        .expect("upsert");
+    assert_eq!(done.upserted_id, Some(Bson::Null));
+    assert_eq!(all(&coll).await, vec![doc! { "_id": Bson::Null, "a": 1 }]);
+}
+
+/// https://www.mongodb.com/docs/manual/reference/command/update/#output : an error in one
+/// statement is that statement's write error (`writeErrors[].index`); an unordered command goes on
+/// with the next statements, an ordered one stops.
+#[tokio::test]
+async fn each_statement_of_an_unordered_update_fails_on_its_own() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("stmts");
+    coll.insert_many([doc! { "_id": 1, "n": 1 }, doc! { "_id": 2, "n": 2 }])
+        .await
+        .expect("insert");
+    let statements = |ordered: bool| {
+        doc! {
+            "update": "stmts",
+            "ordered": ordered,
+            "updates": [
+                { "q": { "_id": 1 }, "u": [{ "$set": { "n": { "$divide": ["$n", 0] } } }] },
+                { "q": { "_id": 2 }, "u": { "$inc": { "n": 10 } } },
+            ],
+        }
+    };
+    let reply = command(&t.db, statements(true)).await;
+    let errors = write_errors(&reply);
+    assert_eq!(errors.len(), 1, "{reply}");
+    assert_eq!(int(&errors[0], "index"), 0);
+    assert_eq!(
+        int(&reply, "nModified"),
+        0,
+        "ordered stops at the first error: {reply}"
+    );
+    let reply = command(&t.db, statements(false)).await;
+    let errors = write_errors(&reply);
+    assert_eq!(errors.len(), 1, "{reply}");
+    assert_eq!(int(&errors[0], "index"), 0);
+    assert_eq!(int(&reply, "nModified"), 1, "{reply}");
+    assert_eq!(
+        all(&coll).await,
+        vec![doc! { "_id": 1, "n": 1 }, doc! { "_id": 2, "n": 12 }]
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/tutorial/update-documents-with-aggregation-pipeline/ :
+/// update pipelines take `$set`, `$unset` and `$replaceWith` (4.2+), and
+/// https://www.mongodb.com/docs/manual/reference/command/update/#std-label-update-let-syntax :
+/// `let` variables (5.0+; refused before as an unknown field).
+#[tokio::test]
+async fn update_pipelines_take_the_stage_aliases_and_let_variables() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("aliases");
+    coll.insert_one(doc! { "_id": 1, "a": 1, "b": 2 })
+        .await
+        .expect("insert");
+    coll.update_one(
+        doc! { "_id": 1 },
+        vec![
+            doc! { "$set": { "c": { "$add": ["$a", "$b"] } } },
+            doc! { "$unset": ["a"] },
+            doc! { "$replaceWith": { "$mergeObjects": ["$$ROOT", { "d": "$c" }] } },
+        ],
+    )
+    .await
+    .expect("aliases");
+    assert_eq!(
+        all(&coll).await,
+        vec![doc! { "_id": 1, "b": 2, "c": 3, "d": 3 }]
+    );
+    let with_let = doc! {
+        "update": "aliases",
+        "updates": [{ "q": { "_id": 1, "$expr": { "$eq": ["$b", "$$two"] } }, "u": [{ "$set": { "e": "$$two" } }] }],
+        "let": { "two": 2 },
+    };
+    if version(&t.db).await < (5, 0) {
+        assert!(t.db.run_command(with_let).await.is_err(), "let before 5.0");
+        return;
+    }
+    let reply = command(&t.db, with_let).await;
+    assert_eq!(int(&reply, "nModified"), 1, "{reply}");
+    let found = command(
+        &t.db,
+        doc! { "find": "aliases", "filter": { "$expr": { "$eq": ["$e", "$$v"] } }, "let": { "v": 2 } },
+    )
+    .await;
+    let batch = found
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .expect("firstBatch");
+    assert_eq!(batch.len(), 1, "{found}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// findAndModify
+// ---------------------------------------------------------------------------------------------
+
+/// https://www.mongodb.com/docs/manual/reference/command/findAndModify/ (`fields`) and
+/// https://www.mongodb.com/docs/manual/tutorial/project-fields-from-query-results/#return-specific-fields-in-embedded-documents :
+/// a projection may name fields of embedded documents by dotted path, to include or exclude.
+#[tokio::test]
+async fn find_and_modify_projects_dotted_fields() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("proj");
+    coll.insert_one(doc! { "_id": 1, "a": { "b": 1, "c": 2 }, "d": 3 })
+        .await
+        .expect("insert");
+    let included = coll
+        .find_one_and_update(doc! { "_id": 1 }, doc! { "$inc": { "d": 1 } })
+        .projection(doc! { "a.b": 1 })
+        .return_document(ReturnDocument::After)
+        .await
+        .expect("findAndModify")
+        .expect("doc");
+    assert_eq!(included, doc! { "_id": 1, "a": { "b": 1 } });
+    let excluded = coll
+        .find_one_and_update(doc! { "_id": 1 }, doc! { "$inc": { "d": 1 } })
+        .projection(doc! { "a.c": 0, "d": 0 })
+        .return_document(ReturnDocument::After)
+        .await
+        .expect("findAndModify")
+        .expect("doc");
+    assert_eq!(excluded, doc! { "_id": 1, "a": { "b": 1 } });
+    // The same through a pipeline update (4.2+).
+    let piped = coll
+        .find_one_and_update(doc! { "_id": 1 }, vec![doc! { "$set": { "d": 0 } }])
+        .projection(doc! { "a.c": 1, "d": 1, "_id": 0 })
+        .return_document(ReturnDocument::After)
+        .await
+        .expect("findAndModify with a pipeline")
+        .expect("doc");
+    assert_eq!(piped, doc! { "a": { "c": 2 }, "d": 0 });
+}
+
+/// https://www.mongodb.com/docs/manual/reference/command/findAndModify/#behavior : the document is
+/// modified atomically and `new: true` returns it as this call left it, so concurrent increments
+/// each see their own value.
+#[tokio::test]
+async fn find_and_modify_returns_each_caller_its_own_post_image() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("tokens");
+    coll.insert_one(doc! { "_id": 1, "n": 0_i64 })
+        .await
+        .expect("insert");
+    let tasks = 48;
+    let handed: Vec<i64> = join_all((0..tasks).map(|_| {
+        let coll = coll.clone();
+        tokio::spawn(async move {
+            coll.find_one_and_update(doc! { "_id": 1 }, doc! { "$inc": { "n": 1_i64 } })
+                .return_document(ReturnDocument::After)
+                .await
+                .expect("findAndModify")
+                .expect("doc")
+                .get_i64("n")
+                .expect("n")
+        })
+    }))
+    .await
+    .into_iter()
+    .map(|r| r.expect("task"))
+    .collect();
+    let distinct: BTreeSet<i64> = handed.iter().copied().collect();
+    assert_eq!(distinct, (1..=tasks as i64).collect());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Duplicate keys, ids, indexes
+// ---------------------------------------------------------------------------------------------
+
+/// https://www.mongodb.com/docs/manual/core/index-unique/ and
+/// https://www.mongodb.com/docs/manual/reference/command/insert/#output : a duplicate key is
+/// write error 11000 whose message names the index, with the index's `keyPattern` and the
+/// offending `keyValue`.
+#[tokio::test]
+async fn duplicate_key_errors_carry_the_index_key_pattern_and_value() {
+    let t = TestDb::new().await;
+    command(
+        &t.db,
+        doc! { "createIndexes": "dups", "indexes": [{ "key": { "email": 1 }, "name": "email_1", "unique": true }] },
+    )
+    .await;
+    insert_raw(&t.db, "dups", doc! { "_id": 1, "email": "a@x" }).await;
+    let reply = insert_raw(&t.db, "dups", doc! { "_id": 1, "email": "b@x" }).await;
+    let error = write_errors(&reply)
+        .first()
+        .cloned()
+        .expect("duplicate _id");
+    assert_eq!(int(&error, "code"), 11000);
+    assert!(
+        error.get_str("errmsg").unwrap_or("").contains("_id_"),
+        "{error}"
+    );
+    assert_eq!(
+        error.get_document("keyPattern"),
+        Ok(&doc! { "_id": 1 }),
+        "{error}"
+    );
+    assert_eq!(
+        error.get_document("keyValue"),
+        Ok(&doc! { "_id": 1 }),
+        "{error}"
+    );
+    let reply = insert_raw(&t.db, "dups", doc! { "_id": 2, "email": "a@x" }).await;
+    let error = write_errors(&reply)
+        .first()
+        .cloned()
+        .expect("duplicate email");
+    assert_eq!(int(&error, "code"), 11000);
+    assert!(
+        error.get_str("errmsg").unwrap_or("").contains("email_1"),
+        "{error}"
+    );
+    assert_eq!(
+        error.get_document("keyPattern"),
+        Ok(&doc! { "email": 1 }),
+        "{error}"
+    );
+    assert_eq!(
+        error.get_document("keyValue"),
+        Ok(&doc! { "email": "a@x" }),
+        "{error}"
+    );
+    // An update into a taken key reports the same.
+    insert_raw(&t.db, "dups", doc! { "_id": 3, "email": "c@x" }).await;
+    let reply = command(
+        &t.db,
+        doc! { "update": "dups", "updates": [{ "q": { "_id": 3 }, "u": { "$set": { "email": "a@x" } } }] },
+    )
+    .await;
+    let error = write_errors(&reply)
+        .first()
+        .cloned()
+        .expect("duplicate by update");
+    assert_eq!(int(&error, "code"), 11000);
+    assert_eq!(
+        error.get_document("keyValue"),
+        Ok(&doc! { "email": "a@x" }),
+        "{error}"
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/reference/command/insert/#output : `n` is the number of
+/// documents inserted; an unordered insert goes past a refused document, an ordered one stops.
+#[tokio::test]
+async fn an_insert_counts_only_the_documents_it_inserted() {
+    let t = TestDb::new().await;
+    let docs = || vec![doc! { "_id": 1 }, doc! { "_id": 1 }, doc! { "_id": 2 }];
+    let reply = command(
+        &t.db,
+        doc! { "insert": "counted", "documents": docs(), "ordered": false },
+    )
+    .await;
+    assert_eq!(int(&reply, "n"), 2, "{reply}");
+    assert_eq!(int(&write_errors(&reply)[0], "index"), 1);
+    let reply = command(
+        &t.db,
+        doc! { "insert": "counted_ordered", "documents": docs(), "ordered": true },
+    )
+    .await;
+    assert_eq!(int(&reply, "n"), 1, "{reply}");
+    assert_eq!(write_errors(&reply).len(), 1, "{reply}");
+}
+
+/// https://www.mongodb.com/docs/manual/core/index-unique/#missing-document-field-in-a-unique-single-field-index
+/// and https://www.mongodb.com/docs/manual/core/index-sparse/#sparse-and-unique-properties : a
+/// unique index stores a missing field as null, so a second document without it is a duplicate;
+/// a sparse unique index leaves such documents out.
+#[tokio::test]
+async fn unique_indexes_take_a_missing_field_as_null_and_sparse_ones_skip_it() {
+    let t = TestDb::new().await;
+    command(
+        &t.db,
+        doc! { "createIndexes": "uniq", "indexes": [
+            { "key": { "u": 1 }, "name": "u_1", "unique": true },
+            { "key": { "s": 1 }, "name": "s_1", "unique": true, "sparse": true },
+        ] },
+    )
+    .await;
+    let first = insert_raw(&t.db, "uniq", doc! { "_id": 1, "s": 1 }).await;
+    assert!(write_errors(&first).is_empty(), "{first}");
+    let second = insert_raw(&t.db, "uniq", doc! { "_id": 2, "s": 2 }).await;
+    assert_eq!(
+        write_errors(&second).first().map(|e| int(e, "code")),
+        Some(11000),
+        "a second document without u: {second}"
+    );
+    command(
+        &t.db,
+        doc! { "createIndexes": "sparse", "indexes": [{ "key": { "s": 1 }, "name": "s_1", "unique": true, "sparse": true }] },
+    )
+    .await;
+    for id in 1..=3 {
+        let reply = insert_raw(&t.db, "sparse", doc! { "_id": id }).await;
+        assert!(write_errors(&reply).is_empty(), "{reply}");
+    }
+    let reply = insert_raw(&t.db, "sparse", doc! { "_id": 4, "s": Bson::Null }).await;
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+    let reply = insert_raw(&t.db, "sparse", doc! { "_id": 5, "s": Bson::Null }).await;
+    assert_eq!(
+        write_errors(&reply).first().map(|e| int(e, "code")),
+        Some(11000),
+        "an explicit null is indexed: {reply}"
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/#numeric-types :
+/// numbers equal in value are equal whatever their type, `_id` included: Int32 7, Int64 7 and
+/// Double 7.0 are one document.
+#[tokio::test]
+async fn numeric_ids_are_one_document_across_int_long_and_double() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("numids");
+    coll.insert_one(doc! { "_id": 7_i32, "v": 1 })
+        .await
+        .expect("insert");
+    for id in [Bson::Int64(7), Bson::Double(7.0)] {
+        assert!(
+            coll.find_one(doc! { "_id": id.clone() })
+                .await
+                .expect("find")
+                .is_some(),
+            "find by {id:?}"
+        );
+        let e = coll
+            .insert_one(doc! { "_id": id.clone() })
+            .await
+            .expect_err("duplicate");
+        assert_eq!(code_of(&e), Some(11000), "insert {id:?}: {e}");
+    }
+}
+
+/// https://www.mongodb.com/docs/manual/tutorial/query-for-null-fields/ and
+/// https://www.mongodb.com/docs/manual/reference/operator/query/nin/ : `$in: [null]` matches a
+/// missing field as well as null; `$nin: [null]` and `$ne: null` match neither; `$nin: [1]`
+/// matches a missing field.
+#[tokio::test]
+async fn in_and_nin_take_a_missing_field_as_null() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("membership");
+    coll.insert_many([
+        doc! { "_id": 1 },
+        doc! { "_id": 2, "a": Bson::Null },
+        doc! { "_id": 3, "a": 1 },
+    ])
+    .await
+    .expect("insert");
+    assert_matches(&coll, doc! { "a": { "$in": [Bson::Null] } }, &[1, 2]).await;
+    assert_matches(&coll, doc! { "a": { "$nin": [Bson::Null] } }, &[3]).await;
+    assert_matches(&coll, doc! { "a": { "$ne": Bson::Null } }, &[3]).await;
+    assert_matches(&coll, doc! { "a": { "$nin": [1] } }, &[1, 2]).await;
+    assert_matches(&coll, doc! { "a": { "$in": [5] } }, &[]).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Atomicity, upserts, dates, bulkWrite, $inc
+// ---------------------------------------------------------------------------------------------
+
+/// https://www.mongodb.com/docs/manual/core/write-operations-atomicity/ : a write is atomic on one
+/// document, so of many compare-and-set updates conditioned on the same value exactly one wins.
+#[tokio::test]
+async fn conditional_updates_are_atomic_under_contention() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("cas");
+    coll.insert_one(doc! { "_id": 1, "n": 0_i64 })
+        .await
+        .expect("insert");
+    let tasks = 48;
+    let results = join_all((0..tasks).map(|_| {
+        let coll = coll.clone();
+        tokio::spawn(async move {
+            loop {
+                let n = coll
+                    .find_one(doc! { "_id": 1 })
+                    .await
+                    .expect("read")
+                    .expect("doc")
+                    .get_i64("n")
+                    .expect("n");
+                let done = coll
+                    .update_one(doc! { "_id": 1, "n": n }, doc! { "$set": { "n": n + 1 } })
+                    .await
+                    .expect("cas");
+                if done.modified_count == 1 {
+                    return n;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    }))
+    .await;
+    let won: BTreeSet<i64> = results.into_iter().map(|r| r.expect("task")).collect();
+    assert_eq!(won.len(), tasks, "two updates won from the same value");
+    let stored = coll
+        .find_one(doc! { "_id": 1 })
+        .await
+        .expect("read")
+        .expect("doc");
+    assert_eq!(stored.get_i64("n"), Ok(tasks as i64));
+}
+
+/// https://www.mongodb.com/docs/manual/reference/method/db.collection.updateOne/#upsert-with-unique-index :
+/// concurrent upserts of one `_id` create one document; each either creates it, updates it, or
+/// fails with a duplicate key (and changes nothing).
+#[tokio::test]
+async fn concurrent_upserts_of_one_id_create_one_document() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("upserts");
+    let tasks = 32;
+    let outcomes = join_all((0..tasks).map(|_| {
+        let coll = coll.clone();
+        tokio::spawn(async move {
+            coll.update_one(doc! { "_id": "x" }, doc! { "$inc": { "n": 1 } })
+                .upsert(true)
+                .await
+        })
+    }))
+    .await;
+    let mut applied = 0;
+    let mut created = 0;
+    for outcome in outcomes {
+        match outcome.expect("task") {
+            Ok(done) => {
+                applied += 1;
+                if done.upserted_id.is_some() {
+                    created += 1;
+                }
+            }
+            Err(e) => assert_eq!(code_of(&e), Some(11000), "{e}"),
+        }
+    }
+    let stored = all(&coll).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(created, 1);
+    assert_eq!(int(&stored[0], "n"), applied);
+}
+
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/add/ and
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/subtract/ : in `$expr`,
+/// dates compare with dates (and `$$NOW`), a date plus milliseconds is a date, and a date minus a
+/// date is milliseconds.
+#[tokio::test]
+async fn expressions_compare_and_compute_dates() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("dates");
+    let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000);
+    let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
+    coll.insert_many([doc! { "_id": 1, "d": past }, doc! { "_id": 2, "d": future }])
+        .await
+        .expect("insert");
+    assert_matches(&coll, doc! { "$expr": { "$lt": ["$d", "$$NOW"] } }, &[1]).await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$gt": [{ "$add": ["$d", 120_000] }, "$$NOW"] } },
+        &[1, 2],
+    )
+    .await;
+    let reply = command(
+        &t.db,
+        doc! { "aggregate": "dates", "pipeline": [
+            { "$match": { "_id": 2 } },
+            { "$project": { "ms": { "$subtract": ["$d", past] }, "later": { "$add": ["$d", 1000] } } },
+        ], "cursor": {} },
+    )
+    .await;
+    let row = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .expect("firstBatch")[0]
+        .as_document()
+        .expect("row")
+        .clone();
+    assert_eq!(
+        int(&row, "ms"),
+        future.timestamp_millis() - past.timestamp_millis()
+    );
+    assert_eq!(
+        row.get_datetime("later").map(|d| d.timestamp_millis()),
+        Ok(future.timestamp_millis() + 1000)
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/reference/command/bulkWrite/ (8.0+): one command writes to
+/// several collections and reports each operation by its index; an unordered bulk goes past a
+/// refused entry. Before 8.0 the command does not exist.
+#[tokio::test]
+async fn bulk_write_reports_each_entry() {
+    use mongodb::options::{InsertOneModel, UpdateOneModel, WriteModel};
+    let t = TestDb::new().await;
+    let a: Collection<Document> = t.db.collection("bulk_a");
+    let b: Collection<Document> = t.db.collection("bulk_b");
+    a.insert_one(doc! { "_id": 1, "n": 0 }).await.expect("seed");
+    let models: Vec<WriteModel> = vec![
+        UpdateOneModel::builder()
+            .namespace(a.namespace())
+            .filter(doc! { "_id": 1 })
+            .update(doc! { "$inc": { "n": 1 } })
+            .build()
+            .into(),
+        UpdateOneModel::builder()
+            .namespace(a.namespace())
+            .filter(doc! { "_id": 2 })
+            .update(doc! { "$inc": { "n": 1 } })
+            .build()
+            .into(),
+        InsertOneModel::builder()
+            .namespace(a.namespace())
+            .document(doc! { "_id": 1 })
+            .build()
+            .into(),
+        InsertOneModel::builder()
+            .namespace(b.namespace())
+            .document(doc! { "_id": 1 })
+            .build()
+            .into(),
+    ];
+    let outcome = t
+        .client
+        .bulk_write(models)
+        .ordered(false)
+        .verbose_results()
+        .await;
+    if version(&t.db).await < (8, 0) {
+        assert!(outcome.is_err(), "bulkWrite before 8.0");
+        assert_eq!(all(&b).await.len(), 0);
+        return;
+    }
+    let e = outcome.expect_err("the duplicate insert fails");
+    let mongodb::error::ErrorKind::BulkWrite(failure) = e.kind.as_ref() else {
+        panic!("expected a bulk write error, got {e}");
+    };
+    assert_eq!(failure.write_errors.len(), 1, "{failure:?}");
+    assert_eq!(failure.write_errors.get(&2).map(|w| w.code), Some(11000));
+    let Some(mongodb::error::PartialBulkWriteResult::Verbose(done)) = &failure.partial_result
+    else {
+        panic!("no verbose partial result: {failure:?}");
+    };
+    assert_eq!(
+        done.update_results.get(&0).map(|r| r.matched_count),
+        Some(1)
+    );
+    assert_eq!(
+        done.update_results.get(&1).map(|r| r.matched_count),
+        Some(0)
+    );
+    assert!(done.insert_results.contains_key(&3), "{done:?}");
+    assert_eq!(all(&b).await, vec![doc! { "_id": 1 }]);
+}
+
+/// https://www.mongodb.com/docs/manual/reference/operator/update/inc/ and
+/// https://www.mongodb.com/docs/manual/reference/bson-types/#numeric-types : `$inc` of a 32-bit
+/// integer past its range gives a 64-bit integer; of a 64-bit integer past its range, an error,
+/// with the document unchanged.
+#[tokio::test]
+async fn inc_widens_32_bit_integers_and_refuses_64_bit_overflow() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("inc");
+    coll.insert_many([
+        doc! { "_id": 1, "n": i32::MAX },
+        doc! { "_id": 2, "n": i64::MAX },
+    ])
+    .await
+    .expect("insert");
+    coll.update_one(doc! { "_id": 1 }, doc! { "$inc": { "n": 1 } })
+        .await
+        .expect("32-bit overflow widens");
+    coll.update_one(doc! { "_id": 2 }, doc! { "$inc": { "n": 1 } })
+        .await
+        .expect_err("64-bit overflow is an error");
+    assert_eq!(
+        all(&coll).await,
+        vec![
+            doc! { "_id": 1, "n": i64::from(i32::MAX) + 1 },
+            doc! { "_id": 2, "n": i64::MAX },
+        ]
+    );
+}
+
+/// https://www.mongodb.com/docs/manual/reference/method/db.collection.update/#update-with-an-aggregation-pipeline
+/// and https://www.mongodb.com/docs/manual/reference/command/findAndModify/ : `findAndModify`
+/// takes a pipeline (4.2+) and, with `upsert`, seeds the new document from the query.
+#[tokio::test]
+async fn find_and_modify_runs_a_pipeline_and_seeds_its_upsert() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("fam");
+    let made = coll
+        .find_one_and_update(
+            doc! { "_id": 1, "kind": "k" },
+            vec![doc! { "$set": { "n": { "$add": [{ "$ifNull": ["$n", 0] }, 1] } } }],
+        )
+        .upsert(true)
+        .return_document(ReturnDocument::After)
+        .await
+        .expect("upsert")
+        .expect("doc");
+    assert_eq!(made, doc! { "_id": 1, "kind": "k", "n": 1 });
+    let before = coll
+        .find_one_and_update(
+            doc! { "_id": 1 },
+            vec![doc! { "$set": { "n": { "$add": ["$n", 1] } } }],
+        )
+        .await
+        .expect("update")
+        .expect("doc");
+    assert_eq!(before.get_i32("n"), Ok(1));
+}
+
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/replaceRoot/ and
+/// https://www.mongodb.com/docs/manual/reference/aggregation-variables/#mongodb-variable-variable.ROOT :
+/// `newRoot` is evaluated once; the document it yields (`$$ROOT`, or one built by `$mergeObjects`
+/// or `$cond`) is taken as it is, so stored strings that start with `$` stay strings (mongotx's
+/// queries run every document through `$replaceRoot`, and the quota and rate-limiter modules
+/// store such strings as names). The same holds for an update pipeline's `$replaceWith`.
+#[tokio::test]
+async fn stored_dollar_strings_stay_values_through_replace_root() {
+    let t = TestDb::new().await;
+    let coll: Collection<Document> = t.db.collection("dollars");
+    let stored =
+        doc! { "_id": "$$NOW", "a": { "b": "$abc" }, "s": "$$ROOT", "t": "$x", "l": ["$y"] };
+    coll.insert_one(stored.clone()).await.expect("insert");
+    let roots = [
+        doc! { "$replaceRoot": { "newRoot": "$$ROOT" } },
+        doc! { "$replaceRoot": { "newRoot": { "$mergeObjects": ["$$ROOT", {}] } } },
+        doc! { "$replaceRoot": { "newRoot": { "$cond": [true, "$$ROOT", {}] } } },
+        doc! { "$replaceWith": { "$arrayToObject": { "$objectToArray": "$$ROOT" } } },
+    ];
+    for stage in roots {
+        for leading_match in [false, true] {
+            let mut pipeline = Vec::new();
+            if leading_match {
+                pipeline.push(doc! { "$match": { "t": "$x" } });
+            }
+            pipeline.push(stage.clone());
+            let found: Vec<Document> = coll
+                .aggregate(pipeline)
+                .await
+                .unwrap_or_else(|e| panic!("{stage}: {e}"))
+                .try_collect()
+                .await
+                .unwrap_or_else(|e| panic!("{stage}: {e}"));
+            assert_eq!(found, vec![stored.clone()], "{stage}");
+        }
+    }
+    coll.update_one(
+        doc! { "_id": "$$NOW" },
+        vec![doc! { "$replaceWith": { "$mergeObjects": ["$$ROOT", { "n": 1 }] } }],
+    )
+    .await
+    .expect("a pipeline update keeps the stored strings");
+    let mut expected = stored.clone();
+    expected.insert("n", 1);
+    assert_eq!(all(&coll).await, vec![expected]);
+}

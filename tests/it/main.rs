@@ -1,0 +1,70 @@
+//! The integration tests, one binary: each module is a subject (once a test binary of its own,
+//! `tests/<subject>.rs`), `common` the harness they share. One subject runs with
+//! `cargo test --test it <subject>::`, e.g. `cargo test --test it conformance::`.
+//!
+//! Every test runs in this one process. The harness's test server is started once, by the first
+//! test that needs one, and shared: each test works in a database of its own, and a test that needs
+//! a server of other settings, or one it stops, starts its own. No test sets an environment
+//! variable of this process (a child's environment is set on its `Command`). The tests that run
+//! fleets of worker processes take turns (`common::fleet_turn`).
+//!
+//! The subjects under `cfg(feature = "cli")` run the crate's binaries (`CARGO_BIN_EXE_*`); the
+//! crate's dev-dependency on itself turns the feature on for every test build.
+
+mod common;
+
+mod ambiguous;
+mod bad_input;
+#[cfg(feature = "cli")]
+mod bad_input_cli;
+mod bad_input_obt;
+mod bad_input_props;
+mod bad_input_queue;
+mod bad_input_quota;
+mod bad_input_ratelimit;
+mod bad_input_txn;
+mod bulk_rounds;
+mod clean_errors;
+mod concurrency;
+mod conformance;
+mod crash_sweep;
+mod crud;
+mod durability;
+mod errors;
+mod gc_purge;
+mod gc_race;
+#[cfg(feature = "cli")]
+mod gc_runner;
+mod holds;
+mod ids_and_inserts;
+mod late_delivery;
+mod obt;
+mod obt_http;
+#[cfg(feature = "cli")]
+mod obt_processes;
+mod obt_race;
+mod queries;
+mod query_equivalence;
+mod queue;
+#[cfg(feature = "cli")]
+mod queue_processes;
+mod quota;
+mod quota_concurrency;
+#[cfg(feature = "cli")]
+mod quota_crash;
+mod ratelimit;
+#[cfg(feature = "cli")]
+mod ratelimit_processes;
+mod scale;
+mod schema_versions;
+#[cfg(feature = "cli")]
+mod server;
+mod server_prefilter;
+mod server_validation;
+#[cfg(feature = "cli")]
+mod torture;
+mod transactions;
+mod unique_indexes;
+mod validator_agreement;
+mod versions;
+mod write_count;

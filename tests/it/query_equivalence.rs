@@ -1,0 +1,304 @@
+//! `find` against the server's own answer: generated documents, generated transactions left
+//! pending or committed-but-unfinished by coordinators that died, and generated filters (field
+//! conditions, `$in` / `$nin` / `$exists` / null, `$and` / `$or` / `$nor`, `$expr`), with and
+//! without sort and limit. The expected answer is the same query run by the raw driver on a
+//! collection holding exactly the committed values; mongotx's `find` on the held collection must
+//! return the same documents with the same values, in the same order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::common::{CrashAt, TestDb};
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+use mongotx::testkit::failpoint::{self, Failpoint};
+use mongotx::{Adjust, CollectionSpec, Query, Transactions, TxnError, TxnOptions, Update};
+use proptest::prelude::*;
+
+const SCHEMA: &str = r#"{
+  "bsonType": "object",
+  "required": ["_id", "_schema", "_version", "a", "b"],
+  "properties": {
+    "_id": { "bsonType": "string" },
+    "_schema": { "bsonType": "long", "minimum": 1 },
+    "_version": { "bsonType": "long", "minimum": 1 },
+    "_txn": { "bsonType": "objectId" },
+    "_deleted": { "bsonType": "date" },
+    "_deleting": { "bsonType": "bool" },
+    "a": { "bsonType": "long" },
+    "b": { "bsonType": "long" },
+    "c": { "bsonType": "string" }
+  }
+}"#;
+
+const DOCS: usize = 10;
+
+#[derive(Debug, Clone)]
+enum Op {
+    SetA(i64),
+    SetC(&'static str),
+    UnsetC,
+    AdjustB(i64),
+    Delete,
+}
+
+#[derive(Debug, Clone)]
+struct Txn {
+    /// (document index, change); each document in at most one transaction.
+    ops: Vec<(usize, Op)>,
+    /// A new document it inserts (a, b), if any.
+    insert: Option<(i64, i64)>,
+    committed: bool,
+}
+
+type Model = BTreeMap<String, Document>;
+
+fn initial(seed: &[(i64, i64, Option<&'static str>)]) -> Model {
+    seed.iter()
+        .enumerate()
+        .map(|(i, (a, b, c))| {
+            let id = format!("d{i:02}");
+            let mut d = doc! { "_id": id.clone(), "a": *a, "b": *b };
+            if let Some(c) = c {
+                d.insert("c", *c);
+            }
+            (id, d)
+        })
+        .collect()
+}
+
+fn apply(model: &mut Model, k: usize, txn: &Txn) {
+    for (i, op) in &txn.ops {
+        let id = format!("d{i:02}");
+        let Some(d) = model.get_mut(&id) else {
+            continue;
+        };
+        match op {
+            Op::SetA(v) => {
+                d.insert("a", *v);
+            }
+            Op::SetC(s) => {
+                d.insert("c", *s);
+            }
+            Op::UnsetC => {
+                d.remove("c");
+            }
+            Op::AdjustB(by) => {
+                let b = d.get_i64("b").unwrap_or(0) + by;
+                d.insert("b", b);
+            }
+            Op::Delete => {
+                model.remove(&id);
+            }
+        }
+    }
+    if let Some((a, b)) = txn.insert {
+        let id = format!("n{k}");
+        model.insert(id.clone(), doc! { "_id": id, "a": a, "b": b });
+    }
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0_i64..5).prop_map(Op::SetA),
+        prop_oneof![Just("x"), Just("y")].prop_map(Op::SetC),
+        Just(Op::UnsetC),
+        (-3_i64..4).prop_map(Op::AdjustB),
+        Just(Op::Delete),
+    ]
+}
+
+fn txns() -> impl Strategy<Value = Vec<Txn>> {
+    // Each document goes to one transaction at most: a shuffled list of indexes, cut in pieces.
+    (
+        Just((0..DOCS).collect::<Vec<_>>()).prop_shuffle(),
+        prop::collection::vec(
+            (
+                1_usize..4,
+                prop::collection::vec(op(), 3),
+                prop::option::of((0_i64..5, 0_i64..5)),
+                any::<bool>(),
+            ),
+            0..4,
+        ),
+    )
+        .prop_map(|(order, specs)| {
+            let mut next = 0;
+            let mut out = Vec::new();
+            for (n, ops, insert, committed) in specs {
+                let take: Vec<usize> = order.iter().skip(next).take(n).copied().collect();
+                next += take.len();
+                let ops: Vec<(usize, Op)> = take.into_iter().zip(ops).collect();
+                if ops.is_empty() && insert.is_none() {
+                    continue;
+                }
+                out.push(Txn {
+                    ops,
+                    insert,
+                    committed,
+                });
+            }
+            out
+        })
+}
+
+fn leaf() -> impl Strategy<Value = Document> {
+    prop_oneof![
+        (0_i64..5).prop_map(|v| doc! { "a": v }),
+        (0_i64..5).prop_map(|v| doc! { "a": { "$gt": v } }),
+        (-2_i64..7).prop_map(|v| doc! { "b": { "$lte": v } }),
+        prop_oneof![Just("x"), Just("y")].prop_map(|s| doc! { "c": s }),
+        any::<bool>().prop_map(|e| doc! { "c": { "$exists": e } }),
+        Just(doc! { "c": Bson::Null }),
+        (0_i64..5, 0_i64..5).prop_map(|(v, w)| doc! { "a": { "$in": [v, w] } }),
+        Just(doc! { "c": { "$nin": ["x"] } }),
+        Just(doc! { "$expr": { "$gt": ["$a", "$b"] } }),
+    ]
+}
+
+fn filter() -> impl Strategy<Value = Document> {
+    prop_oneof![
+        leaf(),
+        (leaf(), leaf()).prop_map(|(l, r)| doc! { "$or": [l, r] }),
+        (leaf(), leaf()).prop_map(|(l, r)| doc! { "$and": [l, r] }),
+        leaf().prop_map(|l| doc! { "$nor": [l] }),
+        (leaf(), leaf()).prop_map(|(l, r)| doc! { "$or": [{ "$and": [l, r] }, { "b": 0_i64 }] }),
+    ]
+}
+
+fn seed() -> impl Strategy<Value = Vec<(i64, i64, Option<&'static str>)>> {
+    prop::collection::vec(
+        (
+            0_i64..5,
+            0_i64..5,
+            prop::option::of(prop_oneof![Just("x"), Just("y")]),
+        ),
+        DOCS,
+    )
+}
+
+async fn run_case(
+    seed: Vec<(i64, i64, Option<&'static str>)>,
+    txns: Vec<Txn>,
+    filters: Vec<(Document, bool)>,
+) -> Result<(), String> {
+    let t = TestDb::new().await;
+    let spec = CollectionSpec::new("props", 1, SCHEMA).map_err(|e| e.to_string())?;
+    let repo = t
+        .store
+        .repository::<Document>(spec)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut model = initial(&seed);
+    for d in model.values() {
+        repo.insert(d).await.map_err(|e| e.to_string())?;
+    }
+    for (k, txn) in txns.iter().enumerate() {
+        // A dead coordinator stops for good: one handle (and injector) per transaction.
+        let at = if txn.committed {
+            failpoint::COMMIT_BEFORE
+        } else {
+            failpoint::BEGIN_BEFORE
+        };
+        let handle = Transactions::with_options(
+            &t.store,
+            TxnOptions::default()
+                .timeout(std::time::Duration::from_secs(3600))
+                .finish(mongotx::Finish::BeforeReturning)
+                .fault_injector(Arc::new(CrashAt(Failpoint { name: at, step: 0 }))),
+        );
+        let tx = handle.begin();
+        for (i, op) in &txn.ops {
+            let id = format!("d{i:02}");
+            let staged = match op {
+                Op::SetA(v) => {
+                    tx.update(&repo, id.as_str(), 1, &Update::new().set("a", *v))
+                        .await
+                }
+                Op::SetC(s) => {
+                    tx.update(&repo, id.as_str(), 1, &Update::new().set("c", *s))
+                        .await
+                }
+                Op::UnsetC => {
+                    tx.update(&repo, id.as_str(), 1, &Update::new().unset("c"))
+                        .await
+                }
+                Op::AdjustB(by) => {
+                    tx.adjust(&repo, id.as_str(), 1, &Adjust::new().by("b", *by))
+                        .await
+                }
+                Op::Delete => tx.delete(&repo, id.as_str(), 1),
+            };
+            staged.map_err(|e| format!("stage {op:?} on {id}: {e}"))?;
+        }
+        if let Some((a, b)) = txn.insert {
+            tx.insert(&repo, &doc! { "_id": format!("n{k}"), "a": a, "b": b })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        match tx.commit().await {
+            Err(TxnError::Crashed { .. }) => {}
+            other => return Err(format!("the coordinator should have died: {other:?}")),
+        }
+        if txn.committed {
+            apply(&mut model, k, txn);
+        }
+    }
+    // The committed values, as plain documents, for the raw driver to query.
+    let expected_coll = t.db.collection::<Document>("expected");
+    if !model.is_empty() {
+        expected_coll
+            .insert_many(model.values().cloned().collect::<Vec<_>>())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    for (filter, sorted) in filters {
+        let mut raw = expected_coll.find(filter.clone());
+        let mut query = Query::new().filter(filter.clone());
+        if sorted {
+            raw = raw.sort(doc! { "a": -1, "_id": 1 }).limit(3);
+            query = query.sort(doc! { "a": -1, "_id": 1 }).limit(3);
+        } else {
+            raw = raw.sort(doc! { "_id": 1 });
+            query = query.sort(doc! { "_id": 1 });
+        }
+        let expected: Vec<Document> = raw
+            .await
+            .map_err(|e| e.to_string())?
+            .try_collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let found: Vec<Document> = repo
+            .find(query)
+            .await
+            .map_err(|e| format!("find {filter}: {e}"))?
+            .into_iter()
+            .map(|s| s.value)
+            .collect();
+        if found != expected {
+            return Err(format!(
+                "filter {filter} (sorted and limited: {sorted}):\n  find: {found:?}\n  committed: {expected:?}\n  transactions: {txns:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn find_returns_what_the_server_returns_on_the_committed_values(
+        seed in seed(),
+        txns in txns(),
+        filters in prop::collection::vec((filter(), any::<bool>()), 8),
+    ) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let outcome = runtime.block_on(run_case(seed, txns, filters));
+        prop_assert!(outcome.is_ok(), "{}", outcome.err().unwrap_or_default());
+    }
+}

@@ -1,0 +1,542 @@
+//! The server side of the foundation: the probe accepts the test server and refuses servers that
+//! break each guarantee (simulated by a wire proxy), the local server starts and stops, driver
+//! failures surface as typed errors, and the demo (`examples/demo.rs`) runs end to end.
+
+use crate::common;
+
+use std::time::Duration;
+
+use crate::common::wire_proxy::{command_name, Action, PassThrough, Rules, WireProxy};
+use crate::common::{server_uri, Account, TestDb};
+use bson::{doc, Bson, Document};
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+use mongotx::testkit::local_server::LocalServer;
+use mongotx::{ProbeError, RepoError, Store};
+
+fn on_probe_collection(command: &Document) -> bool {
+    command
+        .get_str(command_name(command))
+        .is_ok_and(|c| c.starts_with("mongotx_probe_"))
+}
+
+#[tokio::test]
+async fn the_probe_accepts_the_test_server_under_real_contention() {
+    let t = TestDb::new().await;
+    let caps = mongotx::probe_with(&t.db, 64).await.expect("probe");
+    assert_eq!(caps.contention_tasks, 64);
+    assert!(
+        caps.contention_retries > 0,
+        "64 concurrent compare-and-set tasks never collided: the check did not contend"
+    );
+    let names = t.db.list_collection_names().await.expect("list");
+    assert!(
+        names.iter().all(|n| !n.starts_with("mongotx_probe")),
+        "probe left scratch collections behind: {names:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_wire_proxy_is_transparent_when_it_changes_nothing() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), PassThrough).await;
+    let client = proxy.client().await;
+    let store = Store::new(client.database(t.db.name()));
+    let accounts = common::open_accounts(&store).await;
+    accounts
+        .insert(&Account::new("a1", "Ann", 5))
+        .await
+        .expect("insert");
+    let read = accounts.get("a1").await.expect("get");
+    assert_eq!((read.version, read.balance), (1, 5));
+    mongotx::probe(&client.database(t.db.name()))
+        .await
+        .expect("probe through a transparent proxy");
+}
+
+/// Pretends a duplicate-key insert succeeded.
+struct AcceptDuplicates;
+
+impl Rules for AcceptDuplicates {
+    fn reply(&self, command: &Document, reply: &mut Document) {
+        let duplicate = reply.get_array("writeErrors").is_ok_and(|errors| {
+            errors.iter().any(|e| {
+                e.as_document()
+                    .and_then(|d| d.get("code"))
+                    .is_some_and(|c| c.as_i32() == Some(11000) || c.as_i64() == Some(11000))
+            })
+        });
+        if command_name(command) == "insert" && duplicate {
+            reply.remove("writeErrors");
+            reply.insert("n", 1);
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_that_accepts_duplicate_ids() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), AcceptDuplicates).await;
+    let err = mongotx::probe(&proxy.client().await.database(t.db.name()))
+        .await
+        .expect_err("probe must refuse");
+    assert!(
+        matches!(err, ProbeError::DuplicateIdAccepted { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("duplicate _id"), "{err}");
+}
+
+/// Acknowledges compare-and-set updates but writes back the value they were conditioned on.
+struct LoseUpdates;
+
+impl Rules for LoseUpdates {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command) != "update" || !on_probe_collection(command) {
+            return Action::Forward;
+        }
+        if let Ok(updates) = command.get_array_mut("updates") {
+            for update in updates.iter_mut() {
+                if let Bson::Document(update) = update {
+                    if let Some(seen) = update
+                        .get_document("q")
+                        .ok()
+                        .and_then(|q| q.get("n"))
+                        .cloned()
+                    {
+                        update.insert("u", doc! { "$set": { "n": seen } });
+                    }
+                }
+            }
+        }
+        Action::Forward
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_that_loses_conditional_updates() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), LoseUpdates).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 16)
+        .await
+        .expect_err("probe must refuse");
+    match &err {
+        ProbeError::LostUpdate { tasks, found, .. } => assert_eq!((*tasks, *found), (16, 0)),
+        other => panic!("expected LostUpdate, got {other:?}"),
+    }
+    assert!(err.to_string().contains("not atomic"), "{err}");
+}
+
+/// Turns find-and-modify into "return the document as it was".
+struct StaleFindAndModify;
+
+impl Rules for StaleFindAndModify {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command).eq_ignore_ascii_case("findAndModify") {
+            command.insert("new", false);
+        }
+        Action::Forward
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_whose_find_and_modify_returns_the_old_document() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), StaleFindAndModify).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+        .await
+        .expect_err("probe must refuse");
+    match &err {
+        ProbeError::FindAndModifyStale {
+            expected, found, ..
+        } => {
+            assert_eq!(*expected, 9);
+            assert!(found.contains("\"n\": 8"), "{found}");
+        }
+        other => panic!("expected FindAndModifyStale, got {other:?}"),
+    }
+    assert!(err.to_string().contains("find-and-modify"), "{err}");
+}
+
+/// Hands every concurrent caller of find-and-modify on the token counter the same post-image,
+/// as mongo-java-server's stock backend can under contention.
+struct SharedPostImages;
+
+impl Rules for SharedPostImages {
+    fn reply(&self, command: &Document, reply: &mut Document) {
+        let on_tokens = command_name(command).eq_ignore_ascii_case("findAndModify")
+            && command
+                .get_document("query")
+                .is_ok_and(|q| q.get_str("_id").ok() == Some("tokens"));
+        if on_tokens {
+            if let Ok(value) = reply.get_document_mut("value") {
+                value.insert("n", 1_i64);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_probe_refuses_a_server_whose_find_and_modify_shares_post_images() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), SharedPostImages).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 64)
+        .await
+        .expect_err("probe must refuse");
+    match &err {
+        ProbeError::SharedPostImage {
+            tasks, distinct, ..
+        } => {
+            assert_eq!((*tasks, *distinct), (64, 1))
+        }
+        other => panic!("expected SharedPostImage, got {other:?}"),
+    }
+    assert!(err.to_string().contains("its own post-image"), "{err}");
+    // The local server itself passes the same check with 64 concurrent callers.
+    let caps = mongotx::probe_with(&t.db, 64)
+        .await
+        .expect("the local server passes");
+    assert_eq!(caps.contention_tasks, 64);
+}
+
+/// Answers every command named `name` with a server error instead of forwarding it.
+struct FailCommand(&'static str);
+
+impl Rules for FailCommand {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command) == self.0 {
+            Action::Respond(doc! {
+                "ok": 0.0,
+                "errmsg": "injected by the wire proxy",
+                "code": 8000,
+                "codeName": "AtlasError",
+            })
+        } else {
+            Action::Forward
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failing_probe_step_is_a_database_error_naming_the_step() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), FailCommand("insert")).await;
+    let err = mongotx::probe(&proxy.client().await.database(t.db.name()))
+        .await
+        .expect_err("probe must fail");
+    match &err {
+        ProbeError::Database { step, .. } => assert_eq!(*step, "insert"),
+        other => panic!("expected Database, got {other:?}"),
+    }
+    // The message is one clean sentence; the server's own words stay in the source.
+    assert!(
+        !err.to_string().contains("injected by the wire proxy"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("error 8000"), "{err}");
+    let source = std::error::Error::source(&err).expect("the driver error is the source");
+    assert!(
+        source.to_string().contains("injected by the wire proxy"),
+        "{source}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_error_on_read_is_a_database_error_naming_collection_and_id() {
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    accounts
+        .insert(&Account::new("a1", "Ann", 5))
+        .await
+        .expect("insert");
+    let proxy = WireProxy::start(&server_uri(), FailCommand("find")).await;
+    // The proxy fails every find, the server checks included: vet the server directly instead.
+    let via_proxy = Store::builder(proxy.client().await.database(t.db.name()))
+        .check_server(false)
+        .build()
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect("open through proxy");
+    let err = via_proxy.get("a1").await.expect_err("read must fail");
+    assert!(matches!(err, RepoError::Database { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("accounts") && text.contains("a1"), "{text}");
+    // The direct path still works: the failure was the proxy's, not the data's.
+    assert_eq!(accounts.get("a1").await.expect("direct get").balance, 5);
+}
+
+#[tokio::test]
+async fn the_local_server_starts_on_a_free_port_and_stops() {
+    let server = tokio::task::spawn_blocking(LocalServer::start)
+        .await
+        .expect("join")
+        .expect("local server starts");
+    let mut options = ClientOptions::parse(server.uri()).await.expect("uri");
+    options.server_selection_timeout = Some(Duration::from_millis(800));
+    let client = Client::with_options(options.clone()).expect("client");
+    client
+        .database("admin")
+        .run_command(doc! { "ping": 1 })
+        .await
+        .expect("ping while running");
+    mongotx::probe_with(&client.database("mongotx_local_check"), 8)
+        .await
+        .expect("the local server passes the probe");
+    tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .expect("stop");
+    let after = Client::with_options(options).expect("client");
+    let err = after
+        .database("admin")
+        .run_command(doc! { "ping": 1 })
+        .await
+        .expect_err("a stopped server must not answer");
+    assert!(
+        matches!(*err.kind, mongodb::error::ErrorKind::ServerSelection { .. }),
+        "{err}"
+    );
+}
+
+/// The demo example's executable, which `cargo test` builds with the examples:
+/// `target/<profile>/examples/demo`, beside this test's `target/<profile>/deps/it-<hash>`.
+fn demo_example() -> std::path::PathBuf {
+    let test = std::env::current_exe().expect("the test's own path");
+    let profile = test
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test runs from target/<profile>/deps");
+    let demo = profile
+        .join("examples")
+        .join(format!("demo{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        demo.is_file(),
+        "{} is missing: a plain `cargo test` builds the examples, a filtered one such as \
+         `cargo test --test it server::` does not (run `cargo build --examples` first)",
+        demo.display()
+    );
+    demo
+}
+
+#[tokio::test]
+async fn the_demo_tour_runs_end_to_end() {
+    let uri = server_uri();
+    let db = format!("mongotx_demo_test_{}", bson::oid::ObjectId::new().to_hex());
+    let output = tokio::process::Command::new(demo_example())
+        .env("MONGODB_URI", &uri)
+        .args(["--db", &db])
+        .output()
+        .await
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "demo failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    for expected in [
+        "VersionConflict",
+        "NotFound",
+        "Deleted",
+        "schema",
+        "Locked",
+        "moved 120 from dave to erin in 2 attempts",
+        "consistent total of 320",
+        "rolled_back=1",
+        "finished=1",
+        "All steps behaved as described.",
+    ] {
+        assert!(
+            stdout.contains(expected) || stdout.to_lowercase().contains(&expected.to_lowercase()),
+            "demo output lacks {expected:?}:\n{stdout}"
+        );
+    }
+    // Without --keep the demo drops its database.
+    let client = common::client().await;
+    let names = client.list_database_names().await.expect("list");
+    assert!(!names.contains(&db), "demo left {db} behind");
+}
+
+/// Plays a server from before MongoDB 4.2: updates given as a pipeline are refused.
+struct NoPipelineUpdates;
+
+impl Rules for NoPipelineUpdates {
+    fn command(&self, command: &mut Document) -> Action {
+        let pipeline = match command_name(command) {
+            "update" => command.get_array("updates").is_ok_and(|updates| {
+                updates
+                    .iter()
+                    .any(|u| u.as_document().is_some_and(|u| u.get_array("u").is_ok()))
+            }),
+            "findAndModify" => command.get_array("update").is_ok(),
+            _ => false,
+        };
+        if pipeline {
+            Action::Respond(doc! {
+                "ok": 0.0,
+                "errmsg": "Update argument must be an object",
+                "code": 14,
+                "codeName": "TypeMismatch",
+            })
+        } else {
+            Action::Forward
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_server_without_pipeline_updates_is_refused_naming_it() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), NoPipelineUpdates).await;
+    let db = proxy.client().await.database(t.db.name());
+    let err = mongotx::probe_with(&db, 8)
+        .await
+        .expect_err("the probe must refuse");
+    assert!(
+        matches!(
+            &err,
+            ProbeError::Lacks {
+                name: "pipeline_updates",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("pipeline"), "{err}");
+    // A store refuses it too, before writing anything of its own.
+    let err = Store::new(db.clone())
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect_err("the store must refuse");
+    assert!(
+        matches!(
+            &err,
+            RepoError::ServerUnsuitable {
+                name: "pipeline_updates",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!t
+        .db
+        .list_collection_names()
+        .await
+        .expect("list")
+        .contains(&"accounts".to_string()));
+}
+
+/// Plays a server whose `$$NOW` moves between the stages of one update (as mongo-java-server's
+/// did): every `$$NOW` after an update pipeline's first stage reads 7 ms later.
+struct MovingNow;
+
+fn later_now(value: &mut Bson) {
+    match value {
+        Bson::String(s) if s == "$$NOW" => {
+            *value = Bson::Document(doc! { "$add": ["$$NOW", 7] });
+        }
+        Bson::Document(d) => {
+            for (_, v) in d.iter_mut() {
+                later_now(v);
+            }
+        }
+        Bson::Array(items) => items.iter_mut().for_each(later_now),
+        _ => {}
+    }
+}
+
+impl Rules for MovingNow {
+    fn command(&self, command: &mut Document) -> Action {
+        if command_name(command) == "update" {
+            if let Ok(updates) = command.get_array_mut("updates") {
+                for update in updates.iter_mut() {
+                    if let Some(Ok(stages)) = update.as_document_mut().map(|u| u.get_array_mut("u"))
+                    {
+                        stages.iter_mut().skip(1).for_each(later_now);
+                    }
+                }
+            }
+        }
+        Action::Forward
+    }
+}
+
+#[tokio::test]
+async fn a_server_whose_now_moves_within_a_statement_is_refused() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), MovingNow).await;
+    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+        .await
+        .expect_err("the probe must refuse");
+    assert!(
+        matches!(
+            &err,
+            ProbeError::Lacks {
+                name: "statement_now",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+/// Strips `keyPattern` and `keyValue` from duplicate-key errors (as servers before 4.2 did).
+struct PlainDuplicateKeys;
+
+impl Rules for PlainDuplicateKeys {
+    fn reply(&self, _command: &Document, reply: &mut Document) {
+        if let Ok(errors) = reply.get_array_mut("writeErrors") {
+            for error in errors.iter_mut() {
+                if let Bson::Document(error) = error {
+                    error.remove("keyPattern");
+                    error.remove("keyValue");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
+    let t = TestDb::new().await;
+    let caps = mongotx::probe_with(&t.db, 8).await.expect("probe");
+    let names: Vec<&str> = caps.semantics.iter().map(|s| s.name).collect();
+    for expected in [
+        "expr_now",
+        "pipeline_updates",
+        "upsert_seeding",
+        "statement_now",
+        "numeric_ids",
+        "pipeline_find_and_modify",
+        "upsert_seeding_paths",
+        "missing_below_null",
+        "binary_string_order",
+        "unique_missing_as_null",
+        "inc_overflow_refused",
+        "per_statement_errors",
+        "duplicate_key_shape",
+        "json_schema_validation",
+        "validation_details",
+        "let_variables",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} not reported: {names:?}"
+        );
+    }
+    assert!(
+        caps.semantics.iter().all(|s| !s.needed || s.held),
+        "{caps:?}"
+    );
+
+    let proxy = WireProxy::start(&server_uri(), PlainDuplicateKeys).await;
+    let caps = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+        .await
+        .expect("a missing reported behaviour does not refuse the server");
+    let shape = caps
+        .semantics
+        .iter()
+        .find(|s| s.name == "duplicate_key_shape")
+        .expect("reported");
+    assert!(!shape.held && !shape.needed, "{shape:?}");
+    assert!(shape.detail.contains("write error"), "{shape:?}");
+}

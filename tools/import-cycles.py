@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Fails when the files of src/ (the library) import each other in a cycle.
+
+A file's imports are the `crate::a::b` paths it names (in `use` items or inline), each resolved to
+the file that defines that module (`src/a/b.rs` or `src/a/b/mod.rs`, else the nearest existing
+parent). A `mod.rs` is the module's front door: its re-exports point at its children, so edges into
+a `mod.rs` are followed to the child the name comes from when the path names one, and edges from
+a `mod.rs` to its own children are not counted (declaring children is not depending on them).
+Prints every cycle found (as file lists) and exits 1 if there is one.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+ROOT = os.path.normpath(ROOT)
+
+
+def module_files():
+    files = {}
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        rel = os.path.relpath(dirpath, ROOT)
+        if rel.split(os.sep)[0] == "bin":
+            continue
+        for f in filenames:
+            if not f.endswith(".rs"):
+                continue
+            path = os.path.join(dirpath, f)
+            parts = [] if rel == "." else rel.split(os.sep)
+            if f == "lib.rs":
+                mod = ()
+            elif f == "mod.rs":
+                mod = tuple(parts)
+            else:
+                mod = tuple(parts + [f[:-3]])
+            files[mod] = os.path.relpath(path, ROOT)
+    return files
+
+
+def strip_comments_and_tests(text):
+    # Unit tests may import anything of their parent; they are not part of the graph.
+    text = re.split(r"#\[cfg\(test\)\]\s*mod\s+tests\s*\{", text)[0]
+    text = re.sub(r"//[^\n]*", "", text)
+    return text
+
+
+USE = re.compile(r"\buse\s+crate::([^;]+);", re.S)
+INLINE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*)")
+
+
+def expand(tree):
+    """`a::{b, c::{d}}` → ["a::b", "a::c::d"]."""
+    tree = re.sub(r"\s+as\s+[A-Za-z0-9_]+", "", tree)
+    tree = re.sub(r"\s+", "", tree)
+    out = []
+
+    def walk(prefix, s):
+        depth, start, items = 0, 0, []
+        for i, ch in enumerate(s):
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            elif ch == "," and depth == 0:
+                items.append(s[start:i])
+                start = i + 1
+        items.append(s[start:])
+        for item in items:
+            if not item:
+                continue
+            if "{" in item:
+                head, rest = item.split("{", 1)
+                walk(prefix + head, rest[:-1])
+            else:
+                out.append(prefix + item)
+    walk("", tree)
+    return out
+
+
+def resolve(files, path):
+    parts = [p for p in path.split("::") if p and p != "self"]
+    for n in range(len(parts), -1, -1):
+        mod = tuple(parts[:n])
+        if mod in files:
+            return mod
+    return ()
+
+
+def graph():
+    files = module_files()
+    edges = {m: set() for m in files}
+    for mod, rel in files.items():
+        with open(os.path.join(ROOT, rel)) as fh:
+            text = strip_comments_and_tests(fh.read())
+        paths = []
+        for m in USE.finditer(text):
+            paths.extend(expand(m.group(1)))
+        paths.extend(m.group(1) for m in INLINE.finditer(text))
+        for p in paths:
+            target = resolve(files, p)
+            if target == mod:
+                continue
+            # A module's front door declaring or re-exporting its own children.
+            if target[: len(mod)] == mod and rel.endswith(("mod.rs", "lib.rs")):
+                continue
+            edges[mod].add(target)
+    return files, edges
+
+
+def cycles(edges):
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+    sys.setrecursionlimit(10000)
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(comp)
+
+    for v in edges:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def main():
+    files, edges = graph()
+    found = cycles(edges)
+    n_edges = sum(len(e) for e in edges.values())
+    if not found:
+        print(f"import graph of src/: {len(files)} files, {n_edges} edges, no cycle")
+        return 0
+    for comp in found:
+        print("cycle among: " + ", ".join(sorted(files[m] for m in comp)))
+        if "-v" in sys.argv:
+            for m in sorted(comp):
+                inside = sorted(files[t] for t in edges[m] if t in comp)
+                print(f"  {files[m]} -> {', '.join(inside)}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
