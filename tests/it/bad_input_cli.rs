@@ -189,7 +189,7 @@ async fn the_gc_runner_refuses_bad_command_lines() {
         case(GC, &interval_negative, "not a duration"),
         case(GC, &interval_exponent, "\"1e400s\" is not a duration"),
         case(GC, &interval_empty, "not a duration"),
-        case(GC, &retention_overflow, "too big"),
+        case(GC, &retention_overflow, "number is too large"),
         case(GC, &connect_zero, "must be more than zero"),
         case(GC, &grace_zero, "must be more than zero"),
         case(GC, &records_dollar, "'$'"),

@@ -14,8 +14,9 @@ fn torture(args: &[&str]) -> String {
     // The harness's server when it is a real MongoDB (MONGODB_URI, a container): the run starts
     // none of its own. When it is the local test server, a fresh one of the run's own, as when
     // this file was a test binary with a server of its own: the shared one has served the whole
-    // suite by then, and warmed up it lets the workers outpace the checker, whose transaction
-    // over every account then never commits ("no check transaction committed").
+    // suite by then, and the runs count on the checker's transaction over every account getting
+    // through between the workers' (on the warmed-up shared server the workers once outpaced it
+    // and the run ended with "no check transaction committed").
     match common::server_kind() {
         ServerKind::Local => run_torture(args, None),
         _ => run_torture(args, Some(common::server_uri())),
