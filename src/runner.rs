@@ -133,15 +133,22 @@ impl GcRunner {
             Ok(now) => self.gc.run_round_at(now, &self.stop).await,
             Err(source) => Err(TxnError::Clock { txn: None, source }),
         };
-        let quota = if self.quota && !self.is_stopped() {
-            self.sweep_quota().await
+        // One listing serves both sweeps: each runs only where its collection exists, so that
+        // the GC never creates it.
+        let names = if (self.quota || self.ratelimit) && !self.is_stopped() {
+            Some(self.store.database().list_collection_names().await)
         } else {
             None
         };
-        let ratelimit = if self.ratelimit && !self.is_stopped() {
-            self.sweep_ratelimits().await
-        } else {
-            None
+        let quota = match &names {
+            Some(names) if self.quota => self.sweep_quota(names).await,
+            _ => None,
+        };
+        let ratelimit = match &names {
+            Some(names) if self.ratelimit && !self.is_stopped() => {
+                self.sweep_ratelimits(names).await
+            }
+            _ => None,
         };
         GcPass {
             round,
@@ -189,8 +196,8 @@ impl GcRunner {
     }
 
     /// Returns expired reservations, if this database has quota providers at all.
-    async fn sweep_quota(&self) -> Option<Result<SweepSummary, QuotaError>> {
-        match self.has_collection(PROVIDERS_COLLECTION).await {
+    async fn sweep_quota(&self, names: &Names) -> Option<Result<SweepSummary, QuotaError>> {
+        match has(names, PROVIDERS_COLLECTION) {
             Ok(false) => None,
             Ok(true) => Some(match Quota::open(&self.store).await {
                 Ok(quota) => quota.sweep().await,
@@ -199,14 +206,14 @@ impl GcRunner {
             Err(e) => Some(Err(QuotaError::Txn(TxnError::database(
                 None,
                 "list the collections",
-                e,
+                e.clone(),
             )))),
         }
     }
 
     /// Prunes the limiters, if this database has any.
-    async fn sweep_ratelimits(&self) -> Option<Result<u64, RateLimitError>> {
-        match self.has_collection(LIMITERS_COLLECTION).await {
+    async fn sweep_ratelimits(&self, names: &Names) -> Option<Result<u64, RateLimitError>> {
+        match has(names, LIMITERS_COLLECTION) {
             Ok(false) => None,
             Ok(true) => Some(match RateLimits::open(&self.store).await {
                 Ok(limits) => limits.sweep().await,
@@ -216,13 +223,16 @@ impl GcRunner {
                 collection: LIMITERS_COLLECTION.to_string(),
                 limiter: "*".to_string(),
                 op: "list the collections",
-                source: Box::new(e),
+                source: Box::new(e.clone()),
             })),
         }
     }
+}
 
-    async fn has_collection(&self, name: &str) -> Result<bool, mongodb::error::Error> {
-        let names = self.store.database().list_collection_names().await?;
-        Ok(names.iter().any(|n| n == name))
-    }
+/// The database's collection names, as listed once per pass.
+type Names = Result<Vec<String>, mongodb::error::Error>;
+
+/// Whether the listing holds `name` (the listing's error, if it failed).
+fn has<'a>(names: &'a Names, name: &str) -> Result<bool, &'a mongodb::error::Error> {
+    names.as_ref().map(|names| names.iter().any(|n| n == name))
 }

@@ -342,7 +342,7 @@ impl Quota {
                             request: request.id.clone(),
                             replayed: true,
                             writes,
-                            retries: attempts.attempts,
+                            retries: attempts.retries(),
                         },
                         expires,
                     ))
@@ -358,7 +358,7 @@ impl Quota {
                             request: request.id.clone(),
                             replayed: false,
                             writes,
-                            retries: attempts.attempts,
+                            retries: attempts.retries(),
                         },
                         expires,
                     ))

@@ -43,8 +43,6 @@ pub(super) enum Step {
 pub(super) struct Attempts {
     what: String,
     retry: Retry,
-    /// Re-reads so far.
-    pub(super) attempts: u32,
 }
 
 impl Attempts {
@@ -52,21 +50,25 @@ impl Attempts {
         Attempts {
             what,
             retry: Retry::until_deadline(policy),
-            attempts: 0,
         }
     }
 
+    /// Re-reads made so far (each one followed a pause).
+    pub(super) fn retries(&self) -> u32 {
+        self.retry.pauses()
+    }
+
     pub(super) async fn again(&mut self, reason: String) -> Result<(), QuotaError> {
-        self.attempts += 1;
+        let attempt = self.retry.pauses() + 1;
         if self.retry.exhausted() {
             return Err(QuotaError::Contended {
                 what: self.what.clone(),
-                attempts: self.attempts,
+                attempts: attempt,
                 elapsed: self.retry.elapsed(),
                 last: reason,
             });
         }
-        tracing::debug!(what = %self.what, attempt = self.attempts, %reason, "quota: re-reading");
+        tracing::debug!(what = %self.what, attempt, %reason, "quota: re-reading");
         self.retry.pause().await;
         Ok(())
     }

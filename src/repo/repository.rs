@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
@@ -29,7 +29,8 @@ use crate::repo::hold::held::{self, HoldKind};
 use crate::repo::hold::resolve::{self, Committed};
 use crate::repo::outcome::HoldError;
 use crate::repo::schema::{BsonType, Violation};
-use crate::repo::store::Store;
+use crate::repo::store::{LockWait, Store};
+use crate::retry::Retry;
 use crate::server::clock;
 use crate::server::codes;
 
@@ -120,18 +121,16 @@ pub(super) enum Change<'a> {
     Delete,
 }
 
-/// Waiting for holders, bounded by the store's lock-wait policy.
+/// Waiting for holders, paced and bounded by the store's lock-wait policy.
 pub(super) struct Waiter {
-    pub(super) started: Instant,
-    pub(super) pauses: u32,
+    pub(super) retry: Retry,
     pub(super) last_holder: Option<ObjectId>,
 }
 
 impl Waiter {
-    pub(super) fn new() -> Waiter {
+    pub(super) fn new(policy: LockWait) -> Waiter {
         Waiter {
-            started: Instant::now(),
-            pauses: 0,
+            retry: Retry::until_deadline(policy),
             last_holder: None,
         }
     }
@@ -185,7 +184,7 @@ where
         self.stamp(&mut doc, version);
         self.validate(&shown, &doc)?;
 
-        let mut waiter = Waiter::new();
+        let mut waiter = Waiter::new(self.store.inner.lock_wait);
         loop {
             let error = match self.coll.insert_one(&doc).await {
                 Ok(_) => {

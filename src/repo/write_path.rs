@@ -35,7 +35,7 @@ where
         let new_version = expected + 1;
         let current = self.spec.schema_version();
         let filter = self.happy_filter(&id, expected, &change);
-        let mut waiter = Waiter::new();
+        let mut waiter = Waiter::new(self.store.inner.lock_wait);
         loop {
             let written = match &change {
                 Change::Delete => {
@@ -86,7 +86,7 @@ where
                 Next::Retry => {}
                 Next::Wait(holder) => self.wait_for(&id, &shown, holder, &mut waiter).await?,
             }
-            if waiter.started.elapsed() >= self.store.inner.lock_wait.max_wait {
+            if waiter.retry.exhausted() {
                 return Err(self.locked(&shown, &waiter));
             }
         }
@@ -101,7 +101,6 @@ where
         holder: ObjectId,
         waiter: &mut Waiter,
     ) -> Result<(), RepoError> {
-        let lock_wait = self.store.inner.lock_wait;
         let settled = resolve::settle(&self.store, self.name(), id, holder)
             .await
             .map_err(|source| self.hold_error(shown, holder, source))?;
@@ -111,11 +110,10 @@ where
         if settled == Settled::Freed && !again {
             return Ok(());
         }
-        if waiter.started.elapsed() >= lock_wait.max_wait {
+        if waiter.retry.exhausted() {
             return Err(self.locked(shown, waiter));
         }
-        tokio::time::sleep(lock_wait.backoff(waiter.pauses)).await;
-        waiter.pauses += 1;
+        waiter.retry.pause().await;
         Ok(())
     }
 
@@ -124,7 +122,7 @@ where
             collection: self.name().to_string(),
             id: shown.to_string(),
             holder: waiter.last_holder,
-            waited: waiter.started.elapsed(),
+            waited: waiter.retry.elapsed(),
         }
     }
 
