@@ -62,6 +62,7 @@ pub struct CollectionSpec {
     schema_version: i64,
     schema: JsonSchema,
     upgrades: BTreeMap<i64, UpgradeStep>,
+    plain_schema_version: i64,
 }
 
 impl fmt::Debug for CollectionSpec {
@@ -70,6 +71,7 @@ impl fmt::Debug for CollectionSpec {
             .field("name", &self.name)
             .field("schema_version", &self.schema_version)
             .field("upgrades_from", &self.upgrades.keys().collect::<Vec<_>>())
+            .field("plain_schema_version", &self.plain_schema_version)
             .finish()
     }
 }
@@ -106,6 +108,7 @@ impl CollectionSpec {
             schema_version,
             schema,
             upgrades: BTreeMap::new(),
+            plain_schema_version: 1,
         })
     }
 
@@ -117,6 +120,38 @@ impl CollectionSpec {
     ) -> CollectionSpec {
         self.upgrades.insert(from, Arc::new(step));
         self
+    }
+
+    /// Declares the schema version of the collection's *plain* documents: those without system
+    /// fields, written before the collection was adopted or by other writers since (default 1,
+    /// the first shape). They read as that version and are upgraded from it by the upgrade steps,
+    /// like stamped documents of that version; their first write stamps them. Keep it where it
+    /// is when the collection's schema version moves on: the plain documents do not change shape
+    /// because the code did. Checked when the repository opens (between 1 and the current
+    /// version).
+    ///
+    /// ```
+    /// # fn demo(schema_v2: &str) -> Result<(), mongotx::SpecError> {
+    /// use mongotx::CollectionSpec;
+    ///
+    /// // Legacy documents have one `name`; version 2 splits it.
+    /// let spec = CollectionSpec::new("people", 2, schema_v2)?
+    ///     .upgrade(1, |mut doc| {
+    ///         let name = doc.remove("name").unwrap_or(bson::Bson::Null);
+    ///         doc.insert("display_name", name);
+    ///         Ok(doc)
+    ///     })
+    ///     .plain_documents(1);
+    /// # let _ = spec; Ok(()) }
+    /// ```
+    pub fn plain_documents(mut self, schema_version: i64) -> CollectionSpec {
+        self.plain_schema_version = schema_version;
+        self
+    }
+
+    /// The schema version plain documents read as (see [`plain_documents`](Self::plain_documents)).
+    pub fn plain_schema_version(&self) -> i64 {
+        self.plain_schema_version
     }
 
     /// The collection name.
@@ -134,8 +169,18 @@ impl CollectionSpec {
         &self.schema
     }
 
-    /// Checks that every older version has an upgrade step and no step targets a future version.
+    /// Checks that every older version has an upgrade step, no step targets a future version, and
+    /// the plain documents' version is one of the collection's.
     pub fn check_upgrades(&self) -> Result<(), SpecError> {
+        if !(1..=self.schema_version).contains(&self.plain_schema_version) {
+            return Err(SpecError::Versions {
+                collection: self.name.clone(),
+                reason: format!(
+                    "plain documents are declared at schema version {}, which is not between 1 and the current version {}",
+                    self.plain_schema_version, self.schema_version
+                ),
+            });
+        }
         for from in 1..self.schema_version {
             if !self.upgrades.contains_key(&from) {
                 return Err(SpecError::Versions {

@@ -137,7 +137,7 @@ pub enum RepoError {
         field: String,
     },
     /// An expected version that no document can have, or that has no next version.
-    #[error("{collection}/{id}: expected version {version} is invalid (versions run from 1 to one below i64::MAX, so that a write has a next version)")]
+    #[error("{collection}/{id}: expected version {version} is invalid (stamped documents' versions run from 1 to one below i64::MAX, so that a write has a next version; plain documents read as negative fingerprints from i64::MIN + 1 to -2)")]
     InvalidVersion {
         /// Collection name.
         collection: String,
@@ -188,8 +188,9 @@ pub enum RepoError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A stored document lacks valid system fields (it was not written by mongotx).
-    #[error("{collection}/{id}: stored document is not a mongotx document: {reason}")]
+    /// A stored document whose system fields mongotx cannot read: some of them missing or of the
+    /// wrong type (a document with none of them is a plain document, which reads fine).
+    #[error("{collection}/{id}: stored document has unreadable system fields: {reason}")]
     Malformed {
         /// Collection name.
         collection: String,
@@ -312,6 +313,43 @@ impl RepoError {
             operation,
             source: Box::new(source),
         }
+    }
+
+    /// The error of a write the server failed: a refusal by its validator (`Refused`), a
+    /// document over the 16 MiB MongoDB stores (`Invalid`: bad input), or a database error.
+    pub(crate) fn written(
+        collection: &str,
+        id: &str,
+        operation: &'static str,
+        source: mongodb::error::Error,
+    ) -> RepoError {
+        if let Some((field, rule)) = crate::server::codes::validation_failure(&source) {
+            return RepoError::Refused {
+                collection: collection.to_string(),
+                id: id.to_string(),
+                field,
+                rule,
+                source: Box::new(source),
+            };
+        }
+        // The driver refuses a document over MongoDB's 16 MiB before sending it (the server
+        // answers BSONObjectTooLarge, 10334, for one that grows past it): the caller's value is
+        // too large, which is bad input, not a database failure.
+        let too_large = match &*source.kind {
+            mongodb::error::ErrorKind::InvalidArgument { message, .. } => {
+                message.contains("within") && message.contains("bytes")
+            }
+            _ => crate::server::codes::error_code(&source) == Some(10334),
+        };
+        if too_large {
+            return RepoError::Invalid {
+                collection: collection.to_string(),
+                id: id.to_string(),
+                field: "(document)".to_string(),
+                reason: "larger than the 16 MiB MongoDB stores in one document".to_string(),
+            };
+        }
+        RepoError::database(collection, id, operation, source)
     }
 }
 

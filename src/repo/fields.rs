@@ -107,10 +107,13 @@ fn names_in(doc: &Document, level: usize) -> Option<(String, &'static str)> {
 /// The system fields as read from a stored document.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SystemFields {
-    /// Schema version of the stored shape.
+    /// Schema version of the stored shape (0 for a plain document as [`SystemFields::read`]
+    /// returns it: the collection declares it, see `Repository::system_fields`).
     pub(crate) schema_version: i64,
-    /// Current document version.
+    /// Current document version (a plain document's fingerprint, see `repo::plain`).
     pub(crate) version: i64,
+    /// Whether the document is plain: it carries no system field at all.
+    pub(crate) plain: bool,
     /// The transaction holding the document, if any.
     pub(crate) active_txn: Option<ObjectId>,
     /// When the document was deleted, if it is a tombstone.
@@ -120,24 +123,42 @@ pub(crate) struct SystemFields {
 }
 
 impl SystemFields {
-    /// Reads the system fields of a stored document; `Err` names what is missing or mistyped.
+    /// Reads the system fields of a stored document; `Err` names what is missing or mistyped. A
+    /// document with none of them reads as plain: free, live, its fingerprint as its version.
     pub(crate) fn read(doc: &Document) -> Result<SystemFields, String> {
-        let schema_version = read_integer(doc, SCHEMA_VERSION)?;
-        let version = read_integer(doc, VERSION)?;
+        if crate::repo::plain::is_plain(doc) {
+            return Ok(SystemFields {
+                schema_version: 0,
+                version: crate::repo::plain::fingerprint(doc),
+                plain: true,
+                active_txn: None,
+                deleted_at: None,
+                deleting: false,
+            });
+        }
+        // The holder first: a query's first pass reports a held candidate by `_id` and `_txn`
+        // alone, so an unreadable holder must be what such a row is refused for.
         let active_txn = match doc.get(ACTIVE_TXN) {
             None | Some(Bson::Null) => None,
             Some(Bson::ObjectId(txn)) => Some(*txn),
             Some(other) => return Err(mistyped(ACTIVE_TXN, "an objectId", other)),
         };
+        let schema_version = read_integer(doc, SCHEMA_VERSION)?;
+        let version = read_integer(doc, VERSION)?;
         let deleted_at = match doc.get(DELETED) {
             None | Some(Bson::Null) => None,
             Some(Bson::DateTime(at)) => Some(*at),
             Some(other) => return Err(mistyped(DELETED, "a date", other)),
         };
-        let deleting = matches!(doc.get(DELETING), Some(Bson::Boolean(true)));
+        let deleting = match doc.get(DELETING) {
+            None | Some(Bson::Null) | Some(Bson::Boolean(false)) => false,
+            Some(Bson::Boolean(true)) => true,
+            Some(other) => return Err(mistyped(DELETING, "a boolean", other)),
+        };
         Ok(SystemFields {
             schema_version,
             version,
+            plain: false,
             active_txn,
             deleted_at,
             deleting,

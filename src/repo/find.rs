@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields;
 use crate::repo::outcome::TxnStatus;
 use crate::repo::query;
 use crate::repo::repository::{Repository, Stamped};
@@ -111,7 +112,7 @@ where
         let batch = window.and_then(|l| u32::try_from(l.saturating_add(query::HOLDER_BATCH)).ok());
         let mut first = query::holders_pass(filter, sort, window);
         if let Some(projection) = &query.projection {
-            first.push(query::projection_stage(projection));
+            first.extend(query::projection_stages(projection));
         }
         let rows = self.aggregate(first, batch).await?;
         let mut holders: Vec<ObjectId> = rows.iter().filter_map(query::unknown_holder).collect();
@@ -272,7 +273,7 @@ where
             stages.push(doc! { "$limit": limit });
         }
         if let Some(projection) = &query.projection {
-            stages.push(query::projection_stage(projection));
+            stages.extend(query::projection_stages(projection));
         }
         stages
     }
@@ -300,6 +301,27 @@ where
         row.remove(query::KNOWN_TAG);
         let id = row.get("_id").cloned().unwrap_or(Bson::Null);
         let shown = show_id(&id);
-        self.decode(&id, &shown, row)
+        if row.remove(query::UNREADABLE_TAG).is_some() {
+            return Err(self.malformed(
+                &shown,
+                format!(
+                    "it is held (`{}`) but its hold `{}` is missing or not a document",
+                    fields::ACTIVE_TXN,
+                    fields::HOLD
+                ),
+            ));
+        }
+        let whole = match row.remove(query::ROOT_TAG) {
+            Some(Bson::Document(mut whole)) => {
+                whole.remove(query::KNOWN_TAG);
+                Some(whole)
+            }
+            _ => None,
+        };
+        let mut stamped = self.decode(&id, &shown, row)?;
+        if let Some(whole) = whole.filter(|_| stamped.is_plain()) {
+            stamped.version = crate::repo::plain::fingerprint(&whole);
+        }
+        Ok(stamped)
     }
 }

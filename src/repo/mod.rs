@@ -47,6 +47,7 @@ pub(crate) mod meta;
 pub(crate) mod names;
 pub(crate) mod open;
 pub(crate) mod outcome;
+pub(crate) mod plain;
 pub(crate) mod query;
 pub(crate) mod repository;
 pub(crate) mod schema;

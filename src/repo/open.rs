@@ -16,6 +16,7 @@ use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::hold::held;
 use crate::repo::meta::{self, META_COLLECTION};
+use crate::repo::plain;
 use crate::repo::repository::Repository;
 use crate::repo::schema::JsonSchema;
 use crate::repo::store::{ServerValidation, Store};
@@ -80,7 +81,9 @@ impl Store {
             .await
             .map_err(db_error("listing indexes"))?;
 
-        Ok(Repository::new(self.clone(), Arc::new(spec), coll))
+        let spec = Arc::new(spec);
+        self.remember_spec(&spec);
+        Ok(Repository::new(self.clone(), spec, coll))
     }
 
     /// Checks once per store that the server has what the protocol needs (see
@@ -123,6 +126,9 @@ impl Store {
     /// code's schema version only.
     ///
     /// Tombstones (user fields cleared) and fence placeholders (never had any) are let through.
+    /// So are plain documents (no system field at all): other writers of the collection (a
+    /// service not yet on mongotx, a shell, a restore) keep inserting and updating them as
+    /// before, and the validator applies from their first stamp on (see `repo::plain`).
     /// So are documents of *other* schema versions: during a rolling upgrade, processes of the
     /// old and the new version write at once, each validated on its own client; refusing the
     /// other version's documents would refuse valid writes until every process runs the same
@@ -153,6 +159,7 @@ impl Store {
             "$or": [
                 { fields::DELETED: { "$exists": true } },
                 { held::FENCE: true, fields::VERSION: 0_i64 },
+                plain::plain_filter(),
                 { fields::SCHEMA_VERSION: { "$type": "long", "$ne": version } },
                 { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },
             ]

@@ -31,6 +31,9 @@ use crate::repo::hold::held::{self as hold, ALWAYS_UNSET};
 /// Field the first pass adds to tell free documents (1) from held candidates (0).
 pub(crate) const KNOWN_TAG: &str = "_mongotx_known";
 
+/// Field the second pass adds to a held document whose hold cannot be read.
+pub(crate) const UNREADABLE_TAG: &str = "_mongotx_unreadable";
+
 /// Top-level names a caller's filter or sort may not use: they describe holds, not values.
 const HIDDEN: [&str; 4] = [
     fields::ACTIVE_TXN,
@@ -47,6 +50,12 @@ pub(crate) fn problem(
 ) -> Option<String> {
     if let Some(limit) = limit.filter(|l| *l < 0) {
         return Some(format!("the limit {limit} is negative"));
+    }
+    if let Some((path, operator)) = javascript(&Bson::Document(filter.clone()), "") {
+        return Some(format!(
+            "the filter uses `{operator}` at `{path}`, which runs JavaScript on the server; \
+             filters that may come from a service's clients never do"
+        ));
     }
     if let Some(reason) = shape_problem(filter) {
         return Some(reason);
@@ -76,6 +85,35 @@ pub(crate) fn problem(
         ));
     }
     None
+}
+
+/// The operators that run JavaScript on the server.
+const JAVASCRIPT: [&str; 3] = ["$where", "$function", "$accumulator"];
+
+/// The first operator in `value` (at any depth: inside `$expr`, `$elemMatch`, arrays and
+/// documents) that runs JavaScript on the server, with the path it sits at.
+fn javascript(value: &Bson, at: &str) -> Option<(String, String)> {
+    let under = |key: &str| {
+        if at.is_empty() {
+            key.to_string()
+        } else {
+            format!("{at}.{key}")
+        }
+    };
+    match value {
+        Bson::Document(doc) => doc.iter().find_map(|(key, inner)| {
+            if JAVASCRIPT.contains(&key.as_str()) {
+                let path = if at.is_empty() { "(top level)".to_string() } else { at.to_string() };
+                return Some((path, key.clone()));
+            }
+            javascript(inner, &under(key))
+        }),
+        Bson::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| javascript(item, &under(&i.to_string()))),
+        _ => None,
+    }
 }
 
 /// Query operators a field condition may use (MongoDB's, less the geospatial ones that need a
@@ -368,6 +406,11 @@ pub(crate) fn values_pass(
 ) -> Vec<Document> {
     let committed: Vec<Bson> = committed.iter().map(|t| Bson::ObjectId(*t)).collect();
     let always_unset: Vec<Bson> = ALWAYS_UNSET.iter().map(|s| Bson::from(*s)).collect();
+    // A hold whose parts are not of their types (a document mongotx cannot read) must not fail
+    // the whole pass: its restore counts as empty and its unset list as empty, and the document
+    // is refused by name when it is decoded, if it matches.
+    let restore = format!("${}.restore", fields::HOLD);
+    let unset = format!("${}.unset", fields::HOLD);
     let pre_image = doc! {
         "$cond": [
             { "$eq": [format!("${}.op", fields::HOLD), "insert"] },
@@ -375,12 +418,15 @@ pub(crate) fn values_pass(
             { "$arrayToObject": { "$filter": {
                 "input": { "$objectToArray": { "$mergeObjects": [
                     "$$ROOT",
-                    format!("${}.restore", fields::HOLD),
+                    { "$cond": [is_object(&restore), restore.as_str(), {}] },
                 ] } },
                 "as": "field",
                 "cond": { "$not": [{ "$in": [
                     "$$field.k",
-                    { "$concatArrays": [format!("${}.unset", fields::HOLD), always_unset] },
+                    { "$concatArrays": [
+                        { "$cond": [{ "$isArray": unset.as_str() }, unset.as_str(), []] },
+                        always_unset,
+                    ] },
                 ] }] },
             } } },
         ]
@@ -388,17 +434,25 @@ pub(crate) fn values_pass(
     let mut stages = vec![
         candidates(filter),
         doc! { "$replaceRoot": { "newRoot": {
-            // A fence never carries a change: it reads as the document it sits on, or as nothing.
             "$cond": [
-                { "$and": [
-                    { "$ne": [holder(), Bson::Null] },
-                    { "$or": [
-                        { "$not": [{ "$in": [holder(), committed] }] },
-                        { "$eq": [format!("${}.fence", fields::HOLD), true] },
+                { "$eq": [holder(), Bson::Null] },
+                "$$ROOT",
+                { "$cond": [
+                    // A hold that cannot be read: matched on the stored value, and refused by
+                    // name when decoded.
+                    { "$not": [is_object(&format!("${}", fields::HOLD))] },
+                    { "$mergeObjects": ["$$ROOT", { UNREADABLE_TAG: true }] },
+                    // A fence never carries a change: it reads as the document it sits on, or
+                    // as nothing.
+                    { "$cond": [
+                        { "$or": [
+                            { "$not": [{ "$in": [holder(), committed] }] },
+                            { "$eq": [format!("${}.fence", fields::HOLD), true] },
+                        ] },
+                        pre_image,
+                        "$$ROOT",
                     ] },
                 ] },
-                pre_image,
-                "$$ROOT",
             ]
         } } },
         doc! { "$match": { "$and": [
@@ -414,6 +468,16 @@ pub(crate) fn values_pass(
         stages.push(doc! { "$limit": limit });
     }
     stages
+}
+
+/// Whether the value at `path` (a `$` field path) is an embedded document, as an aggregation
+/// expression: documents sort after strings and before arrays in MongoDB's order of BSON types,
+/// and `{}` and `[]` are the least of each (servers before 4.4 lack nothing this needs).
+fn is_object(path: &str) -> Bson {
+    Bson::Document(doc! { "$and": [
+        { "$gte": [path, {}] },
+        { "$lt": [path, []] },
+    ] })
 }
 
 /// The holder a first-pass row reports, if it is a held candidate.
@@ -472,8 +536,22 @@ pub(crate) fn projection_problem(projection: &Document) -> Option<String> {
     None
 }
 
-/// The `$project` stage of a checked projection: an inclusion keeps the system fields and the
-/// first pass's tag too, which the results are read by.
+/// Field a projected plain document carries its whole stored self in: its version is a
+/// fingerprint of all its fields, not of the projected ones (see `repo::plain`).
+pub(crate) const ROOT_TAG: &str = "_mongotx_root";
+
+/// The stages of a checked projection: a plain document keeps a copy of itself whole (for its
+/// fingerprint), then the `$project` (see [`projection_stage`]).
+pub(crate) fn projection_stages(projection: &Document) -> Vec<Document> {
+    let plain = doc! { "$eq": [{ "$ifNull": [format!("${}", fields::VERSION), Bson::Null] }, Bson::Null] };
+    vec![
+        doc! { "$addFields": { ROOT_TAG: { "$cond": [plain, "$$ROOT", "$$REMOVE"] } } },
+        projection_stage(projection),
+    ]
+}
+
+/// The `$project` stage of a checked projection: an inclusion keeps the system fields, the
+/// first pass's tag and a plain document's copy of itself too, which the results are read by.
 pub(crate) fn projection_stage(projection: &Document) -> Document {
     let mut stage = projection.clone();
     let includes = projection.iter().any(|(key, value)| {
@@ -481,7 +559,7 @@ pub(crate) fn projection_stage(projection: &Document) -> Document {
             || matches!(value, Bson::Double(d) if key != "_id" && *d == 1.0)
     });
     if includes {
-        for name in fields::ALL.into_iter().chain([KNOWN_TAG]) {
+        for name in fields::ALL.into_iter().chain([KNOWN_TAG, ROOT_TAG]) {
             stage.insert(name, 1);
         }
     }
@@ -532,6 +610,23 @@ mod tests {
         ] {
             assert!(problem(&good, None, None).is_none(), "{good}");
         }
+    }
+
+    #[test]
+    fn javascript_is_refused_at_any_depth() {
+        for bad in [
+            doc! { "$where": "this.a > 1" },
+            doc! { "$and": [{ "a": 1 }, { "$where": "true" }] },
+            doc! { "$expr": { "$function": { "body": "function() { return true }", "args": [], "lang": "js" } } },
+            doc! { "$expr": { "$and": [true, { "$eq": [{ "$accumulator": {} }, 1] }] } },
+            doc! { "a": { "$elemMatch": { "$where": "1" } } },
+            doc! { "$nor": [{ "$expr": { "$gt": [{ "$function": {} }, 1] } }] },
+        ] {
+            let reason = problem(&bad, None, None).unwrap_or_default();
+            assert!(reason.contains("JavaScript"), "{bad}: {reason}");
+        }
+        assert!(problem(&doc! { "$expr": { "$gt": ["$a", 1] } }, None, None).is_none());
+        assert!(problem(&doc! { "note": "$where" }, None, None).is_none());
     }
 
     #[test]

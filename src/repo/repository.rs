@@ -42,9 +42,13 @@ pub const FIRST_VERSION: i64 = 1;
 pub struct Stamped<T> {
     /// The document's `_id`.
     pub id: Bson,
-    /// The version read: pass it to the next write as the expected version.
+    /// The version read: pass it to the next write as the expected version. For a plain document
+    /// (stored without system fields) it is a fingerprint of its content, a negative number no
+    /// stamped document has: a write at it goes through only while the content is unchanged, and
+    /// stamps the document (see [`is_plain`](Stamped::is_plain)).
     pub version: i64,
-    /// The schema version the document was stored with (before any in-memory upgrade).
+    /// The schema version the document was stored with (before any in-memory upgrade); for a
+    /// plain document, the one its collection declares for plain documents.
     pub stored_schema_version: i64,
     /// The caller's value (upgraded to the current schema version).
     pub value: T,
@@ -59,6 +63,13 @@ impl<T> Deref for Stamped<T> {
 }
 
 impl<T> Stamped<T> {
+    /// Whether the document was read without system fields (written by something other than
+    /// mongotx, or before the collection was adopted): its version is then a fingerprint of its
+    /// content, and its first write stamps it.
+    pub fn is_plain(&self) -> bool {
+        crate::repo::plain::is_plain_version(self.version)
+    }
+
     /// The caller's value, dropping the stamp.
     pub fn into_inner(self) -> T {
         self.value
@@ -158,6 +169,11 @@ where
 
     /// The collection definition.
     pub fn spec(&self) -> &CollectionSpec {
+        &self.spec
+    }
+
+    /// The collection definition, shared.
+    pub(crate) fn spec_arc(&self) -> &Arc<CollectionSpec> {
         &self.spec
     }
 
@@ -329,7 +345,13 @@ where
             }
         }
         let mut check = doc.clone();
-        self.stamp(&mut check, expected_version + 1);
+        // A plain document's replacement starts at the collection's first version (at least 1).
+        let next = if crate::repo::plain::is_plain_version(expected_version) {
+            FIRST_VERSION
+        } else {
+            expected_version + 1
+        };
+        self.stamp(&mut check, next);
         self.validate(&shown, &check)?;
         self.write(id, expected_version, Change::Replace(doc)).await
     }
@@ -467,11 +489,15 @@ where
         shown: &str,
         doc: &Document,
     ) -> Result<SystemFields, RepoError> {
-        SystemFields::read(doc).map_err(|reason| RepoError::Malformed {
+        let mut sys = SystemFields::read(doc).map_err(|reason| RepoError::Malformed {
             collection: self.name().to_string(),
             id: shown.to_string(),
             reason,
-        })
+        })?;
+        if sys.plain {
+            sys.schema_version = self.spec.plain_schema_version();
+        }
+        Ok(sys)
     }
 
     pub(crate) fn invalid(&self, shown: &str, violation: Violation) -> RepoError {
@@ -545,33 +571,7 @@ where
         operation: &'static str,
         source: mongodb::error::Error,
     ) -> RepoError {
-        if let Some((field, rule)) = codes::validation_failure(&source) {
-            return RepoError::Refused {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-                field,
-                rule,
-                source: Box::new(source),
-            };
-        }
-        // The driver refuses a document over MongoDB's 16 MiB before sending it (the server
-        // answers BSONObjectTooLarge, 10334, for one that grows past it): the caller's value is
-        // too large, which is bad input, not a database failure.
-        let too_large = match &*source.kind {
-            mongodb::error::ErrorKind::InvalidArgument { message, .. } => {
-                message.contains("within") && message.contains("bytes")
-            }
-            _ => codes::error_code(&source) == Some(10334),
-        };
-        if too_large {
-            return RepoError::Invalid {
-                collection: self.name().to_string(),
-                id: shown.to_string(),
-                field: "(document)".to_string(),
-                reason: "larger than the 16 MiB MongoDB stores in one document".to_string(),
-            };
-        }
-        self.db_error(shown, operation, source)
+        RepoError::written(self.name(), shown, operation, source)
     }
 }
 

@@ -16,6 +16,7 @@ use mongodb::options::{CollectionOptions, ReadConcern, WriteConcern};
 use mongodb::{Collection, Database};
 use tokio::sync::OnceCell;
 
+use crate::repo::collection::CollectionSpec;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
@@ -126,6 +127,9 @@ pub(crate) struct StoreInner {
     /// Whether a round of writes goes as one `bulkWrite`: the setting, until the server turns out
     /// not to have the command.
     batch_writes: AtomicBool,
+    /// The definition of each collection this store has opened or staged changes on, for the
+    /// protocol steps that stamp a plain document they meet (see `repo::plain`).
+    specs: Mutex<HashMap<String, Arc<CollectionSpec>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -239,6 +243,7 @@ impl StoreBuilder {
                 markers: Mutex::new(HashMap::new()),
                 absent_since: Mutex::new(HashMap::new()),
                 batch_writes: AtomicBool::new(self.batch_writes),
+                specs: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -448,6 +453,26 @@ impl Store {
             .deleted_count;
         tracing::info!(collection, purged, floor = highest, "purged tombstones");
         Ok(purged)
+    }
+
+    /// Remembers the definition of a collection this store works on.
+    pub(crate) fn remember_spec(&self, spec: &Arc<CollectionSpec>) {
+        let mut specs = self
+            .inner
+            .specs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        specs.insert(spec.name().to_string(), Arc::clone(spec));
+    }
+
+    /// The definition of `collection`, if this store has opened it.
+    pub(crate) fn spec_of(&self, collection: &str) -> Option<Arc<CollectionSpec>> {
+        self.inner
+            .specs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(collection)
+            .cloned()
     }
 
     /// How long (on this process's monotonic clock) transaction `txn` has been seen holding a

@@ -1,7 +1,8 @@
 //! The lock-wait write path of update, adjust, replace and delete: one conditional write on the
 //! happy path; when it matches nothing, the document is read to say why, and the write fails (not
 //! found, deleted, changed, schema too new), waits for or resolves the hold it met (bounded by the
-//! store's lock-wait policy), upgrades an older shape in memory and writes it whole, or goes again.
+//! store's lock-wait policy), upgrades an older shape in memory and writes it whole, stamps a plain
+//! document with the change (conditional on its whole content: see `repo::plain`), or goes again.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use serde::de::DeserializeOwned;
@@ -10,6 +11,7 @@ use serde::Serialize;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
 use crate::repo::hold::resolve::{self, Settled};
+use crate::repo::plain;
 use crate::repo::repository::{other_index, Change, Repository, Waiter};
 use crate::server::codes;
 
@@ -19,6 +21,8 @@ enum Next {
     Wait(ObjectId),
     Fail(RepoError),
     Upgrade(Document, i64),
+    /// A plain document with the content the caller read (its fingerprint matched).
+    Adopt(Document),
 }
 
 impl<T> Repository<T>
@@ -36,7 +40,30 @@ where
         let current = self.spec.schema_version();
         let filter = self.happy_filter(&id, expected, &change);
         let mut waiter = Waiter::new(self.store.inner.lock_wait);
+        // A plain document's version is a fingerprint no stored `_version` has: the conditional
+        // write could match nothing, so the document is read first.
+        let mut skip_write = plain::is_plain_version(expected);
         loop {
+            if std::mem::take(&mut skip_write) {
+                match self
+                    .diagnose(&id, &shown, expected, current, &change)
+                    .await?
+                {
+                    Next::Adopt(stored) => {
+                        if let Some(version) = self.write_plain(&id, &shown, stored, &change).await? {
+                            return Ok(version);
+                        }
+                    }
+                    Next::Fail(error) => return Err(error),
+                    Next::Wait(holder) => self.wait_for(&id, &shown, holder, &mut waiter).await?,
+                    Next::Retry | Next::Upgrade(..) => {}
+                }
+                if waiter.retry.exhausted() {
+                    return Err(self.locked(&shown, &waiter));
+                }
+                skip_write = true;
+                continue;
+            }
             let written = match &change {
                 Change::Delete => {
                     self.store
@@ -81,6 +108,11 @@ where
                         .await?
                     {
                         return Ok(new_version);
+                    }
+                }
+                Next::Adopt(stored) => {
+                    if let Some(version) = self.write_plain(&id, &shown, stored, &change).await? {
+                        return Ok(version);
                     }
                 }
                 Next::Retry => {}
@@ -221,6 +253,9 @@ where
                 actual: sys.version,
             }));
         }
+        if sys.plain {
+            return Ok(Next::Adopt(stored));
+        }
         if sys.schema_version < current && matches!(change, Change::Update(_) | Change::Adjust(_)) {
             return Ok(Next::Upgrade(stored, sys.schema_version));
         }
@@ -231,6 +266,74 @@ where
         }
         // The document matches now: a holder came and went between the write and the read.
         Ok(Next::Retry)
+    }
+
+    /// Applies `change` to the plain document `stored` (read at the version the caller named)
+    /// and stamps it, in one write conditional on the whole stored document being unchanged (see
+    /// `repo::plain`): the new value (upgraded from the plain schema version and changed in
+    /// memory, or the replacement, or a tombstone) at the collection's first version. `None`
+    /// when the document changed before the write landed (the caller reads it again).
+    async fn write_plain(
+        &self,
+        id: &Bson,
+        shown: &str,
+        stored: Document,
+        change: &Change<'_>,
+    ) -> Result<Option<i64>, RepoError> {
+        let version = self.first_version(shown).await?;
+        let filter = plain::unchanged(&stored);
+        let current = self.spec.schema_version();
+        let replacement = match change {
+            Change::Delete => None,
+            Change::Replace(value) => {
+                let mut doc = value.clone();
+                self.stamp(&mut doc, version);
+                Some(doc)
+            }
+            Change::Update(_) | Change::Adjust(_) => {
+                let from = self.spec.plain_schema_version();
+                let mut doc = self.upgrade(shown, stored, from)?;
+                let applied = match change {
+                    Change::Update(update) => update.apply_to(&mut doc),
+                    Change::Adjust(adjust) => {
+                        if let Some(refused) = self.increment_refused(shown, adjust, &doc) {
+                            return Err(refused);
+                        }
+                        adjust.apply_to(&mut doc)
+                    }
+                    Change::Replace(_) | Change::Delete => Ok(()),
+                };
+                applied.map_err(|violation| self.invalid(shown, violation))?;
+                self.stamp(&mut doc, version);
+                Some(doc)
+            }
+        };
+        let written = match replacement {
+            None => {
+                self.store
+                    .write_tombstone(&self.coll, filter, id, current, version)
+                    .await
+            }
+            Some(doc) => {
+                self.validate(shown, &doc)?;
+                self.coll
+                    .replace_one(filter, doc)
+                    .await
+                    .map(|r| r.matched_count)
+            }
+        };
+        match written {
+            Ok(1) => {
+                tracing::debug!(collection = self.name(), id = %shown, version, "{} stamped a plain document", change.verb());
+                Ok(Some(version))
+            }
+            Ok(_) => Ok(None),
+            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
+                let index = other_index(&e).unwrap_or_else(|| "_id_".to_string());
+                Err(self.duplicate_key(shown, index))
+            }
+            Err(e) => Err(self.write_error(shown, change.verb(), e)),
+        }
     }
 
     /// Applies a field-level change to an older-shape document by upgrading it in memory and

@@ -57,6 +57,7 @@ use crate::repo::hold::record::{self, TxnState};
 use crate::repo::hold::resolve::{self, Settled};
 use crate::repo::hold::staging;
 use crate::repo::hold::write;
+use crate::repo::plain;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::retry::Retry;
 use crate::server::codes;
@@ -763,6 +764,9 @@ impl Transactions {
             )
         };
         let sys = SystemFields::read(&stored).map_err(malformed)?;
+        if sys.plain {
+            return self.diagnose_plain(t, entry, sys.version).await;
+        }
         if sys.active_txn == Some(t) {
             if held::read_hold(&stored).map_err(malformed)?.fence {
                 // A resolver fenced it after our deadline and is aborting us.
@@ -820,6 +824,45 @@ impl Transactions {
         }
         self.past_deadline(t, deadline).await?;
         Ok(Diagnosis::Retry)
+    }
+
+    /// What an apply that met a plain document (no system fields) should do: an insert meets a
+    /// taken id; a guard stamps the document (it holds any version) and tries again; any other
+    /// entry expected a stamped version (entries staged on plain documents were stamped before
+    /// the round), so the document was replaced by a plain one meanwhile: a conflict.
+    async fn diagnose_plain(
+        &self,
+        t: ObjectId,
+        entry: &Entry,
+        fingerprint: i64,
+    ) -> Result<Diagnosis, TxnError> {
+        let shown = show_id(&entry.id);
+        if matches!(entry.op, Op::Insert { .. }) {
+            return Ok(Diagnosis::Fail(RepoError::DuplicateId {
+                collection: entry.coll.clone(),
+                id: shown,
+            }));
+        }
+        if !entry.is_guard() {
+            return Ok(Diagnosis::Fail(RepoError::VersionConflict {
+                collection: entry.coll.clone(),
+                id: shown,
+                expected: entry.expected,
+                actual: fingerprint,
+            }));
+        }
+        let Some(spec) = self.store.spec_of(&entry.coll) else {
+            return Ok(Diagnosis::Fail(RepoError::Malformed {
+                collection: entry.coll.clone(),
+                id: shown,
+                reason: "a plain document of a collection this store has not opened".into(),
+            }));
+        };
+        let coll = self.env.collection(Some(t), &entry.coll).await?;
+        match plain::stamp(&self.store, &coll, &spec, &entry.id, None).await {
+            Ok(_) => Ok(Diagnosis::Retry),
+            Err(e) => Ok(Diagnosis::Fail(e)),
+        }
     }
 
     /// `Expired` once the deadline has passed (this process's estimate of server time): a free

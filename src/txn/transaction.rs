@@ -14,6 +14,7 @@ use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
 use crate::repo::hold::resolve::Committed;
 use crate::repo::ids;
+use crate::repo::plain;
 use crate::repo::repository::Repository;
 use crate::repo::store::Store;
 use crate::retry::Retry;
@@ -447,6 +448,8 @@ impl Transaction {
         let same_records =
             repo.store().transactions_collection() == self.txns.store.transactions_collection();
         if database == expected && same_records {
+            // The commit stamps plain documents it meets, which needs their collection's spec.
+            self.txns.store.remember_spec(repo.spec_arc());
             return Ok(());
         }
         Err(TxnError::ForeignRepository {
@@ -516,8 +519,51 @@ impl Transaction {
             staged.bytes = 0;
             std::mem::take(&mut staged.entries)
         };
+        let entries = stamp_plain(&self.txns.store, entries).await?;
         self.txns.commit_entries(entries).await
     }
+}
+
+/// Stamps the plain documents that entries were staged on (their expected version is a
+/// fingerprint of the content read), each conditionally on that content being unchanged, and
+/// moves the entries onto the stamped versions. The protocol's holds, undos and resolvers work
+/// on stamped documents; a stamp adds only system fields, so one that stays after the
+/// transaction fails changes nothing a reader sees (a conflict reruns the body, which reads the
+/// stamped version). All are sent at once.
+async fn stamp_plain(store: &Store, mut entries: Vec<Entry>) -> Result<Vec<Entry>, TxnError> {
+    let stamps = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| plain::is_plain_version(e.expected))
+        .map(|(i, entry)| async move {
+            let spec = store.spec_of(&entry.coll).ok_or_else(|| RepoError::Malformed {
+                collection: entry.coll.clone(),
+                id: show_id(&entry.id),
+                reason: "a plain document of a collection this store has not opened".into(),
+            })?;
+            let coll = store
+                .protocol_collection(&entry.coll)
+                .await
+                .map_err(|e| RepoError::database(&entry.coll, &show_id(&entry.id), "stamp", e))?;
+            let stamped = plain::stamp(store, &coll, &spec, &entry.id, Some(entry.expected)).await?;
+            Ok::<_, RepoError>((i, spec.plain_schema_version(), stamped))
+        });
+    for stamped in futures::future::join_all(stamps).await {
+        let (i, schema, stamped) = stamped?;
+        let (plain::Stamping::Stamped(version) | plain::Stamping::AlreadyStamped(version)) =
+            stamped;
+        let entry = &mut entries[i];
+        entry.expected = version;
+        entry.applied = match entry.op {
+            Op::Check => version,
+            _ => version.saturating_add(1),
+        };
+        if let Op::Rewrite { pre, .. } = &mut entry.op {
+            pre.insert(fields::SCHEMA_VERSION, schema);
+            pre.insert(fields::VERSION, version);
+        }
+    }
+    Ok(entries)
 }
 
 /// Reads the committed value of the document a field-level change is staged on, refusing what

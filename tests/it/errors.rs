@@ -85,7 +85,7 @@ fn unusable_schemas_names_and_versions_are_refused() {
 }
 
 #[tokio::test]
-async fn a_document_without_system_fields_is_malformed() {
+async fn a_document_with_unreadable_system_fields_is_malformed_and_a_plain_one_is_not() {
     let t = TestDb::new().await;
     let accounts = t
         .store
@@ -94,32 +94,47 @@ async fn a_document_without_system_fields_is_malformed() {
         .unwrap();
     t.db.collection::<Document>("accounts")
         .insert_one(doc! { "_id": "foreign", "owner": "F", "balance": 1_i64 })
+        .await
+        .unwrap();
+    t.db.collection::<Document>("accounts")
+        .insert_one(doc! { "_id": "odd", "owner": "F", "balance": 1_i64, fields::SCHEMA_VERSION: 1_i64, fields::VERSION: "one" })
         // Written by something other than mongotx, past the server's validator.
         .bypass_document_validation(true)
         .await
         .unwrap();
     t.db.collection::<Document>("accounts")
-        .insert_one(doc! { "_id": "odd", "owner": "F", "balance": 1_i64, fields::SCHEMA_VERSION: 1_i64, fields::VERSION: "one" })
+        .insert_one(doc! { "_id": "half", "owner": "F", "balance": 1_i64, fields::VERSION: 3_i64 })
         .bypass_document_validation(true)
         .await
         .unwrap();
     let before = raw_snapshot(&t.db, "accounts").await;
 
-    let err = accounts.get("foreign").await.unwrap_err();
-    assert!(
-        matches!(&err, RepoError::Malformed { reason, .. } if reason.contains("_schema")),
-        "{err:?}"
-    );
+    // A plain document (no system field at all) is data: it reads, at a fingerprint version.
+    let foreign = accounts.get("foreign").await.unwrap();
+    assert!(foreign.is_plain() && foreign.owner == "F", "{foreign:?}");
     let err = accounts.get("odd").await.unwrap_err();
     assert!(
         matches!(&err, RepoError::Malformed { reason, .. } if reason.contains("_version")),
         "{err:?}"
     );
+    let err = accounts.get("half").await.unwrap_err();
+    assert!(
+        matches!(&err, RepoError::Malformed { reason, id, .. } if reason.contains("_schema") && id.contains("half")),
+        "{err:?}"
+    );
+    let err = accounts
+        .update("odd", 1, &Update::new().set("owner", "x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RepoError::Malformed { .. }), "{err:?}");
     let err = accounts
         .update("foreign", 1, &Update::new().set("owner", "x"))
         .await
         .unwrap_err();
-    assert!(matches!(err, RepoError::Malformed { .. }), "{err:?}");
+    assert!(
+        matches!(err, RepoError::VersionConflict { expected: 1, actual, .. } if actual == foreign.version),
+        "{err:?}"
+    );
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
 

@@ -13,6 +13,7 @@
 
 mod common;
 
+mod adoption;
 mod ambiguous;
 mod bad_input;
 #[cfg(feature = "cli")]

@@ -1,0 +1,229 @@
+//! Plain documents: documents without mongotx's system fields, as a service's collection holds
+//! them before it adopts mongotx, and as other writers (another service, a shell, a restore) may
+//! still add them afterwards.
+//!
+//! A plain document is data, not damage. It reads as a committed, free document at the schema
+//! version its collection declares for plain documents
+//! ([`CollectionSpec::plain_documents`](crate::CollectionSpec::plain_documents)), with a version
+//! no stamped document can have: a **fingerprint** of its content, a negative number (stamped
+//! versions start at 1). The fingerprint is what makes writes to it safe without asking the
+//! caller for anything new: a write names the version it read, and for a plain document that
+//! version says exactly which content was read. So the first write to it
+//!
+//! 1. reads it and compares its fingerprint with the expected version (a different content is a
+//!    `VersionConflict`, as a changed version would be), then
+//! 2. writes conditionally on the whole stored document being what was read ([`unchanged`]:
+//!    `$expr` equality of `$$ROOT` with the document as a `$literal`; field order and values
+//!    compared as MongoDB compares documents), and stamps it: `_schema` (the plain schema
+//!    version for a stamp alone, the current one for a change) and `_version` (the collection's
+//!    first version, one above its version floor, so a purged and re-inserted id does not repeat
+//!    one).
+//!
+//! A raw write that lands between 1 and 2 makes the write match nothing; the document is read
+//! again and the caller gets the conflict. Nothing the raw writer wrote is lost.
+//!
+//! Stamping alone ([`stamp`]) adds only the two system fields and changes nothing else; it is
+//! what explicit adoption does in bulk (`repo::adopt`) and what a transaction does to a plain
+//! document before its commit protocol runs (the protocol's holds and undos work on stamped
+//! documents only).
+
+use std::ops::RangeInclusive;
+
+use bson::{doc, Bson, Document};
+use mongodb::Collection;
+use sha2::{Digest, Sha256};
+
+use crate::repo::collection::CollectionSpec;
+use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields;
+use crate::repo::store::Store;
+
+/// The versions plain documents read as: negative, and never -1 or `i64::MIN`, which stay
+/// refused as expected versions (`InvalidVersion`) like 0.
+pub(crate) const PLAIN_VERSIONS: RangeInclusive<i64> = (i64::MIN + 1)..=-2;
+
+/// How often [`stamp`] reads a document again when it changed between the read and the write
+/// without changing what the caller expected (a stamp by someone else, a field order change).
+const STAMP_ATTEMPTS: usize = 4;
+
+/// Whether `doc` carries none of mongotx's system fields.
+pub(crate) fn is_plain(doc: &Document) -> bool {
+    !fields::RESERVED.iter().any(|name| doc.contains_key(*name))
+}
+
+/// Whether `version` is one a plain document reads as.
+pub(crate) fn is_plain_version(version: i64) -> bool {
+    PLAIN_VERSIONS.contains(&version)
+}
+
+/// The version a plain document reads as: a fingerprint (SHA-256) of its BSON bytes, as read,
+/// mapped onto [`PLAIN_VERSIONS`]. Every process computes the same one for the same stored
+/// content; a different content gives a different one (but for a collision of 63-bit hashes).
+pub(crate) fn fingerprint(doc: &Document) -> i64 {
+    let mut bytes = Vec::new();
+    if doc.to_writer(&mut bytes).is_err() {
+        // A document read from the server always serializes; should one not, its fields'
+        // debug text still tells contents apart.
+        bytes = format!("{doc:?}").into_bytes();
+    }
+    let digest = Sha256::digest(&bytes);
+    let mut head = [0_u8; 8];
+    head.copy_from_slice(&digest[..8]);
+    let hash = u64::from_be_bytes(head);
+    // The range holds 2^63 - 2 values: -2 down to i64::MIN + 1.
+    let span = (i64::MAX - 1) as u64;
+    let offset = i64::try_from(hash % span).unwrap_or(0);
+    -2 - offset
+}
+
+/// The filter that matches document `stored` only while it is exactly as read: same fields, in
+/// the same order, with equal values (numbers compare by value across types, as everywhere in
+/// MongoDB; the fingerprint check before the write tells types apart).
+pub(crate) fn unchanged(stored: &Document) -> Document {
+    let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
+    doc! {
+        "_id": id,
+        "$expr": { "$eq": ["$$ROOT", { "$literal": stored.clone() }] },
+    }
+}
+
+/// The filter that matches plain documents: no system field at all.
+pub(crate) fn plain_filter() -> Document {
+    fields::RESERVED
+        .iter()
+        .map(|name| ((*name).to_string(), Bson::Document(doc! { "$exists": false })))
+        .collect()
+}
+
+/// What [`stamp`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamping {
+    /// It stamped the plain document at this version.
+    Stamped(i64),
+    /// The document was stamped already (by another writer meanwhile), at this version.
+    AlreadyStamped(i64),
+}
+
+/// Stamps the plain document `id` of `spec`'s collection in place: adds `_schema` (the
+/// collection's plain schema version) and `_version` (its first version), conditionally on the
+/// content being unchanged since it was read, and on its fingerprint being `expected` when that
+/// is given. The content is checked against the schema first when the plain schema version is
+/// the current one (an older shape is checked when a write upgrades it).
+///
+/// `VersionConflict` when the content is not the one expected (or the document is stamped
+/// already and `expected` was given); `NotFound`, `Deleted`, `Invalid` as their names say.
+pub(crate) async fn stamp(
+    store: &Store,
+    coll: &Collection<Document>,
+    spec: &CollectionSpec,
+    id: &Bson,
+    expected: Option<i64>,
+) -> Result<Stamping, RepoError> {
+    let shown = show_id(id);
+    let name = spec.name();
+    for _ in 0..STAMP_ATTEMPTS {
+        let stored = coll
+            .find_one(doc! { "_id": id.clone() })
+            .await
+            .map_err(|e| RepoError::database(name, &shown, "read the plain document", e))?
+            .ok_or_else(|| RepoError::NotFound {
+                collection: name.to_string(),
+                id: shown.clone(),
+            })?;
+        if !is_plain(&stored) {
+            let sys = fields::SystemFields::read(&stored).map_err(|reason| RepoError::Malformed {
+                collection: name.to_string(),
+                id: shown.clone(),
+                reason,
+            })?;
+            if sys.is_deleted() {
+                return Err(RepoError::Deleted {
+                    collection: name.to_string(),
+                    id: shown,
+                    version: sys.version,
+                });
+            }
+            return match expected {
+                Some(expected) => Err(RepoError::VersionConflict {
+                    collection: name.to_string(),
+                    id: shown,
+                    expected,
+                    actual: sys.version,
+                }),
+                None => Ok(Stamping::AlreadyStamped(sys.version)),
+            };
+        }
+        let actual = fingerprint(&stored);
+        if let Some(expected) = expected.filter(|e| *e != actual) {
+            return Err(RepoError::VersionConflict {
+                collection: name.to_string(),
+                id: shown,
+                expected,
+                actual,
+            });
+        }
+        let version = store
+            .first_version(name)
+            .await
+            .map_err(|e| RepoError::database(name, &shown, "read the version floor", e))?;
+        let schema = spec.plain_schema_version();
+        if schema == spec.schema_version() {
+            let mut check = stored.clone();
+            check.insert(fields::SCHEMA_VERSION, schema);
+            check.insert(fields::VERSION, version);
+            spec.schema()
+                .validate(&check)
+                .map_err(|v| RepoError::Invalid {
+                    collection: name.to_string(),
+                    id: shown.clone(),
+                    field: v.field,
+                    reason: v.reason,
+                })?;
+        }
+        let update = doc! { "$set": { fields::SCHEMA_VERSION: schema, fields::VERSION: version } };
+        let written = coll
+            .update_one(unchanged(&stored), update)
+            .await
+            .map_err(|e| RepoError::written(name, &shown, "stamp the plain document", e))?;
+        if written.matched_count == 1 {
+            tracing::debug!(collection = name, id = %shown, version, "stamped a plain document");
+            return Ok(Stamping::Stamped(version));
+        }
+    }
+    Err(RepoError::Malformed {
+        collection: name.to_string(),
+        id: shown,
+        reason: "the plain document kept changing while it was being stamped".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_are_negative_stable_and_tell_contents_apart() {
+        let a = doc! { "_id": "a", "n": 1 };
+        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert!(is_plain_version(fingerprint(&a)));
+        // Another value, another type of the same value, another field order.
+        for other in [
+            doc! { "_id": "a", "n": 2 },
+            doc! { "_id": "a", "n": 1_i64 },
+            doc! { "n": 1, "_id": "a" },
+        ] {
+            assert_ne!(fingerprint(&a), fingerprint(&other), "{other}");
+        }
+        assert!(!is_plain_version(-1) && !is_plain_version(i64::MIN) && !is_plain_version(0));
+        assert!(is_plain_version(-2) && is_plain_version(i64::MIN + 1));
+    }
+
+    #[test]
+    fn a_document_with_any_system_field_is_not_plain() {
+        assert!(is_plain(&doc! { "_id": 1, "balance": 3 }));
+        for name in fields::RESERVED {
+            assert!(!is_plain(&doc! { "_id": 1, name: 1 }), "{name}");
+        }
+        assert_eq!(plain_filter().len(), fields::RESERVED.len());
+    }
+}

@@ -1,0 +1,398 @@
+//! Existing data: a collection of plain documents (no system fields, written by the raw driver)
+//! read, queried, written and used in transactions through mongotx, which stamps each document
+//! at its first write, conditionally on its content being what was read.
+
+use bson::{doc, Bson, Document};
+use futures::{StreamExt, TryStreamExt};
+use mongotx::{fields, Adjust, Query, RepoError, Transactions, TxnError, Update};
+
+use crate::common::{self, raw_snapshot, Account, TestDb};
+
+/// `n` plain accounts `a000`... written by the raw driver, owner `o<i % 10>`, balance 100.
+pub async fn plain_accounts(t: &TestDb, n: usize) -> Vec<Document> {
+    let docs: Vec<Document> = (0..n)
+        .map(|i| doc! { "_id": format!("a{i:03}"), "owner": format!("o{}", i % 10), "balance": 100_i64 })
+        .collect();
+    if !docs.is_empty() {
+        t.db.collection::<Document>("accounts")
+            .insert_many(docs.clone())
+            .await
+            .unwrap();
+    }
+    docs
+}
+
+#[tokio::test]
+async fn a_newcomer_reads_queries_writes_and_transfers_on_plain_documents() {
+    let t = TestDb::new().await;
+    plain_accounts(&t, 200).await;
+    let accounts = common::open_accounts(&t.store).await;
+
+    let a1 = accounts.get("a001").await.unwrap();
+    assert!(a1.is_plain(), "{a1:?}");
+    assert!(a1.version < -1, "a plain document reads as a negative fingerprint: {a1:?}");
+    assert_eq!((a1.owner.as_str(), a1.balance), ("o1", 100));
+    assert_eq!(a1.stored_schema_version, 1);
+    // The same content reads as the same version.
+    assert_eq!(accounts.get("a001").await.unwrap().version, a1.version);
+
+    let o3 = accounts
+        .find(Query::new().filter(doc! { "owner": "o3" }).sort(doc! { "_id": 1 }))
+        .await
+        .unwrap();
+    assert_eq!(o3.len(), 20);
+    assert!(o3.iter().all(|a| a.is_plain() && a.owner == "o3"));
+    assert_eq!(accounts.count(Query::new()).await.unwrap(), 200);
+    let streamed: Vec<_> = accounts
+        .find_stream(Query::new().filter(doc! { "owner": "o3" }))
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(streamed.len(), 20);
+
+    // The first write stamps it: version 1, the change applied, nothing else altered.
+    let v = accounts
+        .adjust("a001", a1.version, &Adjust::new().by("balance", -10_i64))
+        .await
+        .unwrap();
+    assert_eq!(v, 1);
+    let raw = t
+        .db
+        .collection::<Document>("accounts")
+        .find_one(doc! { "_id": "a001" })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        raw,
+        doc! { "_id": "a001", "owner": "o1", "balance": 90_i64, fields::SCHEMA_VERSION: 1_i64, fields::VERSION: 1_i64 }
+    );
+    // The version read before the stamp is stale now.
+    let err = accounts
+        .adjust("a001", a1.version, &Adjust::new().by("balance", -10_i64))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RepoError::VersionConflict { expected, actual: 1, .. } if expected == a1.version),
+        "{err:?}"
+    );
+
+    // A transfer between two plain documents.
+    let txns = Transactions::new(&t.store);
+    let (_, outcome) = txns
+        .run(|tx| {
+            let accounts = accounts.clone();
+            async move {
+                let from = accounts.get("a002").await?;
+                let to = accounts.get("a003").await?;
+                tx.adjust(&accounts, "a002", from.version, &Adjust::new().by("balance", -25_i64))
+                    .await?;
+                tx.adjust(&accounts, "a003", to.version, &Adjust::new().by("balance", 25_i64))
+                    .await?;
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.written.len(), 2);
+    let (from, to) = (
+        accounts.get("a002").await.unwrap(),
+        accounts.get("a003").await.unwrap(),
+    );
+    assert_eq!((from.balance, to.balance), (75, 125));
+    assert!(!from.is_plain() && !to.is_plain());
+    assert_eq!((from.version, to.version), (2, 2), "stamped at 1, changed to 2");
+    common::assert_settled(&t, &["accounts"], "transfer on plain documents").await;
+}
+
+#[tokio::test]
+async fn a_raw_change_between_read_and_write_is_a_conflict_never_a_lost_write() {
+    let t = TestDb::new().await;
+    plain_accounts(&t, 3).await;
+    let accounts = common::open_accounts(&t.store).await;
+    let raw = t.db.collection::<Document>("accounts");
+
+    let read = accounts.get("a000").await.unwrap();
+    raw.update_one(doc! { "_id": "a000" }, doc! { "$inc": { "balance": 7_i64 } })
+        .await
+        .unwrap();
+    let changed = accounts.get("a000").await.unwrap();
+    assert_ne!(changed.version, read.version);
+    for result in [
+        accounts
+            .update("a000", read.version, &Update::new().set("owner", "x"))
+            .await,
+        accounts
+            .adjust("a000", read.version, &Adjust::new().by("balance", 1_i64))
+            .await,
+        accounts
+            .replace("a000", read.version, &Account::new("a000", "x", 1))
+            .await,
+        accounts.delete("a000", read.version).await,
+    ] {
+        assert!(
+            matches!(result, Err(RepoError::VersionConflict { expected, actual, .. })
+                if expected == read.version && actual == changed.version),
+            "{result:?}"
+        );
+    }
+    // A change of a number's type alone is a change of content too.
+    raw.update_one(doc! { "_id": "a001" }, doc! { "$set": { "balance": 100_i32 } })
+        .await
+        .unwrap();
+    let before = accounts.get("a001").await;
+    assert!(before.is_ok() || matches!(before, Err(RepoError::Decode { .. })));
+    assert_eq!(
+        raw.find_one(doc! { "_id": "a000" }).await.unwrap().unwrap(),
+        doc! { "_id": "a000", "owner": "o0", "balance": 107_i64 },
+        "nothing was stamped or lost"
+    );
+
+    // In a transaction: the commit stamps first, conditionally on the content read.
+    let read = accounts.get("a002").await.unwrap();
+    let tx = Transactions::new(&t.store).begin();
+    tx.adjust(&accounts, "a002", read.version, &Adjust::new().by("balance", 1_i64))
+        .await
+        .unwrap();
+    tx.check(&accounts, "a000", changed.version).unwrap();
+    raw.update_one(doc! { "_id": "a002" }, doc! { "$set": { "owner": "raw" } })
+        .await
+        .unwrap();
+    let err = tx.commit().await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(
+        raw.find_one(doc! { "_id": "a002" }).await.unwrap().unwrap(),
+        doc! { "_id": "a002", "owner": "raw", "balance": 100_i64 }
+    );
+}
+
+#[tokio::test]
+async fn deletes_checks_guards_and_inserts_meet_plain_documents() {
+    let t = TestDb::new().await;
+    plain_accounts(&t, 4).await;
+    let accounts = common::open_accounts(&t.store).await;
+    let raw = t.db.collection::<Document>("accounts");
+
+    // A delete leaves a tombstone at the collection's first version.
+    let a0 = accounts.get("a000").await.unwrap();
+    assert_eq!(accounts.delete("a000", a0.version).await.unwrap(), 1);
+    assert!(matches!(
+        accounts.get("a000").await,
+        Err(RepoError::Deleted { version: 1, .. })
+    ));
+    // An insert of a plain document's id is a duplicate, in and out of transactions.
+    let dup = accounts.insert(&Account::new("a001", "x", 1)).await;
+    assert!(
+        matches!(dup, Err(RepoError::DuplicateId { .. })),
+        "{dup:?}"
+    );
+    let tx = Transactions::new(&t.store).begin();
+    tx.insert(&accounts, &Account::new("a001", "x", 1))
+        .await
+        .unwrap();
+    let err = tx.commit().await.unwrap_err();
+    assert!(
+        matches!(&err, TxnError::Document { source, .. } if matches!(**source, RepoError::DuplicateId { .. })),
+        "{err:?}"
+    );
+
+    // A check, a delete and a guard in one transaction on plain documents.
+    let a1 = accounts.get("a001").await.unwrap();
+    let a2 = accounts.get("a002").await.unwrap();
+    let tx = Transactions::new(&t.store).begin();
+    tx.check(&accounts, "a001", a1.version).unwrap();
+    tx.delete(&accounts, "a002", a2.version).unwrap();
+    tx.guard(&accounts, "a003", doc! { "owner": "o3" }).unwrap();
+    let outcome = tx.commit().await.unwrap();
+    assert_eq!(outcome.written.len(), 2);
+    common::assert_settled(&t, &["accounts"], "check, delete and guard").await;
+    let a1 = raw.find_one(doc! { "_id": "a001" }).await.unwrap().unwrap();
+    assert_eq!(
+        a1,
+        doc! { "_id": "a001", "owner": "o1", "balance": 100_i64, fields::SCHEMA_VERSION: 1_i64, fields::VERSION: 1_i64 },
+        "a check stamps and leaves the content"
+    );
+    assert!(matches!(
+        accounts.get("a002").await,
+        Err(RepoError::Deleted { version: 2, .. })
+    ));
+    let a3 = raw.find_one(doc! { "_id": "a003" }).await.unwrap().unwrap();
+    assert_eq!(a3.get(fields::VERSION), Some(&Bson::Int64(1)), "{a3}");
+}
+
+#[tokio::test]
+async fn raw_writers_keep_writing_plain_documents_past_the_validator() {
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    let raw = t.db.collection::<Document>("accounts");
+    accounts
+        .insert(&Account::new("stamped", "S", 1))
+        .await
+        .unwrap();
+    // The schema would refuse this document (a balance of type string), but it is plain: the
+    // server's validator lets other writers insert and update it as before.
+    raw.insert_one(doc! { "_id": "legacy", "owner": "L", "balance": "ten" })
+        .await
+        .unwrap();
+    raw.update_one(doc! { "_id": "legacy" }, doc! { "$set": { "owner": "L2" } })
+        .await
+        .unwrap();
+    // A stamped document stays under the schema for every writer.
+    let refused = raw
+        .update_one(doc! { "_id": "stamped" }, doc! { "$set": { "balance": "ten" } })
+        .await;
+    if common::capabilities().await.json_schema_validation {
+        assert!(refused.is_err(), "{refused:?}");
+    }
+    let before = raw_snapshot(&t.db, "accounts").await;
+    // Reading it as an account fails for that document alone, naming it.
+    let err = accounts.get("legacy").await.unwrap_err();
+    assert!(matches!(&err, RepoError::Decode { id, .. } if id.contains("legacy")), "{err:?}");
+    assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
+}
+
+#[tokio::test]
+async fn documents_mongotx_cannot_read_fail_only_the_reads_that_meet_them() {
+    let t = TestDb::new().await;
+    plain_accounts(&t, 20).await;
+    let accounts = common::open_accounts(&t.store).await;
+    let raw = t.db.collection::<Document>("accounts");
+    let bad = [
+        doc! { "_id": "b-schema", "owner": "o3", "balance": 1_i64, "_schema": "one", "_version": 1_i64 },
+        doc! { "_id": "b-txn", "owner": "o3", "balance": 1_i64, "_schema": 1_i64, "_version": 1_i64, "_txn": "abc" },
+        doc! { "_id": "b-hold", "owner": "o3", "balance": 1_i64, "_schema": 1_i64, "_version": 2_i64, "_txn": bson::oid::ObjectId::new(), "_hold": 5 },
+        doc! { "_id": "b-half", "owner": "o3", "balance": 1_i64, "_version": 4_i64 },
+    ];
+    raw.insert_many(bad.clone())
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    accounts
+        .insert(&Account::new("s-1", "o3", 5))
+        .await
+        .unwrap();
+
+    for doc in &bad {
+        let id = doc.get_str("_id").unwrap();
+        let err = accounts.get(id).await.unwrap_err();
+        assert!(
+            matches!(&err, RepoError::Malformed { id: named, .. } | RepoError::Hold { id: named, .. } if named.contains(id)),
+            "{id}: {err:?}"
+        );
+    }
+    // A query that matches them fails, naming one of them.
+    let err = accounts
+        .find(Query::new().filter(doc! { "owner": "o3" }))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, RepoError::Malformed { id, .. } if id.contains("b-")),
+        "{err:?}"
+    );
+    // The stream yields every readable document and one error per unreadable one, in place.
+    let streamed: Vec<Result<_, _>> = accounts
+        .find_stream(Query::new().filter(doc! { "owner": "o3" }).sort(doc! { "_id": 1 }))
+        .await
+        .unwrap()
+        .collect::<Vec<_>>()
+        .await;
+    let (ok, failed): (Vec<_>, Vec<_>) = streamed.into_iter().partition(Result::is_ok);
+    assert_eq!((ok.len(), failed.len()), (2 + 1, bad.len()), "a003, a013, s-1");
+    // Queries they cannot match are unaffected, whatever shape their filter has.
+    for filter in [
+        doc! { "owner": "o1" },
+        doc! { "$expr": { "$eq": ["$owner", "o1"] } },
+        doc! { "$nor": [{ "owner": { "$ne": "o1" } }] },
+    ] {
+        let found = accounts
+            .find(Query::new().filter(filter.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("{filter}: {e}"));
+        assert_eq!(found.len(), 2, "{filter}");
+        assert_eq!(accounts.count(Query::new().filter(filter)).await.unwrap(), 2);
+    }
+    // count counts what matches, readable or not.
+    assert_eq!(
+        accounts
+            .count(Query::new().filter(doc! { "owner": "o3" }))
+            .await
+            .unwrap(),
+        2 + 1 + bad.len() as u64
+    );
+}
+
+#[tokio::test]
+async fn projected_plain_documents_keep_the_version_of_their_whole_content() {
+    #[derive(Debug, serde::Deserialize, serde::Serialize)]
+    struct Owner {
+        #[serde(rename = "_id")]
+        id: String,
+        owner: String,
+    }
+    let t = TestDb::new().await;
+    plain_accounts(&t, 5).await;
+    common::open_accounts(&t.store).await;
+    let owners = t
+        .store
+        .repository::<Owner>(common::accounts_spec())
+        .await
+        .unwrap();
+    let accounts = common::open_accounts(&t.store).await;
+    for projection in [doc! { "owner": 1 }, doc! { "balance": 0 }] {
+        let found = owners
+            .find(
+                Query::new()
+                    .filter(doc! { "_id": "a002" })
+                    .projection(projection.clone()),
+            )
+            .await
+            .unwrap();
+        let whole = accounts.get("a002").await.unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].version, whole.version, "{projection}");
+    }
+    let found = owners
+        .find(Query::new().filter(doc! { "_id": "a002" }).projection(doc! { "owner": 1 }))
+        .await
+        .unwrap();
+    let v = accounts
+        .adjust("a002", found[0].version, &Adjust::new().by("balance", 1_i64))
+        .await
+        .unwrap();
+    assert_eq!(v, 1);
+}
+
+#[tokio::test]
+async fn filters_that_would_run_javascript_are_refused() {
+    let t = TestDb::new().await;
+    plain_accounts(&t, 2).await;
+    let accounts = common::open_accounts(&t.store).await;
+    for filter in [
+        doc! { "$where": "this.balance > 1" },
+        doc! { "$expr": { "$function": { "body": "function() { return true }", "args": [], "lang": "js" } } },
+        doc! { "$or": [{ "owner": "o1" }, { "$expr": { "$eq": [{ "$accumulator": {} }, 1] } }] },
+    ] {
+        let results = [
+            accounts
+                .find(Query::new().filter(filter.clone()))
+                .await
+                .map(|_| ()),
+            accounts
+                .count(Query::new().filter(filter.clone()))
+                .await
+                .map(|_| ()),
+            accounts
+                .find_stream(Query::new().filter(filter.clone()))
+                .await
+                .map(|_| ()),
+        ];
+        for result in results {
+            assert!(
+                matches!(&result, Err(RepoError::InvalidQuery { reason, .. }) if reason.contains("JavaScript")),
+                "{filter}: {result:?}"
+            );
+        }
+    }
+}
