@@ -81,6 +81,8 @@ pub struct ReadmeDoctests;
 
 pub use error::{Error, ErrorKind};
 #[doc(inline)]
+pub use repo::adopt::{AdoptOptions, AdoptProgress, AdoptRefusal, AdoptReport};
+#[doc(inline)]
 pub use repo::changes::{Adjust, Update};
 #[doc(inline)]
 pub use repo::collection::{CollectionSpec, SpecError, UpgradeStep};

@@ -35,6 +35,7 @@
 //! [`HoldResolver`]: store::HoldResolver
 //! [`RecordResolver`]: store::RecordResolver
 
+pub(crate) mod adopt;
 pub(crate) mod changes;
 pub(crate) mod checks;
 pub(crate) mod collection;

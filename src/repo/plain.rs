@@ -36,6 +36,7 @@ use sha2::{Digest, Sha256};
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
+use crate::repo::schema::Violation;
 use crate::repo::store::Store;
 
 /// The versions plain documents read as: negative, and never -1 or `i64::MIN`, which stay
@@ -91,8 +92,30 @@ pub(crate) fn unchanged(stored: &Document) -> Document {
 pub(crate) fn plain_filter() -> Document {
     fields::RESERVED
         .iter()
-        .map(|name| ((*name).to_string(), Bson::Document(doc! { "$exists": false })))
+        .map(|name| {
+            (
+                (*name).to_string(),
+                Bson::Document(doc! { "$exists": false }),
+            )
+        })
         .collect()
+}
+
+/// Why the schema refuses plain document `stored` (read from `spec`'s collection), if it does: the
+/// document as it reads, upgraded from the plain schema version to the current one and stamped,
+/// checked against the current schema. A document that passes reads and writes like any other;
+/// one that does not is left plain by adoption and reported.
+pub(crate) fn refusal(spec: &CollectionSpec, stored: &Document) -> Result<(), Violation> {
+    let mut upgraded = spec
+        .upgrade_document(stored.clone(), spec.plain_schema_version())
+        .map_err(|(from, reason)| Violation {
+            field: fields::SCHEMA_VERSION.to_string(),
+            reason: format!("the upgrade step from schema version {from} failed: {reason}"),
+        })?;
+    upgraded.insert(fields::SCHEMA_VERSION, spec.schema_version());
+    // The least version a stamp gives (the floor only raises it).
+    upgraded.insert(fields::VERSION, 1_i64);
+    spec.schema().validate(&upgraded)
 }
 
 /// What [`stamp`] found.
@@ -107,8 +130,7 @@ pub(crate) enum Stamping {
 /// Stamps the plain document `id` of `spec`'s collection in place: adds `_schema` (the
 /// collection's plain schema version) and `_version` (its first version), conditionally on the
 /// content being unchanged since it was read, and on its fingerprint being `expected` when that
-/// is given. The content is checked against the schema first when the plain schema version is
-/// the current one (an older shape is checked when a write upgrades it).
+/// is given. The content is checked against the schema first (see [`refusal`]).
 ///
 /// `VersionConflict` when the content is not the one expected (or the document is stamped
 /// already and `expected` was given); `NotFound`, `Deleted`, `Invalid` as their names say.
@@ -131,11 +153,12 @@ pub(crate) async fn stamp(
                 id: shown.clone(),
             })?;
         if !is_plain(&stored) {
-            let sys = fields::SystemFields::read(&stored).map_err(|reason| RepoError::Malformed {
-                collection: name.to_string(),
-                id: shown.clone(),
-                reason,
-            })?;
+            let sys =
+                fields::SystemFields::read(&stored).map_err(|reason| RepoError::Malformed {
+                    collection: name.to_string(),
+                    id: shown.clone(),
+                    reason,
+                })?;
             if sys.is_deleted() {
                 return Err(RepoError::Deleted {
                     collection: name.to_string(),
@@ -167,19 +190,12 @@ pub(crate) async fn stamp(
             .await
             .map_err(|e| RepoError::database(name, &shown, "read the version floor", e))?;
         let schema = spec.plain_schema_version();
-        if schema == spec.schema_version() {
-            let mut check = stored.clone();
-            check.insert(fields::SCHEMA_VERSION, schema);
-            check.insert(fields::VERSION, version);
-            spec.schema()
-                .validate(&check)
-                .map_err(|v| RepoError::Invalid {
-                    collection: name.to_string(),
-                    id: shown.clone(),
-                    field: v.field,
-                    reason: v.reason,
-                })?;
-        }
+        refusal(spec, &stored).map_err(|v| RepoError::Invalid {
+            collection: name.to_string(),
+            id: shown.clone(),
+            field: v.field,
+            reason: v.reason,
+        })?;
         let update = doc! { "$set": { fields::SCHEMA_VERSION: schema, fields::VERSION: version } };
         let written = coll
             .update_one(unchanged(&stored), update)

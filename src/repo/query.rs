@@ -103,7 +103,11 @@ fn javascript(value: &Bson, at: &str) -> Option<(String, String)> {
     match value {
         Bson::Document(doc) => doc.iter().find_map(|(key, inner)| {
             if JAVASCRIPT.contains(&key.as_str()) {
-                let path = if at.is_empty() { "(top level)".to_string() } else { at.to_string() };
+                let path = if at.is_empty() {
+                    "(top level)".to_string()
+                } else {
+                    at.to_string()
+                };
                 return Some((path, key.clone()));
             }
             javascript(inner, &under(key))
@@ -543,9 +547,12 @@ pub(crate) const ROOT_TAG: &str = "_mongotx_root";
 /// The stages of a checked projection: a plain document keeps a copy of itself whole (for its
 /// fingerprint), then the `$project` (see [`projection_stage`]).
 pub(crate) fn projection_stages(projection: &Document) -> Vec<Document> {
-    let plain = doc! { "$eq": [{ "$ifNull": [format!("${}", fields::VERSION), Bson::Null] }, Bson::Null] };
+    let plain =
+        doc! { "$eq": [{ "$ifNull": [format!("${}", fields::VERSION), Bson::Null] }, Bson::Null] };
     vec![
-        doc! { "$addFields": { ROOT_TAG: { "$cond": [plain, "$$ROOT", "$$REMOVE"] } } },
+        // Null for a stamped document (`$$REMOVE` would leave the field out, but not every
+        // server knows it); the field is dropped when the row is read.
+        doc! { "$addFields": { ROOT_TAG: { "$cond": [plain, "$$ROOT", Bson::Null] } } },
         projection_stage(projection),
     ]
 }

@@ -50,7 +50,9 @@ where
                     .await?
                 {
                     Next::Adopt(stored) => {
-                        if let Some(version) = self.write_plain(&id, &shown, stored, &change).await? {
+                        if let Some(version) =
+                            self.write_plain(&id, &shown, stored, &change).await?
+                        {
                             return Ok(version);
                         }
                     }

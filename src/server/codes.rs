@@ -61,6 +61,30 @@ pub(crate) fn validation_failure(error: &mongodb::error::Error) -> Option<(Strin
     }))
 }
 
+/// [`validation_failure`] for one entry of a write command's `writeErrors` (a statement of a
+/// command run whole, whose reply the driver does not turn into an error).
+pub(crate) fn validation_failure_in(write_error: &Document) -> Option<(String, String)> {
+    let code = match write_error.get("code") {
+        Some(Bson::Int32(code)) => Some(*code),
+        Some(Bson::Int64(code)) => i32::try_from(*code).ok(),
+        _ => None,
+    };
+    if code != Some(VALIDATION_FAILED) {
+        return None;
+    }
+    let explained = write_error
+        .get_document("errInfo")
+        .ok()
+        .and_then(|info| info.get_document("details").ok())
+        .and_then(|details| explain(details, ""));
+    Some(explained.unwrap_or_else(|| {
+        (
+            "(document)".to_string(),
+            "Document failed validation (the server gave no details)".to_string(),
+        )
+    }))
+}
+
 fn joined(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
         name.to_string()

@@ -536,16 +536,19 @@ async fn stamp_plain(store: &Store, mut entries: Vec<Entry>) -> Result<Vec<Entry
         .enumerate()
         .filter(|(_, e)| plain::is_plain_version(e.expected))
         .map(|(i, entry)| async move {
-            let spec = store.spec_of(&entry.coll).ok_or_else(|| RepoError::Malformed {
-                collection: entry.coll.clone(),
-                id: show_id(&entry.id),
-                reason: "a plain document of a collection this store has not opened".into(),
-            })?;
+            let spec = store
+                .spec_of(&entry.coll)
+                .ok_or_else(|| RepoError::Malformed {
+                    collection: entry.coll.clone(),
+                    id: show_id(&entry.id),
+                    reason: "a plain document of a collection this store has not opened".into(),
+                })?;
             let coll = store
                 .protocol_collection(&entry.coll)
                 .await
                 .map_err(|e| RepoError::database(&entry.coll, &show_id(&entry.id), "stamp", e))?;
-            let stamped = plain::stamp(store, &coll, &spec, &entry.id, Some(entry.expected)).await?;
+            let stamped =
+                plain::stamp(store, &coll, &spec, &entry.id, Some(entry.expected)).await?;
             Ok::<_, RepoError>((i, spec.plain_schema_version(), stamped))
         });
     for stamped in futures::future::join_all(stamps).await {

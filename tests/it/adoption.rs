@@ -30,14 +30,21 @@ async fn a_newcomer_reads_queries_writes_and_transfers_on_plain_documents() {
 
     let a1 = accounts.get("a001").await.unwrap();
     assert!(a1.is_plain(), "{a1:?}");
-    assert!(a1.version < -1, "a plain document reads as a negative fingerprint: {a1:?}");
+    assert!(
+        a1.version < -1,
+        "a plain document reads as a negative fingerprint: {a1:?}"
+    );
     assert_eq!((a1.owner.as_str(), a1.balance), ("o1", 100));
     assert_eq!(a1.stored_schema_version, 1);
     // The same content reads as the same version.
     assert_eq!(accounts.get("a001").await.unwrap().version, a1.version);
 
     let o3 = accounts
-        .find(Query::new().filter(doc! { "owner": "o3" }).sort(doc! { "_id": 1 }))
+        .find(
+            Query::new()
+                .filter(doc! { "owner": "o3" })
+                .sort(doc! { "_id": 1 }),
+        )
         .await
         .unwrap();
     assert_eq!(o3.len(), 20);
@@ -58,13 +65,12 @@ async fn a_newcomer_reads_queries_writes_and_transfers_on_plain_documents() {
         .await
         .unwrap();
     assert_eq!(v, 1);
-    let raw = t
-        .db
-        .collection::<Document>("accounts")
-        .find_one(doc! { "_id": "a001" })
-        .await
-        .unwrap()
-        .unwrap();
+    let raw =
+        t.db.collection::<Document>("accounts")
+            .find_one(doc! { "_id": "a001" })
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(
         raw,
         doc! { "_id": "a001", "owner": "o1", "balance": 90_i64, fields::SCHEMA_VERSION: 1_i64, fields::VERSION: 1_i64 }
@@ -87,10 +93,20 @@ async fn a_newcomer_reads_queries_writes_and_transfers_on_plain_documents() {
             async move {
                 let from = accounts.get("a002").await?;
                 let to = accounts.get("a003").await?;
-                tx.adjust(&accounts, "a002", from.version, &Adjust::new().by("balance", -25_i64))
-                    .await?;
-                tx.adjust(&accounts, "a003", to.version, &Adjust::new().by("balance", 25_i64))
-                    .await?;
+                tx.adjust(
+                    &accounts,
+                    "a002",
+                    from.version,
+                    &Adjust::new().by("balance", -25_i64),
+                )
+                .await?;
+                tx.adjust(
+                    &accounts,
+                    "a003",
+                    to.version,
+                    &Adjust::new().by("balance", 25_i64),
+                )
+                .await?;
                 Ok(())
             }
         })
@@ -103,7 +119,11 @@ async fn a_newcomer_reads_queries_writes_and_transfers_on_plain_documents() {
     );
     assert_eq!((from.balance, to.balance), (75, 125));
     assert!(!from.is_plain() && !to.is_plain());
-    assert_eq!((from.version, to.version), (2, 2), "stamped at 1, changed to 2");
+    assert_eq!(
+        (from.version, to.version),
+        (2, 2),
+        "stamped at 1, changed to 2"
+    );
     common::assert_settled(&t, &["accounts"], "transfer on plain documents").await;
 }
 
@@ -115,9 +135,12 @@ async fn a_raw_change_between_read_and_write_is_a_conflict_never_a_lost_write() 
     let raw = t.db.collection::<Document>("accounts");
 
     let read = accounts.get("a000").await.unwrap();
-    raw.update_one(doc! { "_id": "a000" }, doc! { "$inc": { "balance": 7_i64 } })
-        .await
-        .unwrap();
+    raw.update_one(
+        doc! { "_id": "a000" },
+        doc! { "$inc": { "balance": 7_i64 } },
+    )
+    .await
+    .unwrap();
     let changed = accounts.get("a000").await.unwrap();
     assert_ne!(changed.version, read.version);
     for result in [
@@ -139,9 +162,12 @@ async fn a_raw_change_between_read_and_write_is_a_conflict_never_a_lost_write() 
         );
     }
     // A change of a number's type alone is a change of content too.
-    raw.update_one(doc! { "_id": "a001" }, doc! { "$set": { "balance": 100_i32 } })
-        .await
-        .unwrap();
+    raw.update_one(
+        doc! { "_id": "a001" },
+        doc! { "$set": { "balance": 100_i32 } },
+    )
+    .await
+    .unwrap();
     let before = accounts.get("a001").await;
     assert!(before.is_ok() || matches!(before, Err(RepoError::Decode { .. })));
     assert_eq!(
@@ -153,9 +179,14 @@ async fn a_raw_change_between_read_and_write_is_a_conflict_never_a_lost_write() 
     // In a transaction: the commit stamps first, conditionally on the content read.
     let read = accounts.get("a002").await.unwrap();
     let tx = Transactions::new(&t.store).begin();
-    tx.adjust(&accounts, "a002", read.version, &Adjust::new().by("balance", 1_i64))
-        .await
-        .unwrap();
+    tx.adjust(
+        &accounts,
+        "a002",
+        read.version,
+        &Adjust::new().by("balance", 1_i64),
+    )
+    .await
+    .unwrap();
     tx.check(&accounts, "a000", changed.version).unwrap();
     raw.update_one(doc! { "_id": "a002" }, doc! { "$set": { "owner": "raw" } })
         .await
@@ -184,10 +215,7 @@ async fn deletes_checks_guards_and_inserts_meet_plain_documents() {
     ));
     // An insert of a plain document's id is a duplicate, in and out of transactions.
     let dup = accounts.insert(&Account::new("a001", "x", 1)).await;
-    assert!(
-        matches!(dup, Err(RepoError::DuplicateId { .. })),
-        "{dup:?}"
-    );
+    assert!(matches!(dup, Err(RepoError::DuplicateId { .. })), "{dup:?}");
     let tx = Transactions::new(&t.store).begin();
     tx.insert(&accounts, &Account::new("a001", "x", 1))
         .await
@@ -241,7 +269,10 @@ async fn raw_writers_keep_writing_plain_documents_past_the_validator() {
         .unwrap();
     // A stamped document stays under the schema for every writer.
     let refused = raw
-        .update_one(doc! { "_id": "stamped" }, doc! { "$set": { "balance": "ten" } })
+        .update_one(
+            doc! { "_id": "stamped" },
+            doc! { "$set": { "balance": "ten" } },
+        )
         .await;
     if common::capabilities().await.json_schema_validation {
         assert!(refused.is_err(), "{refused:?}");
@@ -249,7 +280,10 @@ async fn raw_writers_keep_writing_plain_documents_past_the_validator() {
     let before = raw_snapshot(&t.db, "accounts").await;
     // Reading it as an account fails for that document alone, naming it.
     let err = accounts.get("legacy").await.unwrap_err();
-    assert!(matches!(&err, RepoError::Decode { id, .. } if id.contains("legacy")), "{err:?}");
+    assert!(
+        matches!(&err, RepoError::Decode { id, .. } if id.contains("legacy")),
+        "{err:?}"
+    );
     assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
 }
 
@@ -293,13 +327,21 @@ async fn documents_mongotx_cannot_read_fail_only_the_reads_that_meet_them() {
     );
     // The stream yields every readable document and one error per unreadable one, in place.
     let streamed: Vec<Result<_, _>> = accounts
-        .find_stream(Query::new().filter(doc! { "owner": "o3" }).sort(doc! { "_id": 1 }))
+        .find_stream(
+            Query::new()
+                .filter(doc! { "owner": "o3" })
+                .sort(doc! { "_id": 1 }),
+        )
         .await
         .unwrap()
         .collect::<Vec<_>>()
         .await;
     let (ok, failed): (Vec<_>, Vec<_>) = streamed.into_iter().partition(Result::is_ok);
-    assert_eq!((ok.len(), failed.len()), (2 + 1, bad.len()), "a003, a013, s-1");
+    assert_eq!(
+        (ok.len(), failed.len()),
+        (2 + 1, bad.len()),
+        "a003, a013, s-1"
+    );
     // Queries they cannot match are unaffected, whatever shape their filter has.
     for filter in [
         doc! { "owner": "o1" },
@@ -311,7 +353,10 @@ async fn documents_mongotx_cannot_read_fail_only_the_reads_that_meet_them() {
             .await
             .unwrap_or_else(|e| panic!("{filter}: {e}"));
         assert_eq!(found.len(), 2, "{filter}");
-        assert_eq!(accounts.count(Query::new().filter(filter)).await.unwrap(), 2);
+        assert_eq!(
+            accounts.count(Query::new().filter(filter)).await.unwrap(),
+            2
+        );
     }
     // count counts what matches, readable or not.
     assert_eq!(
@@ -354,11 +399,19 @@ async fn projected_plain_documents_keep_the_version_of_their_whole_content() {
         assert_eq!(found[0].version, whole.version, "{projection}");
     }
     let found = owners
-        .find(Query::new().filter(doc! { "_id": "a002" }).projection(doc! { "owner": 1 }))
+        .find(
+            Query::new()
+                .filter(doc! { "_id": "a002" })
+                .projection(doc! { "owner": 1 }),
+        )
         .await
         .unwrap();
     let v = accounts
-        .adjust("a002", found[0].version, &Adjust::new().by("balance", 1_i64))
+        .adjust(
+            "a002",
+            found[0].version,
+            &Adjust::new().by("balance", 1_i64),
+        )
         .await
         .unwrap();
     assert_eq!(v, 1);

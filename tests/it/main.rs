@@ -14,6 +14,7 @@
 mod common;
 
 mod adoption;
+mod adoption_online;
 mod ambiguous;
 mod bad_input;
 #[cfg(feature = "cli")]

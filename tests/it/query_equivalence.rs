@@ -3,7 +3,10 @@
 //! conditions, `$in` / `$nin` / `$exists` / null, `$and` / `$or` / `$nor`, `$expr`), with and
 //! without sort and limit. The expected answer is the same query run by the raw driver on a
 //! collection holding exactly the committed values; mongotx's `find` on the held collection must
-//! return the same documents with the same values, in the same order.
+//! return the same documents with the same values, in the same order. Some of the documents are
+//! plain (written by the raw driver, without system fields, as in a collection being adopted):
+//! the transactions that stage changes on them stamp them first, so the collection mixes plain,
+//! stamped and held documents.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,10 +56,12 @@ struct Txn {
 
 type Model = BTreeMap<String, Document>;
 
-fn initial(seed: &[(i64, i64, Option<&'static str>)]) -> Model {
+type Seed = (i64, i64, Option<&'static str>, bool);
+
+fn initial(seed: &[Seed]) -> Model {
     seed.iter()
         .enumerate()
-        .map(|(i, (a, b, c))| {
+        .map(|(i, (a, b, c, _))| {
             let id = format!("d{i:02}");
             let mut d = doc! { "_id": id.clone(), "a": *a, "b": *b };
             if let Some(c) = c {
@@ -74,8 +79,8 @@ fn apply(model: &mut Model, k: usize, txn: &Txn) {
             continue;
         };
         match op {
-            Op::SetA(v) => {
-                d.insert("a", *v);
+            Op::SetA(a) => {
+                d.insert("a", *a);
             }
             Op::SetC(s) => {
                 d.insert("c", *s);
@@ -166,19 +171,21 @@ fn filter() -> impl Strategy<Value = Document> {
     ]
 }
 
-fn seed() -> impl Strategy<Value = Vec<(i64, i64, Option<&'static str>)>> {
+fn seed() -> impl Strategy<Value = Vec<Seed>> {
     prop::collection::vec(
         (
             0_i64..5,
             0_i64..5,
             prop::option::of(prop_oneof![Just("x"), Just("y")]),
+            // Written plain by the raw driver, or inserted through mongotx.
+            any::<bool>(),
         ),
         DOCS,
     )
 }
 
 async fn run_case(
-    seed: Vec<(i64, i64, Option<&'static str>)>,
+    seed: Vec<Seed>,
     txns: Vec<Txn>,
     filters: Vec<(Document, bool)>,
 ) -> Result<(), String> {
@@ -190,8 +197,15 @@ async fn run_case(
         .await
         .map_err(|e| e.to_string())?;
     let mut model = initial(&seed);
-    for d in model.values() {
-        repo.insert(d).await.map_err(|e| e.to_string())?;
+    for (d, (.., plain)) in model.values().zip(&seed) {
+        if *plain {
+            repo.raw_collection()
+                .insert_one(d)
+                .await
+                .map_err(|e| e.to_string())?;
+        } else {
+            repo.insert(d).await.map_err(|e| e.to_string())?;
+        }
     }
     for (k, txn) in txns.iter().enumerate() {
         // A dead coordinator stops for good: one handle (and injector) per transaction.
@@ -210,24 +224,30 @@ async fn run_case(
         let tx = handle.begin();
         for (i, op) in &txn.ops {
             let id = format!("d{i:02}");
+            // The version read: a stamped document's, or a plain one's fingerprint.
+            let v = repo
+                .get(id.as_str())
+                .await
+                .map_err(|e| format!("read {id}: {e}"))?
+                .version;
             let staged = match op {
-                Op::SetA(v) => {
-                    tx.update(&repo, id.as_str(), 1, &Update::new().set("a", *v))
+                Op::SetA(a) => {
+                    tx.update(&repo, id.as_str(), v, &Update::new().set("a", *a))
                         .await
                 }
                 Op::SetC(s) => {
-                    tx.update(&repo, id.as_str(), 1, &Update::new().set("c", *s))
+                    tx.update(&repo, id.as_str(), v, &Update::new().set("c", *s))
                         .await
                 }
                 Op::UnsetC => {
-                    tx.update(&repo, id.as_str(), 1, &Update::new().unset("c"))
+                    tx.update(&repo, id.as_str(), v, &Update::new().unset("c"))
                         .await
                 }
                 Op::AdjustB(by) => {
-                    tx.adjust(&repo, id.as_str(), 1, &Adjust::new().by("b", *by))
+                    tx.adjust(&repo, id.as_str(), v, &Adjust::new().by("b", *by))
                         .await
                 }
-                Op::Delete => tx.delete(&repo, id.as_str(), 1),
+                Op::Delete => tx.delete(&repo, id.as_str(), v),
             };
             staged.map_err(|e| format!("stage {op:?} on {id}: {e}"))?;
         }

@@ -304,9 +304,9 @@ pub async fn assert_settled(t: &TestDb, collections: &[&str], what: &str) {
             .filter(|r| r.get_str("state").ok() != Some("aborted"))
             .collect();
         let finishing = !left.is_empty()
-            && left.iter().all(|r| {
-                matches!(r.get_str("state").ok(), Some("committed") | Some("staging"))
-            });
+            && left
+                .iter()
+                .all(|r| matches!(r.get_str("state").ok(), Some("committed") | Some("staging")));
         if !finishing || std::time::Instant::now() >= deadline {
             break left;
         }

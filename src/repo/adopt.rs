@@ -1,0 +1,438 @@
+//! Explicit adoption: [`Repository::adopt`] stamps every plain document of a collection (see
+//! `repo::plain`) in batches, online, while mongotx and other writers keep working.
+//!
+//! # The run
+//!
+//! 1. Count the plain documents (for progress) and the stamped ones already there.
+//! 2. Read the plain documents through one cursor, a batch at a time. Each is checked against the
+//!    schema as it will read (upgraded from the plain schema version: [`plain::refusal`]); a
+//!    refused one stays plain and is reported with its id, field and rule.
+//! 3. Stamp the rest with one `update` command per batch, a statement per document, each
+//!    conditional on the document being exactly as read ([`plain::unchanged`]) and setting only
+//!    `_schema` and `_version`. The server says how many matched; when some did not, the batch's
+//!    documents are read again: those stamped meanwhile (by a lazy write, another adoption) are
+//!    counted as already stamped, those changed by another writer are checked and stamped one by
+//!    one, those deleted are left.
+//!
+//! # Why it is safe to repeat, interrupt and run beside anything
+//!
+//! - Every write matches only a plain document with the content that was checked, and adds only
+//!   system fields, so no other writer's change is lost and nothing the schema refuses is
+//!   stamped.
+//! - A stamped document is no longer plain: no run reads it again, so each document is stamped
+//!   once, whatever runs at once (two adoptions, lazy writes, transactions).
+//! - Nothing is remembered between runs but the stamps themselves: a run killed at any point
+//!   (between a batch's read and its write, or with its write in flight) leaves stamped and plain
+//!   documents, and the next run goes on with the plain ones.
+//! - A dry run reads and checks the same documents and writes nothing.
+
+use std::sync::Arc;
+
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+use mongodb::Collection;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::repo::collection::CollectionSpec;
+use crate::repo::error::{show_id, RepoError};
+use crate::repo::fields;
+use crate::repo::plain::{self, Stamping};
+use crate::repo::repository::Repository;
+use crate::repo::store::Store;
+use crate::server::codes;
+
+/// The most plain documents' bytes one stamping command carries (each statement holds its
+/// document as the condition): well under the 16 MiB a command may have.
+const BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// What a run does after each batch: called with the report so far.
+pub type AdoptProgress = Arc<dyn Fn(&AdoptReport) + Send + Sync>;
+
+/// How [`Repository::adopt`] runs.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct AdoptOptions {
+    /// Plain documents read and stamped per batch (one command each way); default 1,000.
+    pub batch_size: u32,
+    /// Read and check, write nothing; the report says what a run would do.
+    pub dry_run: bool,
+    /// How many refused documents the report lists (all are counted); default 20.
+    pub listed_refusals: usize,
+    /// Called after every batch with the report so far (a progress bar, a log line).
+    pub progress: Option<AdoptProgress>,
+}
+
+impl std::fmt::Debug for AdoptOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdoptOptions")
+            .field("batch_size", &self.batch_size)
+            .field("dry_run", &self.dry_run)
+            .field("listed_refusals", &self.listed_refusals)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl Default for AdoptOptions {
+    fn default() -> AdoptOptions {
+        AdoptOptions {
+            batch_size: 1_000,
+            dry_run: false,
+            listed_refusals: 20,
+            progress: None,
+        }
+    }
+}
+
+impl AdoptOptions {
+    /// The defaults: batches of 1,000, writing, 20 refusals listed, no progress callback.
+    pub fn new() -> AdoptOptions {
+        AdoptOptions::default()
+    }
+
+    /// Sets how many plain documents go in one batch (at least 1).
+    pub fn batch_size(mut self, batch_size: u32) -> AdoptOptions {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Sets whether the run only reads and reports.
+    pub fn dry_run(mut self, dry_run: bool) -> AdoptOptions {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// Sets how many refused documents the report lists.
+    pub fn listed_refusals(mut self, listed: usize) -> AdoptOptions {
+        self.listed_refusals = listed;
+        self
+    }
+
+    /// Sets a callback run after every batch with the report so far.
+    pub fn progress(
+        mut self,
+        progress: impl Fn(&AdoptReport) + Send + Sync + 'static,
+    ) -> AdoptOptions {
+        self.progress = Some(Arc::new(progress));
+        self
+    }
+}
+
+/// A plain document the schema refuses: adoption leaves it plain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdoptRefusal {
+    /// The document's id, as errors show ids.
+    pub id: String,
+    /// The dotted path of the field the schema refuses (`_schema` when an upgrade step failed).
+    pub field: String,
+    /// The rule it breaks.
+    pub rule: String,
+}
+
+/// What a run of [`Repository::adopt`] did (or, in a dry run, would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdoptReport {
+    /// Whether this was a dry run (nothing written; `stamped` counts what would be).
+    pub dry_run: bool,
+    /// Plain documents in the collection when the run began.
+    pub plain_at_start: u64,
+    /// Plain documents the run read and checked.
+    pub examined: u64,
+    /// Documents this run stamped.
+    pub stamped: u64,
+    /// Documents found stamped: before the run (live ones) or by another writer while it ran.
+    pub already_stamped: u64,
+    /// Plain documents the schema refuses, left plain.
+    pub refused: u64,
+    /// The first refused documents, with the field and rule.
+    pub refusals: Vec<AdoptRefusal>,
+    /// Plain documents deleted by another writer between the run's read and its write.
+    pub vanished: u64,
+}
+
+impl AdoptReport {
+    fn refuse(&mut self, listed: usize, id: &Bson, field: String, rule: String) {
+        self.refused += 1;
+        if self.refusals.len() < listed {
+            self.refusals.push(AdoptRefusal {
+                id: show_id(id),
+                field,
+                rule,
+            });
+        }
+    }
+}
+
+impl<T> Repository<T>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    /// Stamps every plain document of the collection (one written without system fields: before
+    /// the collection was adopted, or by another writer since), in batches, while other writers
+    /// keep working; returns what it did. Each document is checked against the schema as it will
+    /// read (upgraded from [`CollectionSpec::plain_documents`](crate::CollectionSpec::plain_documents)'s
+    /// version) and stamped only while its content is the one checked; refused documents stay
+    /// plain and are reported. Nothing but `_schema` and `_version` is added to any document.
+    ///
+    /// Idempotent and resumable: a run stopped anywhere (the process killed, the future
+    /// dropped) leaves every document stamped or plain, and the next run stamps the plain ones.
+    /// Documents read before the adoption are not needed: every document reads the same way
+    /// stamped or plain (a plain one's first write stamps it, see [`Stamped::is_plain`](crate::Stamped::is_plain)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(accounts: mongotx::Repository<bson::Document>) -> Result<(), mongotx::RepoError> {
+    /// use mongotx::AdoptOptions;
+    ///
+    /// let planned = accounts.adopt(AdoptOptions::new().dry_run(true)).await?;
+    /// println!("{} to stamp, {} refused", planned.stamped, planned.refused);
+    /// let done = accounts.adopt(AdoptOptions::new()).await?;
+    /// for refusal in &done.refusals {
+    ///     println!("left plain: {} ({}: {})", refusal.id, refusal.field, refusal.rule);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn adopt(&self, options: AdoptOptions) -> Result<AdoptReport, RepoError> {
+        Adoption {
+            store: &self.store,
+            spec: &self.spec,
+            coll: &self.coll,
+        }
+        .run(options)
+        .await
+    }
+}
+
+impl Store {
+    /// Adopts the collection `spec` names: opens it as [`Store::repository`] does (registry,
+    /// indexes, server validator) and stamps its plain documents as [`Repository::adopt`] does.
+    /// A dry run opens nothing and writes nothing: it reads, checks and reports.
+    pub async fn adopt(
+        &self,
+        spec: CollectionSpec,
+        options: AdoptOptions,
+    ) -> Result<AdoptReport, RepoError> {
+        if options.dry_run {
+            spec.check_upgrades()?;
+            self.ensure_server_suits().await?;
+            let coll = self.database().collection::<Document>(spec.name());
+            return Adoption {
+                store: self,
+                spec: &spec,
+                coll: &coll,
+            }
+            .run(options)
+            .await;
+        }
+        self.repository::<Document>(spec)
+            .await?
+            .adopt(options)
+            .await
+    }
+}
+
+/// One run of an adoption: the collection, its definition and the store.
+struct Adoption<'a> {
+    store: &'a Store,
+    spec: &'a CollectionSpec,
+    coll: &'a Collection<Document>,
+}
+
+impl Adoption<'_> {
+    fn name(&self) -> &str {
+        self.spec.name()
+    }
+
+    fn db_error(&self, operation: &'static str, source: mongodb::error::Error) -> RepoError {
+        RepoError::database(self.name(), "*", operation, source)
+    }
+
+    async fn run(&self, options: AdoptOptions) -> Result<AdoptReport, RepoError> {
+        if options.batch_size == 0 {
+            return Err(RepoError::InvalidQuery {
+                collection: self.name().to_string(),
+                reason: "an adoption batch holds at least one document".into(),
+            });
+        }
+        let fail = |operation| move |e| self.db_error(operation, e);
+        let mut report = AdoptReport {
+            dry_run: options.dry_run,
+            ..AdoptReport::default()
+        };
+        report.plain_at_start = self
+            .coll
+            .count_documents(plain::plain_filter())
+            .await
+            .map_err(fail("count plain documents"))?;
+        report.already_stamped = self
+            .coll
+            .count_documents(doc! {
+                fields::VERSION: { "$exists": true },
+                fields::DELETED: { "$exists": false },
+            })
+            .await
+            .map_err(fail("count stamped documents"))?;
+        let mut cursor = self
+            .coll
+            .find(plain::plain_filter())
+            .batch_size(options.batch_size)
+            .await
+            .map_err(fail("read plain documents"))?;
+        let limit = usize::try_from(options.batch_size).unwrap_or(usize::MAX);
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        loop {
+            let next = cursor
+                .try_next()
+                .await
+                .map_err(fail("read plain documents"))?;
+            let end = next.is_none();
+            if let Some(doc) = next {
+                bytes += bson::to_vec(&doc).map_or(0, |b| b.len());
+                batch.push(doc);
+            }
+            if !batch.is_empty() && (end || batch.len() >= limit || bytes >= BATCH_BYTES) {
+                self.adopt_batch(std::mem::take(&mut batch), &options, &mut report)
+                    .await?;
+                bytes = 0;
+                if let Some(progress) = &options.progress {
+                    progress(&report);
+                }
+            }
+            if end {
+                break;
+            }
+        }
+        tracing::info!(
+            collection = self.name(),
+            stamped = report.stamped,
+            already_stamped = report.already_stamped,
+            refused = report.refused,
+            dry_run = report.dry_run,
+            "adoption run ended"
+        );
+        Ok(report)
+    }
+
+    /// Checks and stamps one batch of plain documents (see the module doc).
+    async fn adopt_batch(
+        &self,
+        batch: Vec<Document>,
+        options: &AdoptOptions,
+        report: &mut AdoptReport,
+    ) -> Result<(), RepoError> {
+        let mut ready = Vec::with_capacity(batch.len());
+        for doc in batch {
+            report.examined += 1;
+            match plain::refusal(self.spec, &doc) {
+                Ok(()) => ready.push(doc),
+                Err(v) => {
+                    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+                    report.refuse(options.listed_refusals, &id, v.field, v.reason);
+                }
+            }
+        }
+        if options.dry_run || ready.is_empty() {
+            if options.dry_run {
+                report.stamped += ready.len() as u64;
+            }
+            return Ok(());
+        }
+        let version = self
+            .store
+            .first_version(self.name())
+            .await
+            .map_err(|e| self.db_error("read the version floor", e))?;
+        let set = doc! { "$set": {
+            fields::SCHEMA_VERSION: self.spec.plain_schema_version(),
+            fields::VERSION: version,
+        } };
+        let statements: Vec<Bson> = ready
+            .iter()
+            .map(|doc| Bson::Document(doc! { "q": plain::unchanged(doc), "u": set.clone() }))
+            .collect();
+        let reply = self
+            .coll
+            .client()
+            .database(self.coll.namespace().db.as_str())
+            .run_command(doc! {
+                "update": self.name(),
+                "updates": statements,
+                "ordered": false,
+            })
+            .await
+            .map_err(|e| RepoError::written(self.name(), "*", "stamp plain documents", e))?;
+        let matched = match reply.get("n") {
+            Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+            Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+            _ => 0,
+        };
+        report.stamped += matched;
+        // A statement the server refused (its validator: a schema it holds that this code does
+        // not know) names the document by its index.
+        let mut refused_at = Vec::new();
+        for error in reply.get_array("writeErrors").into_iter().flatten() {
+            let Some(error) = error.as_document() else {
+                continue;
+            };
+            let index = error
+                .get_i32("index")
+                .ok()
+                .and_then(|i| usize::try_from(i).ok());
+            let Some(doc) = index.and_then(|i| ready.get(i)) else {
+                continue;
+            };
+            let (field, rule) = codes::validation_failure_in(error).unwrap_or_else(|| {
+                (
+                    "(document)".to_string(),
+                    error.get_str("errmsg").unwrap_or("refused").to_string(),
+                )
+            });
+            let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+            report.refuse(options.listed_refusals, &id, field, rule);
+            refused_at.extend(index);
+        }
+        if matched + refused_at.len() as u64 == ready.len() as u64 {
+            return Ok(());
+        }
+        // Some documents changed between the read and the write: read them again.
+        let ids: Vec<Bson> = ready
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !refused_at.contains(i))
+            .filter_map(|(_, d)| d.get("_id").cloned())
+            .collect();
+        let now: Vec<Document> = self
+            .coll
+            .find(doc! { "_id": { "$in": ids.clone() } })
+            .await
+            .map_err(|e| self.db_error("read documents again", e))?
+            .try_collect()
+            .await
+            .map_err(|e| self.db_error("read documents again", e))?;
+        let stamped_now = now.iter().filter(|d| !plain::is_plain(d)).count() as u64;
+        report.already_stamped += stamped_now.saturating_sub(matched);
+        report.vanished += (ids.len() - now.len()) as u64;
+        for changed in now.iter().filter(|d| plain::is_plain(d)) {
+            let id = changed.get("_id").cloned().unwrap_or(Bson::Null);
+            match plain::stamp(self.store, self.coll, self.spec, &id, None).await {
+                Ok(Stamping::Stamped(_)) => report.stamped += 1,
+                Ok(Stamping::AlreadyStamped(_)) => report.already_stamped += 1,
+                Err(RepoError::NotFound { .. }) => report.vanished += 1,
+                Err(RepoError::Deleted { .. }) => report.already_stamped += 1,
+                Err(RepoError::Invalid { field, reason, .. }) => {
+                    report.refuse(options.listed_refusals, &id, field, reason)
+                }
+                Err(RepoError::Refused { field, rule, .. }) => {
+                    report.refuse(options.listed_refusals, &id, field, rule)
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(())
+    }
+}
