@@ -7,7 +7,7 @@
 //! cargo run --example demo -- --db NAME --keep                    # keep the database afterwards
 //! ```
 //!
-//! The tours, in order: `probe`, `documents`, `transfer`, `crash_recovery`, `quota`,
+//! The tours, in order: `probe`, `documents`, `adopt`, `transfer`, `crash_recovery`, `quota`,
 //! `obt_fence`, `ratelimit` and `queue` (each also runs on its own: `cargo run --example NAME`).
 //! Any surprise ends the run with one line `EXAMPLE FAILED: ...` on stderr and exit code 1.
 
@@ -19,6 +19,9 @@
 mod common;
 
 // Each example is included whole; its own `main` goes unused here.
+#[path = "adopt.rs"]
+#[allow(dead_code)]
+mod adopt;
 #[path = "crash_recovery.rs"]
 #[allow(dead_code)]
 mod crash_recovery;
@@ -50,6 +53,7 @@ async fn main() {
         let store = &example.store;
         probe::run(example.db()).await?;
         documents::run(store).await?;
+        adopt::run(store).await?;
         transfer::run(store).await?;
         crash_recovery::run(store).await?;
         quota::run(store).await?;

@@ -11,7 +11,8 @@
 //! - `repo`: a [`Store`] opens typed [`Repository`] handles on collections described by a
 //!   [`CollectionSpec`]; every document carries the system [`fields`]. Documents held by a
 //!   transaction describe themselves (their hold), so reads see committed values and anyone can
-//!   resolve a hold.
+//!   resolve a hold. Documents written without them (existing data) read as plain documents and
+//!   are stamped by their first write or by an explicit [`Repository::adopt`].
 //! - `txn`: [`Transactions`] stages and commits multi-document [`Transaction`]s; the [`Gc`]
 //!   resolves what dead coordinators left behind.
 //! - [`quota`]: limits shared by every instance of a service, built on the two layers above.

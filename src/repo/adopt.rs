@@ -414,10 +414,10 @@ impl Adoption<'_> {
             .try_collect()
             .await
             .map_err(|e| self.db_error("read documents again", e))?;
-        let stamped_now = now.iter().filter(|d| !plain::is_plain(d)).count() as u64;
+        let stamped_now = now.iter().filter(|d| !fields::is_plain(d)).count() as u64;
         report.already_stamped += stamped_now.saturating_sub(matched);
         report.vanished += (ids.len() - now.len()) as u64;
-        for changed in now.iter().filter(|d| plain::is_plain(d)) {
+        for changed in now.iter().filter(|d| fields::is_plain(d)) {
             let id = changed.get("_id").cloned().unwrap_or(Bson::Null);
             match plain::stamp(self.store, self.coll, self.spec, &id, None).await {
                 Ok(Stamping::Stamped(_)) => report.stamped += 1,

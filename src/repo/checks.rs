@@ -9,7 +9,6 @@ use serde::Serialize;
 use crate::repo::changes::{self, Adjust, Update};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
-use crate::repo::plain;
 use crate::repo::repository::{Repository, FIRST_VERSION};
 use crate::repo::schema::{BsonType, Violation};
 
@@ -20,7 +19,7 @@ where
     pub(crate) fn check_write(&self, id: &Bson, expected: i64) -> Result<(), RepoError> {
         self.check_id(id)?;
         // i64::MAX has no next version to write; a plain document's version is a fingerprint.
-        if !(FIRST_VERSION..i64::MAX).contains(&expected) && !plain::is_plain_version(expected) {
+        if !(FIRST_VERSION..i64::MAX).contains(&expected) && !fields::is_plain_version(expected) {
             return Err(RepoError::InvalidVersion {
                 collection: self.name().to_string(),
                 id: show_id(id),

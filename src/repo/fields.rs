@@ -4,7 +4,10 @@
 //! (and `_id` is already MongoDB's convention for engine-owned fields). They are part of the
 //! on-disk format: changing one is a schema migration, not a refactor.
 
+use std::ops::RangeInclusive;
+
 use bson::{oid::ObjectId, Bson, Document};
+use sha2::{Digest, Sha256};
 
 use crate::repo::schema::BsonType;
 
@@ -104,6 +107,42 @@ fn names_in(doc: &Document, level: usize) -> Option<(String, &'static str)> {
     })
 }
 
+// ----- plain documents (no system field at all; the protocol around them is `repo::plain`) -----
+
+/// The versions plain documents read as: negative, and never -1 or `i64::MIN`, which stay
+/// refused as expected versions (`InvalidVersion`) like 0.
+pub(crate) const PLAIN_VERSIONS: RangeInclusive<i64> = (i64::MIN + 1)..=-2;
+
+/// Whether `doc` carries none of mongotx's system fields.
+pub(crate) fn is_plain(doc: &Document) -> bool {
+    !RESERVED.iter().any(|name| doc.contains_key(*name))
+}
+
+/// Whether `version` is one a plain document reads as.
+pub(crate) fn is_plain_version(version: i64) -> bool {
+    PLAIN_VERSIONS.contains(&version)
+}
+
+/// The version a plain document reads as: a fingerprint (SHA-256) of its BSON bytes, as read,
+/// mapped onto [`PLAIN_VERSIONS`]. Every process computes the same one for the same stored
+/// content; a different content gives a different one (but for a collision of 63-bit hashes).
+pub(crate) fn fingerprint(doc: &Document) -> i64 {
+    let mut bytes = Vec::new();
+    if doc.to_writer(&mut bytes).is_err() {
+        // A document read from the server always serializes; should one not, its fields'
+        // debug text still tells contents apart.
+        bytes = format!("{doc:?}").into_bytes();
+    }
+    let digest = Sha256::digest(&bytes);
+    let mut head = [0_u8; 8];
+    head.copy_from_slice(&digest[..8]);
+    let hash = u64::from_be_bytes(head);
+    // The range holds 2^63 - 2 values: -2 down to i64::MIN + 1.
+    let span = (i64::MAX - 1) as u64;
+    let offset = i64::try_from(hash % span).unwrap_or(0);
+    -2 - offset
+}
+
 /// The system fields as read from a stored document.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SystemFields {
@@ -126,10 +165,10 @@ impl SystemFields {
     /// Reads the system fields of a stored document; `Err` names what is missing or mistyped. A
     /// document with none of them reads as plain: free, live, its fingerprint as its version.
     pub(crate) fn read(doc: &Document) -> Result<SystemFields, String> {
-        if crate::repo::plain::is_plain(doc) {
+        if is_plain(doc) {
             return Ok(SystemFields {
                 schema_version: 0,
-                version: crate::repo::plain::fingerprint(doc),
+                version: fingerprint(doc),
                 plain: true,
                 active_txn: None,
                 deleted_at: None,

@@ -320,7 +320,7 @@ where
         };
         let mut stamped = self.decode(&id, &shown, row)?;
         if let Some(whole) = whole.filter(|_| stamped.is_plain()) {
-            stamped.version = crate::repo::plain::fingerprint(&whole);
+            stamped.version = fields::fingerprint(&whole);
         }
         Ok(stamped)
     }

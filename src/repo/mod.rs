@@ -16,14 +16,17 @@
 //!    what a holder's record says and why a hold could not be resolved; `error` is the
 //!    repository's error type; `meta` keeps the registry of managed collections and their version
 //!    floors; `store` is the [`Store`], its settings and the seam to the transaction layer;
-//!    `names` checks the names callers give the domain modules.
+//!    `names` checks the names callers give the domain modules; `plain` stamps a plain document
+//!    (one without system fields, see [`fields`] for what makes one and its fingerprint)
+//!    conditionally on its content.
 //! 2. **The hold protocol**, in `hold/`: how a document held by a transaction describes itself,
 //!    how anyone resolves it, how a staging transaction is decided, and the conditional writes
 //!    (tombstones included) all of that uses.
 //! 3. **The CRUD layer**: `repository` reads and writes documents by id, with its input checks in
 //!    `checks` and, in `write_path`, the conditional write loop that waits for or resolves the
 //!    holds it meets; `query` evaluates queries on committed values and `find` runs them; `open`
-//!    opens collections (definition checks, indexes, validators).
+//!    opens collections (definition checks, indexes, validators); `adopt` stamps a collection's
+//!    plain documents in batches (explicit adoption).
 //!
 //! The layer never names the transaction layer: the store is handed a [`HoldResolver`]
 //! (by default [`RecordResolver`], which reads transaction records) for the one thing it cannot

@@ -137,7 +137,8 @@ impl Store {
     /// that lands last wins, and either of them accepts every valid write of both versions.
     async fn install_validator(&self, spec: &CollectionSpec) -> Result<(), mongodb::error::Error> {
         let version = spec.schema_version();
-        if let Some(installed) = self.installed_validator_version(spec.name()).await? {
+        let installed = self.installed_validator(spec.name()).await?;
+        if let Some(installed) = installed.as_ref().and_then(validator_version) {
             if installed > version {
                 tracing::info!(
                     collection = spec.name(),
@@ -164,14 +165,17 @@ impl Store {
                 { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },
             ]
         };
+        if installed.as_ref() == Some(&validator) {
+            return Ok(());
+        }
         self.put_validator(spec.name(), validator).await
     }
 
-    /// The schema version whose validator `collection` has, if mongotx installed one.
-    async fn installed_validator_version(
+    /// The validator `collection` has, if it has one.
+    async fn installed_validator(
         &self,
         collection: &str,
-    ) -> Result<Option<i64>, mongodb::error::Error> {
+    ) -> Result<Option<Document>, mongodb::error::Error> {
         let listed = self
             .inner
             .db
@@ -189,18 +193,7 @@ impl Store {
             })
             .and_then(|entry| entry.get_document("options").ok())
             .and_then(|options| options.get_document("validator").ok());
-        let Some(clauses) = validator.and_then(|v| v.get_array("$or").ok()) else {
-            return Ok(None);
-        };
-        Ok(clauses
-            .iter()
-            .filter_map(Bson::as_document)
-            .find_map(|clause| {
-                clause
-                    .get_document(fields::SCHEMA_VERSION)
-                    .ok()
-                    .and_then(|condition| condition.get_i64("$ne").ok())
-            }))
+        Ok(validator.cloned())
     }
 
     /// Installs `schema` (JSON Schema text) as the validator of a collection that only a
@@ -223,34 +216,57 @@ impl Store {
         if self.installs_validator().await {
             let parsed = JsonSchema::parse(name, schema)
                 .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
-            self.put_validator(name, doc! { "$jsonSchema": parsed.to_document() })
-                .await?;
+            let validator = doc! { "$jsonSchema": parsed.to_document() };
+            if self.installed_validator(name).await?.as_ref() != Some(&validator) {
+                self.put_validator(name, validator).await?;
+            }
         }
         self.protocol_collection(name).await
     }
 
     /// Creates `collection` with `validator`, or replaces the validator of an existing one.
+    ///
+    /// A service connecting with the `readWrite` role may create collections (with their
+    /// validator) but not change an existing one's (`collMod` needs `dbAdmin`): then the command
+    /// is recorded for an administrator to run ([`Store::pending_validators`]), logged once, and
+    /// the collection opens all the same, its documents checked on the client as everywhere.
     async fn put_validator(
         &self,
         collection: &str,
         validator: Document,
     ) -> Result<(), mongodb::error::Error> {
-        let created = self
-            .inner
-            .db
-            .run_command(doc! { "create": collection, "validator": validator.clone() })
-            .await;
-        match created {
-            Ok(_) => Ok(()),
-            Err(e) if codes::error_code(&e) == Some(NAMESPACE_EXISTS) => self
-                .inner
-                .db
-                .run_command(doc! { "collMod": collection, "validator": validator })
-                .await
-                .map(|_| ()),
-            Err(e) => Err(e),
-        }
+        let create = doc! { "create": collection, "validator": validator.clone() };
+        let command = match self.inner.db.run_command(create.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if codes::error_code(&e) == Some(NAMESPACE_EXISTS) => {
+                let change = doc! { "collMod": collection, "validator": validator };
+                match self.inner.db.run_command(change.clone()).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if codes::error_code(&e) == Some(codes::UNAUTHORIZED) => change,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) if codes::error_code(&e) == Some(codes::UNAUTHORIZED) => create,
+            Err(e) => return Err(e),
+        };
+        self.validator_not_installed(collection, command);
+        Ok(())
     }
 }
 
 const NAMESPACE_EXISTS: i32 = 48;
+
+/// The schema version a validator mongotx installed is for (its "other versions" clause).
+fn validator_version(validator: &Document) -> Option<i64> {
+    validator
+        .get_array("$or")
+        .ok()?
+        .iter()
+        .filter_map(Bson::as_document)
+        .find_map(|clause| {
+            clause
+                .get_document(fields::SCHEMA_VERSION)
+                .ok()
+                .and_then(|condition| condition.get_i64("$ne").ok())
+        })
+}

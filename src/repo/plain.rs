@@ -27,11 +27,8 @@
 //! document before its commit protocol runs (the protocol's holds and undos work on stamped
 //! documents only).
 
-use std::ops::RangeInclusive;
-
 use bson::{doc, Bson, Document};
 use mongodb::Collection;
-use sha2::{Digest, Sha256};
 
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::{show_id, RepoError};
@@ -39,43 +36,9 @@ use crate::repo::fields;
 use crate::repo::schema::Violation;
 use crate::repo::store::Store;
 
-/// The versions plain documents read as: negative, and never -1 or `i64::MIN`, which stay
-/// refused as expected versions (`InvalidVersion`) like 0.
-pub(crate) const PLAIN_VERSIONS: RangeInclusive<i64> = (i64::MIN + 1)..=-2;
-
 /// How often [`stamp`] reads a document again when it changed between the read and the write
 /// without changing what the caller expected (a stamp by someone else, a field order change).
 const STAMP_ATTEMPTS: usize = 4;
-
-/// Whether `doc` carries none of mongotx's system fields.
-pub(crate) fn is_plain(doc: &Document) -> bool {
-    !fields::RESERVED.iter().any(|name| doc.contains_key(*name))
-}
-
-/// Whether `version` is one a plain document reads as.
-pub(crate) fn is_plain_version(version: i64) -> bool {
-    PLAIN_VERSIONS.contains(&version)
-}
-
-/// The version a plain document reads as: a fingerprint (SHA-256) of its BSON bytes, as read,
-/// mapped onto [`PLAIN_VERSIONS`]. Every process computes the same one for the same stored
-/// content; a different content gives a different one (but for a collision of 63-bit hashes).
-pub(crate) fn fingerprint(doc: &Document) -> i64 {
-    let mut bytes = Vec::new();
-    if doc.to_writer(&mut bytes).is_err() {
-        // A document read from the server always serializes; should one not, its fields'
-        // debug text still tells contents apart.
-        bytes = format!("{doc:?}").into_bytes();
-    }
-    let digest = Sha256::digest(&bytes);
-    let mut head = [0_u8; 8];
-    head.copy_from_slice(&digest[..8]);
-    let hash = u64::from_be_bytes(head);
-    // The range holds 2^63 - 2 values: -2 down to i64::MIN + 1.
-    let span = (i64::MAX - 1) as u64;
-    let offset = i64::try_from(hash % span).unwrap_or(0);
-    -2 - offset
-}
 
 /// The filter that matches document `stored` only while it is exactly as read: same fields, in
 /// the same order, with equal values (numbers compare by value across types, as everywhere in
@@ -152,7 +115,7 @@ pub(crate) async fn stamp(
                 collection: name.to_string(),
                 id: shown.clone(),
             })?;
-        if !is_plain(&stored) {
+        if !fields::is_plain(&stored) {
             let sys =
                 fields::SystemFields::read(&stored).map_err(|reason| RepoError::Malformed {
                     collection: name.to_string(),
@@ -176,7 +139,7 @@ pub(crate) async fn stamp(
                 None => Ok(Stamping::AlreadyStamped(sys.version)),
             };
         }
-        let actual = fingerprint(&stored);
+        let actual = fields::fingerprint(&stored);
         if let Some(expected) = expected.filter(|e| *e != actual) {
             return Err(RepoError::VersionConflict {
                 collection: name.to_string(),
@@ -216,6 +179,7 @@ pub(crate) async fn stamp(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repo::fields::{fingerprint, is_plain, is_plain_version};
 
     #[test]
     fn fingerprints_are_negative_stable_and_tell_contents_apart() {

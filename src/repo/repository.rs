@@ -67,7 +67,7 @@ impl<T> Stamped<T> {
     /// mongotx, or before the collection was adopted): its version is then a fingerprint of its
     /// content, and its first write stamps it.
     pub fn is_plain(&self) -> bool {
-        crate::repo::plain::is_plain_version(self.version)
+        fields::is_plain_version(self.version)
     }
 
     /// The caller's value, dropping the stamp.
@@ -346,7 +346,7 @@ where
         }
         let mut check = doc.clone();
         // A plain document's replacement starts at the collection's first version (at least 1).
-        let next = if crate::repo::plain::is_plain_version(expected_version) {
+        let next = if fields::is_plain_version(expected_version) {
             FIRST_VERSION
         } else {
             expected_version + 1

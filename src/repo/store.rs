@@ -5,7 +5,7 @@
 //! thing it cannot decide alone, a holder's outcome. Opening repositories is `open`'s; writing
 //! tombstones is the hold protocol's (`hold::tombstone`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -130,6 +130,9 @@ pub(crate) struct StoreInner {
     /// The definition of each collection this store has opened or staged changes on, for the
     /// protocol steps that stamp a plain document they meet (see `repo::plain`).
     specs: Mutex<HashMap<String, Arc<CollectionSpec>>>,
+    /// Validators this store could not install for lack of privileges, by collection: the
+    /// command an administrator runs.
+    pending_validators: Mutex<BTreeMap<String, Document>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -244,6 +247,7 @@ impl StoreBuilder {
                 absent_since: Mutex::new(HashMap::new()),
                 batch_writes: AtomicBool::new(self.batch_writes),
                 specs: Mutex::new(HashMap::new()),
+                pending_validators: Mutex::new(BTreeMap::new()),
             }),
         }
     }
@@ -453,6 +457,43 @@ impl Store {
             .deleted_count;
         tracing::info!(collection, purged, floor = highest, "purged tombstones");
         Ok(purged)
+    }
+
+    /// The server validators this store could not install because its user lacks the privilege
+    /// (a service with the `readWrite` role may create a collection with its validator, but not
+    /// change an existing collection's: `collMod` needs `dbAdmin`), each with the command an
+    /// administrator runs, by collection. Their collections work all the same: every write is
+    /// checked on the client; the server's validator adds the check for other writers. Each is
+    /// also logged once, as a warning.
+    pub fn pending_validators(&self) -> Vec<(String, Document)> {
+        self.inner
+            .pending_validators
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(|(name, command)| (name.clone(), command.clone()))
+            .collect()
+    }
+
+    /// Records (and logs, the first time) a validator the server refused to let this store install.
+    pub(crate) fn validator_not_installed(&self, collection: &str, command: Document) {
+        let mut pending = self
+            .inner
+            .pending_validators
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let first = pending
+            .insert(collection.to_string(), command.clone())
+            .is_none();
+        if first {
+            tracing::warn!(
+                database = self.inner.db.name(),
+                collection,
+                command = %Bson::Document(command).into_relaxed_extjson(),
+                "not authorized to install the collection's validator (collMod needs the dbAdmin role); \
+                 documents are checked on the client only until an administrator runs this command on the database"
+            );
+        }
     }
 
     /// Remembers the definition of a collection this store works on.

@@ -42,7 +42,7 @@ where
         let mut waiter = Waiter::new(self.store.inner.lock_wait);
         // A plain document's version is a fingerprint no stored `_version` has: the conditional
         // write could match nothing, so the document is read first.
-        let mut skip_write = plain::is_plain_version(expected);
+        let mut skip_write = fields::is_plain_version(expected);
         loop {
             if std::mem::take(&mut skip_write) {
                 match self

@@ -7,6 +7,8 @@ use bson::{Bson, Document};
 
 /// Error code MongoDB uses for a duplicate key.
 pub(crate) const DUPLICATE_KEY: i32 = 11000;
+/// Error code MongoDB uses when the user lacks a privilege the command needs (`Unauthorized`).
+pub(crate) const UNAUTHORIZED: i32 = 13;
 /// Error code MongoDB uses when a server-side validator rejects a document.
 pub(crate) const VALIDATION_FAILED: i32 = 121;
 

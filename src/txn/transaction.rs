@@ -534,7 +534,7 @@ async fn stamp_plain(store: &Store, mut entries: Vec<Entry>) -> Result<Vec<Entry
     let stamps = entries
         .iter()
         .enumerate()
-        .filter(|(_, e)| plain::is_plain_version(e.expected))
+        .filter(|(_, e)| fields::is_plain_version(e.expected))
         .map(|(i, entry)| async move {
             let spec = store
                 .spec_of(&entry.coll)

@@ -476,8 +476,8 @@ async fn adoption_beside_raw_writers_mongotx_writers_and_transactions_loses_noth
     stamped_by_runs += last.stamped;
     common::assert_settled(&t, &["accounts"], "adoption beside writers").await;
 
-    let ledger = ledger.lock().unwrap();
     let stored = raw_snapshot(&t.db, "accounts").await;
+    let ledger = ledger.lock().unwrap();
     let mut total = 0;
     let mut expected_total = 0;
     let mut mongotx_stamped = 0;
@@ -541,4 +541,66 @@ async fn another_store_sees_the_adoption_as_it_goes() {
             .unwrap(),
         2
     );
+}
+
+/// The steps docs/adoption.md gives to undo an adoption, run as written there (through the
+/// driver): the collection is back to plain documents, with the changes made through mongotx.
+#[tokio::test]
+async fn an_adoption_is_undone_by_the_documented_commands() {
+    let t = TestDb::new().await;
+    let originals = seed(&t, 50).await;
+    let accounts = common::open_accounts(&t.store).await;
+    accounts.adopt(AdoptOptions::new()).await.unwrap();
+    accounts
+        .adjust("p00001", 1, &Adjust::new().by("balance", 5_i64))
+        .await
+        .unwrap();
+    accounts.delete("p00002", 1).await.unwrap();
+    common::assert_settled(&t, &["accounts"], "before the undo").await;
+
+    let db = &t.db;
+    let coll = db.collection::<Document>("accounts");
+    assert_eq!(
+        coll.count_documents(doc! { "_txn": { "$exists": true } })
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        db.collection::<Document>("mongotx_transactions")
+            .count_documents(doc! { "entries.coll": "accounts" })
+            .await
+            .unwrap(),
+        0
+    );
+    coll.delete_many(doc! { "_deleted": { "$exists": true } })
+        .await
+        .unwrap();
+    coll.update_many(
+        doc! {},
+        doc! { "$unset": { "_schema": "", "_version": "", "_deleting": "", "_hold": "", "_txn": "" } },
+    )
+    .await
+    .unwrap();
+    db.run_command(doc! { "collMod": "accounts", "validator": {} })
+        .await
+        .unwrap();
+    for index in ["_deleted_1", "_txn_1", "_hold.changed_1"] {
+        coll.drop_index(index).await.unwrap();
+    }
+    let removed = db
+        .collection::<Document>(mongotx::META_COLLECTION)
+        .delete_one(doc! { "_id": "collection:accounts" })
+        .await
+        .unwrap();
+    assert_eq!(removed.deleted_count, 1);
+
+    let mut expected: Vec<Document> = originals
+        .into_iter()
+        .filter(|d| d.get_str("_id") != Ok("p00002"))
+        .collect();
+    expected[1].insert("balance", 105_i64);
+    assert_eq!(raw_snapshot(&t.db, "accounts").await, expected);
+    let indexes = coll.list_index_names().await.unwrap();
+    assert_eq!(indexes, vec!["_id_".to_string()]);
 }

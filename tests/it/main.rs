@@ -15,6 +15,7 @@ mod common;
 
 mod adoption;
 mod adoption_online;
+mod adoption_props;
 mod ambiguous;
 mod bad_input;
 #[cfg(feature = "cli")]

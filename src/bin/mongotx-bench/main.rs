@@ -1,5 +1,6 @@
 //! Latency benchmarks: mongotx operations against the raw driver baseline, measured in one run.
 
+mod adoption;
 #[path = "../shared/cli.rs"]
 mod cli;
 mod network;
@@ -50,6 +51,9 @@ struct Args {
     /// A TrueType font for the charts' text (DejaVu Sans is looked for by default).
     #[arg(long)]
     font: Option<std::path::PathBuf>,
+    /// Plain documents the adoption row adopts (1,000 to 10,000,000).
+    #[arg(long, default_value_t = 100_000, value_parser = count(1_000))]
+    adopt_docs: usize,
 }
 
 /// Groups of rows that can be run alone.
@@ -69,6 +73,9 @@ enum Section {
     Network,
     /// Query cost next to held documents, GC throughput by backlog, commits up to 256 documents.
     Scale,
+    /// Adopting existing data: explicit adoption against a raw updateMany, plain against
+    /// stamped reads.
+    Adoption,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -167,6 +174,11 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     if run(Section::Queue) {
         queue::rows(&db)
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+    }
+    if run(Section::Adoption) {
+        adoption::rows(&db, args.n, args.adopt_docs)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
     }
