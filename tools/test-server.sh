@@ -4,6 +4,11 @@
 #   tools/test-server.sh --port N   # a fixed port
 #   tools/test-server.sh --no-bulk-write   # play a server before 8.0 (announces 4.4, no bulkWrite)
 #   tools/test-server.sh --no-prefilter    # every document through the stock matcher (to compare)
+#   tools/test-server.sh --user NAME:PASSWORD:ROLE@DB[+ROLE@DB...]   # repeatable: require authentication
+#       e.g. --user app:secret:readWrite@shop --user admin:pw:root@admin; users live on admin
+#       (mongodb://app:secret@127.0.0.1:<port>/shop?authSource=admin), SCRAM-SHA-256 only, and may run
+#       what their built-in roles (read, readWrite, dbAdmin, userAdmin, dbOwner, root, ...AnyDatabase)
+#       allow on each role's database, as on MongoDB; without --user nothing is checked
 # Stop it with Ctrl-C (or by closing its stdin). The Rust harness does the same on its own;
 # this script is for pointing other tools (mongosh, mongotx-probe) at the server by hand.
 set -euo pipefail

@@ -1,13 +1,16 @@
 package mongotx.testserver;
 
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.List;
 
+import de.bwaldvogel.mongo.backend.QueryResult;
 import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
 import de.bwaldvogel.mongo.backend.memory.MemoryDatabase;
 import de.bwaldvogel.mongo.bson.Document;
 import de.bwaldvogel.mongo.exception.MongoServerError;
 import de.bwaldvogel.mongo.exception.MongoServerException;
+import de.bwaldvogel.mongo.wire.message.MongoQuery;
 import io.netty.channel.Channel;
 
 /**
@@ -25,18 +28,27 @@ import io.netty.channel.Channel;
  * (many writes on any collections in one message): each operation goes through this server's own
  * {@code insert}, {@code update} or {@code delete} handling, one at a time, so each keeps its
  * single-document atomicity, and the reply lists every operation's outcome as MongoDB 8.0 does.
+ *
+ * <p>Started with users ({@code --user}), every command goes through {@link Security} first:
+ * authentication and the users' roles, as MongoDB enforces them. Without users nothing is checked,
+ * and nothing differs from a server without this feature.
  */
 final class AtomicBackend extends MemoryBackend {
 
     private final Profile profile;
     private final Clocks clocks;
     private final boolean prefilter;
+    private final Security security;
 
-    /** {@code prefilter}: whether collections rule documents out with {@link Prefilter} first. */
-    AtomicBackend(Profile profile, Clocks clocks, boolean prefilter) {
+    /**
+     * {@code prefilter}: whether collections rule documents out with {@link Prefilter} first;
+     * {@code security}: null when no users are given (no authentication).
+     */
+    AtomicBackend(Profile profile, Clocks clocks, boolean prefilter, Security security) {
         this.profile = profile;
         this.clocks = clocks;
         this.prefilter = prefilter;
+        this.security = security;
     }
 
     @Override
@@ -46,6 +58,14 @@ final class AtomicBackend extends MemoryBackend {
 
     @Override
     public Document handleCommand(Channel channel, String databaseName, String command, Document query) {
+        if (security != null) {
+            return security.handle(channel, databaseName, command, query, this::run);
+        }
+        return run(channel, databaseName, command, query);
+    }
+
+    /** Runs a command the client may run. */
+    private Document run(Channel channel, String databaseName, String command, Document query) {
         if (command.equalsIgnoreCase("hello") || command.equalsIgnoreCase("isMaster")) {
             Document response = super.handleCommand(channel, databaseName, "ismaster", query);
             if (command.equalsIgnoreCase("hello")) {
@@ -58,7 +78,54 @@ final class AtomicBackend extends MemoryBackend {
         if (profile.runsBulkWrite() && command.equalsIgnoreCase("bulkWrite")) {
             return bulkWrite(channel, query);
         }
+        if (security != null && command.equalsIgnoreCase("serverStatus")) {
+            return super.getServerStatus(); // authorized; see getServerStatus()
+        }
         return super.handleCommand(channel, databaseName, command, query);
+    }
+
+    /** The channel closed: with users, its authentication is forgotten. */
+    @Override
+    public void handleClose(Channel channel) {
+        if (security != null) {
+            security.forget(channel);
+        }
+        super.handleClose(channel);
+    }
+
+    /**
+     * With users, legacy OP_QUERY reads are checked here, and so are the OP_QUERY commands
+     * mongo-java-server answers without {@link #handleCommand} ({@code $cmd.sys.inprog} below,
+     * {@code serverStatus} in {@link #getServerStatus}; {@code ping} needs nothing). A refusal there
+     * is an exception, which closes the connection: no current driver sends these (MongoDB 6.0
+     * refuses them all).
+     */
+    @Override
+    public QueryResult handleQuery(MongoQuery query) {
+        if (security != null) {
+            security.checkLegacyQuery(query.getChannel(), query.getDatabaseName(), query.getCollectionName());
+        }
+        return super.handleQuery(query);
+    }
+
+    @Override
+    public Collection<Document> getCurrentOperations(MongoQuery query) {
+        if (security != null) {
+            security.checkInprog(query.getChannel());
+        }
+        return super.getCurrentOperations(query);
+    }
+
+    /**
+     * Reached with users only from an OP_QUERY {@code serverStatus}, which carries no connection to
+     * check; an authorized OP_MSG {@code serverStatus} is answered by {@link #run} directly.
+     */
+    @Override
+    public Document getServerStatus() {
+        if (security != null) {
+            throw new MongoServerError(13, "Unauthorized", "command serverStatus requires authentication");
+        }
+        return super.getServerStatus();
     }
 
     /**
@@ -101,7 +168,8 @@ final class AtomicBackend extends MemoryBackend {
                         command.put(option, query.get(option));
                     }
                 }
-                Document reply = handleCommand(channel, ns.substring(0, dot), kind, command);
+                // Authorized already, for all the operations (Access.bulkWrite).
+                Document reply = run(channel, ns.substring(0, dot), kind, command);
                 outcome = outcome(reply);
             } catch (MongoServerError e) {
                 outcome = new Document("ok", 0.0).append("code", e.getCode()).append("codeName", e.getCodeName())
