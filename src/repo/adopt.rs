@@ -28,7 +28,7 @@
 
 use std::sync::Arc;
 
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use mongodb::Collection;
 use serde::de::DeserializeOwned;
@@ -235,6 +235,27 @@ impl Store {
     }
 }
 
+/// What stamping one batch came to.
+#[derive(Default)]
+struct Stamped {
+    stamped: u64,
+    already_stamped: u64,
+    vanished: u64,
+    /// Documents the server refused, or that changed into ones the schema refuses.
+    refused: Vec<(Bson, String, String)>,
+}
+
+impl Stamped {
+    fn add_to(self, report: &mut AdoptReport, listed: usize) {
+        report.stamped += self.stamped;
+        report.already_stamped += self.already_stamped;
+        report.vanished += self.vanished;
+        for (id, field, rule) in self.refused {
+            report.refuse(listed, &id, field, rule);
+        }
+    }
+}
+
 /// One run of an adoption: the collection, its definition and the store.
 struct Adoption<'a> {
     store: &'a Store,
@@ -276,35 +297,45 @@ impl Adoption<'_> {
             })
             .await
             .map_err(fail("count stamped documents"))?;
+        // Raw documents: their size is known without encoding them again.
         let mut cursor = self
             .coll
+            .clone_with_type::<RawDocumentBuf>()
             .find(plain::plain_filter())
             .batch_size(options.batch_size)
             .await
             .map_err(fail("read plain documents"))?;
         let limit = usize::try_from(options.batch_size).unwrap_or(usize::MAX);
-        let mut batch = Vec::new();
-        let mut bytes = 0;
+        let mut pending: Option<Vec<Document>> = None;
         loop {
-            let next = cursor
-                .try_next()
-                .await
-                .map_err(fail("read plain documents"))?;
-            let end = next.is_none();
-            if let Some(doc) = next {
-                bytes += bson::to_vec(&doc).map_or(0, |b| b.len());
-                batch.push(doc);
-            }
-            if !batch.is_empty() && (end || batch.len() >= limit || bytes >= BATCH_BYTES) {
-                self.adopt_batch(std::mem::take(&mut batch), &options, &mut report)
-                    .await?;
-                bytes = 0;
+            // The next batch is read while the last one's stamps are on their way.
+            let stamping = async {
+                match pending.take() {
+                    Some(ready) => Some(self.stamp(ready).await),
+                    None => None,
+                }
+            };
+            let (read, stamped) = tokio::join!(self.next_batch(&mut cursor, limit), stamping);
+            if let Some(stamped) = stamped {
+                stamped?.add_to(&mut report, options.listed_refusals);
                 if let Some(progress) = &options.progress {
                     progress(&report);
                 }
             }
-            if end {
+            let batch = read?;
+            if batch.is_empty() {
                 break;
+            }
+            let ready = self.check(batch, &options, &mut report);
+            if options.dry_run || ready.is_empty() {
+                if options.dry_run {
+                    report.stamped += ready.len() as u64;
+                }
+                if let Some(progress) = &options.progress {
+                    progress(&report);
+                }
+            } else {
+                pending = Some(ready);
             }
         }
         tracing::info!(
@@ -318,13 +349,42 @@ impl Adoption<'_> {
         Ok(report)
     }
 
-    /// Checks and stamps one batch of plain documents (see the module doc).
-    async fn adopt_batch(
+    /// The next batch of plain documents from `cursor`: up to `limit` of them, or
+    /// [`BATCH_BYTES`]; empty at the end.
+    async fn next_batch(
+        &self,
+        cursor: &mut mongodb::Cursor<RawDocumentBuf>,
+        limit: usize,
+    ) -> Result<Vec<Document>, RepoError> {
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while batch.len() < limit && bytes < BATCH_BYTES {
+            let Some(raw) = cursor
+                .try_next()
+                .await
+                .map_err(|e| self.db_error("read plain documents", e))?
+            else {
+                break;
+            };
+            bytes += raw.as_bytes().len();
+            let doc = raw.to_document().map_err(|e| RepoError::Malformed {
+                collection: self.name().to_string(),
+                id: "*".to_string(),
+                reason: format!("a stored document cannot be read: {e}"),
+            })?;
+            batch.push(doc);
+        }
+        Ok(batch)
+    }
+
+    /// The documents of `batch` the schema accepts as they will read; the others are counted
+    /// and listed as refused.
+    fn check(
         &self,
         batch: Vec<Document>,
         options: &AdoptOptions,
         report: &mut AdoptReport,
-    ) -> Result<(), RepoError> {
+    ) -> Vec<Document> {
         let mut ready = Vec::with_capacity(batch.len());
         for doc in batch {
             report.examined += 1;
@@ -336,12 +396,12 @@ impl Adoption<'_> {
                 }
             }
         }
-        if options.dry_run || ready.is_empty() {
-            if options.dry_run {
-                report.stamped += ready.len() as u64;
-            }
-            return Ok(());
-        }
+        ready
+    }
+
+    /// Stamps the checked documents `ready` (see the module doc) and says what came of each.
+    async fn stamp(&self, ready: Vec<Document>) -> Result<Stamped, RepoError> {
+        let mut outcome = Stamped::default();
         let version = self
             .store
             .first_version(self.name())
@@ -371,7 +431,7 @@ impl Adoption<'_> {
             Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
             _ => 0,
         };
-        report.stamped += matched;
+        outcome.stamped += matched;
         // A statement the server refused (its validator: a schema it holds that this code does
         // not know) names the document by its index.
         let mut refused_at = Vec::new();
@@ -393,11 +453,11 @@ impl Adoption<'_> {
                 )
             });
             let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-            report.refuse(options.listed_refusals, &id, field, rule);
+            outcome.refused.push((id, field, rule));
             refused_at.extend(index);
         }
         if matched + refused_at.len() as u64 == ready.len() as u64 {
-            return Ok(());
+            return Ok(outcome);
         }
         // Some documents changed between the read and the write: read them again.
         let ids: Vec<Bson> = ready
@@ -415,24 +475,24 @@ impl Adoption<'_> {
             .await
             .map_err(|e| self.db_error("read documents again", e))?;
         let stamped_now = now.iter().filter(|d| !fields::is_plain(d)).count() as u64;
-        report.already_stamped += stamped_now.saturating_sub(matched);
-        report.vanished += (ids.len() - now.len()) as u64;
+        outcome.already_stamped += stamped_now.saturating_sub(matched);
+        outcome.vanished += (ids.len() - now.len()) as u64;
         for changed in now.iter().filter(|d| fields::is_plain(d)) {
             let id = changed.get("_id").cloned().unwrap_or(Bson::Null);
             match plain::stamp(self.store, self.coll, self.spec, &id, None).await {
-                Ok(Stamping::Stamped(_)) => report.stamped += 1,
-                Ok(Stamping::AlreadyStamped(_)) => report.already_stamped += 1,
-                Err(RepoError::NotFound { .. }) => report.vanished += 1,
-                Err(RepoError::Deleted { .. }) => report.already_stamped += 1,
+                Ok(Stamping::Stamped(_)) => outcome.stamped += 1,
+                Ok(Stamping::AlreadyStamped(_)) => outcome.already_stamped += 1,
+                Err(RepoError::NotFound { .. }) => outcome.vanished += 1,
+                Err(RepoError::Deleted { .. }) => outcome.already_stamped += 1,
                 Err(RepoError::Invalid { field, reason, .. }) => {
-                    report.refuse(options.listed_refusals, &id, field, reason)
+                    outcome.refused.push((id, field, reason))
                 }
                 Err(RepoError::Refused { field, rule, .. }) => {
-                    report.refuse(options.listed_refusals, &id, field, rule)
+                    outcome.refused.push((id, field, rule))
                 }
                 Err(other) => return Err(other),
             }
         }
-        Ok(())
+        Ok(outcome)
     }
 }

@@ -46,6 +46,7 @@ mod obt_http;
 #[cfg(feature = "cli")]
 mod obt_processes;
 mod obt_race;
+mod privileges;
 mod queries;
 mod query_equivalence;
 mod queue;
