@@ -16,7 +16,7 @@ use futures::TryStreamExt;
 use mongodb::Database;
 
 use crate::repo::fields;
-use crate::repo::hold::resolve;
+use crate::repo::hold::{record, resolve};
 use crate::repo::meta;
 use crate::repo::outcome::TxnStatus;
 use crate::repo::store::{Store, TRANSACTIONS_COLLECTION};
@@ -245,10 +245,11 @@ impl Gc {
         Ok(summary)
     }
 
-    /// Finishes or rolls back every transaction whose deadline is at or before `now`, a page of
-    /// `batch_size` records at a time (in deadline order, each record visited once a round):
-    /// each page is resolved together (see `expired::resolve_expired_many`), so a page costs a
-    /// few commands whatever its size, besides the staging transactions it has to decide.
+    /// Finishes or rolls back every transaction whose deadline is at or before `now` (or the
+    /// records' own clock, when that is later), a page of `batch_size` records at a time (in
+    /// deadline order, each record visited once a round): each page is resolved together (see
+    /// `expired::resolve_expired_many`), so a page costs a few commands whatever its size, besides
+    /// the staging transactions it has to decide.
     async fn resolve_expired(
         &self,
         now: DateTime,
@@ -259,9 +260,17 @@ impl Gc {
         let page_size = self.options.batch_size.max(1);
         let limit = i64::try_from(page_size).unwrap_or(i64::MAX);
         let records = self.env.records(None).await?;
+        // A deadline has passed once `now` or the records' own clock (which guards the abort and
+        // the deletion of a record) has reached it, whichever comes first: where the records'
+        // shard runs ahead of `hello`'s clock, waiting for `hello`'s would keep the documents of
+        // a dead coordinator held longer than the records allow.
+        let records_now = record::clock(&records, doc! {})
+            .await
+            .map_err(|e| TxnError::database(None, "read the records' clock", e))?;
+        let expiry = records_now.map_or(now, |records_now| records_now.max(now));
         let mut after: Option<(DateTime, ObjectId)> = None;
         while !stop.load(Ordering::SeqCst) {
-            let mut filter = doc! { "deadline": { "$lte": now } };
+            let mut filter = doc! { "deadline": { "$lte": expiry } };
             if let Some((deadline, id)) = after {
                 filter.insert(
                     "$or",
@@ -297,7 +306,7 @@ impl Gc {
             let full = page.len() == page_size;
             let page = self.claim(&records, page, now).await?;
             let resolved =
-                expired::resolve_expired_many(&self.env, page, now, PARALLEL_DECISIONS).await?;
+                expired::resolve_expired_many(&self.env, page, expiry, PARALLEL_DECISIONS).await?;
             // Records that stay (undecidable yet, an aborted one before its deadline, a failure)
             // are let go at once, for whoever comes next; only a runner that dies keeps its
             // claims until they run out.

@@ -284,6 +284,119 @@ async fn an_expired_holder_is_aborted_and_undone_instead_of_waited_on() {
     assert_eq!(got, want);
 }
 
+/// On a sharded cluster the records' shard may run ahead of the clock `hello` reports (which sets
+/// deadlines). That clock guards a record's abort, so once it has passed a deadline a writer and
+/// the GC decide the transaction, without waiting for `hello`'s clock to get there too (here 10 s
+/// later; with the 40 s timeout of the skewed-shards torture, 30 s, past the end of the run). A
+/// deadline neither clock has reached is still waited on.
+#[tokio::test]
+async fn a_deadline_the_records_clock_has_passed_is_expired_though_hellos_has_not() {
+    let server = tokio::task::spawn_blocking(|| {
+        mongotx::testkit::local_server::LocalServer::start_with(&[
+            "--clock-offset".to_string(),
+            format!("{}=+30s", mongotx::TRANSACTIONS_COLLECTION),
+        ])
+    })
+    .await
+    .expect("join")
+    .expect("a local test server whose records' clock runs 30 s ahead");
+    let client = mongodb::Client::with_uri_str(server.uri())
+        .await
+        .expect("client");
+    let db = client.database(&format!("mongotx_test_{}", ObjectId::new().to_hex()));
+    let store = Store::builder(db.clone())
+        .lock_wait(short_wait(10_000))
+        .build();
+    let accounts = accounts_on(&store).await;
+    for id in ["by_writer", "by_gc", "live"] {
+        accounts
+            .insert(&Account::new(id, "Before", 10))
+            .await
+            .unwrap();
+    }
+    // Two undecided transactions whose deadlines are 10 s ahead of `hello`'s clock, 20 s behind
+    // the records'; one whose deadline is ahead of both.
+    let (by_writer, by_gc, live) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+    let (passed, ahead) = (millis_from_now(10_000), millis_from_now(40_000));
+    for (txn, id, deadline) in [
+        (by_writer, "by_writer", passed),
+        (by_gc, "by_gc", passed),
+        (live, "live", ahead),
+    ] {
+        put_record(&db, txn, "staging", deadline).await;
+        put_hold(
+            &db,
+            "accounts",
+            id,
+            txn,
+            doc! {},
+            hold_of("check", deadline, doc! {}, &[]),
+        )
+        .await;
+    }
+
+    let started = Instant::now();
+    let v = accounts
+        .update("by_writer", 1, &Update::new().set("owner", "Fresh"))
+        .await
+        .unwrap();
+    assert_eq!(v, 2);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the writer waited {:?} for a transaction the records' clock had expired",
+        started.elapsed()
+    );
+    let state = |txn: ObjectId| {
+        let db = db.clone();
+        async move {
+            db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
+                .find_one(doc! { "_id": txn })
+                .await
+                .unwrap()
+                .and_then(|record| record.get_str("state").ok().map(str::to_string))
+        }
+    };
+    assert_eq!(state(by_writer).await.as_deref(), Some("aborted"));
+
+    let summary = mongotx::Gc::with_store(&store, mongotx::GcOptions::default())
+        .run_round()
+        .await
+        .unwrap();
+    // Both expired records go: the one the writer aborted and the one the GC decides.
+    assert_eq!(summary.rolled_back, 2, "{summary:?}");
+    let held = |id: &'static str| {
+        let db = db.clone();
+        async move {
+            db.collection::<Document>("accounts")
+                .find_one(doc! { "_id": id })
+                .await
+                .unwrap()
+                .is_some_and(|d| d.contains_key(fields::ACTIVE_TXN))
+        }
+    };
+    assert!(
+        !held("by_gc").await,
+        "the GC left the expired transaction's hold"
+    );
+
+    // Neither clock has reached the third deadline: the GC leaves it and a writer waits for it.
+    assert_eq!(state(live).await.as_deref(), Some("staging"));
+    assert!(held("live").await);
+    let waiting = Store::builder(db.clone())
+        .lock_wait(short_wait(300))
+        .build();
+    match accounts_on(&waiting)
+        .await
+        .update("live", 1, &Update::new().set("owner", "x"))
+        .await
+    {
+        Err(RepoError::Locked { holder, .. }) => assert_eq!(holder, Some(live)),
+        other => panic!("expected Locked by the live transaction, got {other:?}"),
+    }
+    assert_eq!(state(live).await.as_deref(), Some("staging"));
+    let _ = db.drop().await;
+}
+
 /// A staging record of transaction `txn` (deadline `deadline`) whose participants are the accounts
 /// `ids`, each changed to owner "Crossed".
 async fn put_staging(t: &TestDb, txn: ObjectId, deadline: DateTime, ids: &[&str]) {

@@ -157,6 +157,27 @@ pub(crate) async fn load_many(
         .map_err(|e| HoldError::database("reading transaction records", e))
 }
 
+/// The time on the records' collection's own clock (its `$$NOW`), read through the first record
+/// matching `filter`; `None` when none matches. That clock guards a record's creation, its abort
+/// and its deletion, so it is the one that says whether a record's deadline has passed: on a
+/// sharded cluster whose records' shard runs ahead of the clock `hello` reports, a record expires
+/// by it before `hello`'s clock reaches the deadline.
+pub(crate) async fn clock(
+    records: &Collection<Document>,
+    filter: Document,
+) -> mongodb::error::Result<Option<DateTime>> {
+    let first = records
+        .aggregate(vec![
+            doc! { "$match": filter },
+            doc! { "$limit": 1 },
+            doc! { "$project": { "_id": 0, "now": "$$NOW" } },
+        ])
+        .await?
+        .try_next()
+        .await?;
+    Ok(first.and_then(|found| found.get_datetime("now").ok().copied()))
+}
+
 /// Writes the outcome `to` of staging transaction `txn` (if it is still staging) and returns the
 /// status the record has afterwards, whoever decided it.
 pub(crate) async fn decide(

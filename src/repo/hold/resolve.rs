@@ -129,8 +129,9 @@ pub(crate) async fn settle(
 
 /// [`settle`] as if the server's time were `now` (`None`: ask the clock).
 ///
-/// - A hold of an undecided transaction waits until its deadline; after it, the transaction is
-///   decided (committed if every participant is in place, else fenced and aborted).
+/// - A hold of an undecided transaction waits until its deadline (passed on `hello`'s clock or on
+///   the records' own, whichever gets there first); after it, the transaction is decided
+///   (committed if every participant is in place, else fenced and aborted).
 /// - A hold of a committed transaction is finished, one of an aborted transaction undone.
 /// - A hold whose record is absent may belong to a transaction whose record is still on its way
 ///   (the record and the applies are sent together). It is waited on for [`ABSENT_GRACE`] of this
@@ -167,8 +168,13 @@ pub(crate) async fn settle_at(
     };
     match status {
         TxnStatus::Pending { deadline } => {
-            let Some(now) = expired(deadline).await? else {
-                return Ok((Settled::Live, false));
+            let now = match expired(deadline).await? {
+                Some(now) => now,
+                // The records' clock, which guards the abort, may be ahead of `hello`'s.
+                None => match records_clock(store, holder).await? {
+                    Some(now) if deadline <= now => now,
+                    _ => return Ok((Settled::Live, false)),
+                },
             };
             status = resolver.abort_expired(store, holder, now).await?;
         }
@@ -192,6 +198,13 @@ pub(crate) async fn settle_at(
             Ok((Settled::Freed, undone))
         }
     }
+}
+
+/// The time on the records' clock, read through the record of `holder` (`None`: it has none).
+async fn records_clock(store: &Store, holder: ObjectId) -> Result<Option<DateTime>, HoldError> {
+    record::clock(&record::records(store).await?, doc! { "_id": holder })
+        .await
+        .map_err(|e| HoldError::database("reading the records' clock", e))
 }
 
 /// The protocol's handle on `coll` and the document `id` as `holder` still holds it, if it does.
