@@ -7,17 +7,22 @@
 //! 2. Read the plain documents through one cursor, a batch at a time. Each is checked against the
 //!    schema as it will read (upgraded from the plain schema version: [`plain::refusal`]); a
 //!    refused one stays plain and is reported with its id, field and rule.
-//! 3. Stamp the rest with one `update` command per batch, a statement per document, each
-//!    conditional on the document being exactly as read ([`plain::unchanged`]) and setting only
-//!    `_schema` and `_version`. The server says how many matched; when some did not, the batch's
+//! 3. Stamp the rest with one `update` command per batch, a statement per document, each setting
+//!    only `_schema` and `_version`, and each conditional on the document not being stamped yet
+//!    and its content being one the schema accepts. Where the store installed the collection's
+//!    validator (or found it in place) and the stamp is at the current schema version, the server
+//!    checks the stamped document against the same schema on the write itself, so the statement
+//!    only asks that the document have no `_version` yet; elsewhere it asks that the document be
+//!    exactly as read and checked ([`plain::unchanged`]). The server says how many matched; when some did not, the batch's
 //!    documents are read again: those stamped meanwhile (by a lazy write, another adoption) are
 //!    counted as already stamped, those changed by another writer are checked and stamped one by
 //!    one, those deleted are left.
 //!
 //! # Why it is safe to repeat, interrupt and run beside anything
 //!
-//! - Every write matches only a plain document with the content that was checked, and adds only
-//!   system fields, so no other writer's change is lost and nothing the schema refuses is
+//! - Every write matches only a document not yet stamped, adds only system fields, and lands
+//!   only on content the schema accepts (checked by the server as it writes, or the very content
+//!   the client checked), so no other writer's change is lost and nothing the schema refuses is
 //!   stamped.
 //! - A stamped document is no longer plain: no run reads it again, so each document is stamped
 //!   once, whatever runs at once (two adoptions, lazy writes, transactions).
@@ -411,9 +416,27 @@ impl Adoption<'_> {
             fields::SCHEMA_VERSION: self.spec.plain_schema_version(),
             fields::VERSION: version,
         } };
+        // Where the server checks stamped documents against this schema on every write, a
+        // document another writer changed after the check is checked again by the stamp itself;
+        // elsewhere the stamp is conditional on the content checked.
+        let schema = self.spec.plain_schema_version();
+        let server_checks = schema == self.spec.schema_version()
+            && self.store.server_validates(self.name(), schema);
         let statements: Vec<Bson> = ready
             .iter()
-            .map(|doc| Bson::Document(doc! { "q": plain::unchanged(doc), "u": set.clone() }))
+            .map(|doc| {
+                let condition = if server_checks {
+                    // Not stamped yet: every write of mongotx sets `_version`, the first one
+                    // included (one condition on one field: each costs the server a match).
+                    doc! {
+                        "_id": doc.get("_id").cloned().unwrap_or(Bson::Null),
+                        fields::VERSION: { "$exists": false },
+                    }
+                } else {
+                    plain::unchanged(doc)
+                };
+                Bson::Document(doc! { "q": condition, "u": set.clone() })
+            })
             .collect();
         let reply = self
             .coll

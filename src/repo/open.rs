@@ -165,10 +165,12 @@ impl Store {
                 { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },
             ]
         };
-        if installed.as_ref() == Some(&validator) {
-            return Ok(());
+        if installed.as_ref() == Some(&validator)
+            || self.put_validator(spec.name(), validator).await?
+        {
+            self.validator_in_place(spec.name(), version);
         }
-        self.put_validator(spec.name(), validator).await
+        Ok(())
     }
 
     /// The validator `collection` has, if it has one.
@@ -230,18 +232,19 @@ impl Store {
     /// validator) but not change an existing one's (`collMod` needs `dbAdmin`): then the command
     /// is recorded for an administrator to run ([`Store::pending_validators`]), logged once, and
     /// the collection opens all the same, its documents checked on the client as everywhere.
+    /// Says whether the validator is in place.
     async fn put_validator(
         &self,
         collection: &str,
         validator: Document,
-    ) -> Result<(), mongodb::error::Error> {
+    ) -> Result<bool, mongodb::error::Error> {
         let create = doc! { "create": collection, "validator": validator.clone() };
         let command = match self.inner.db.run_command(create.clone()).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(true),
             Err(e) if codes::error_code(&e) == Some(NAMESPACE_EXISTS) => {
                 let change = doc! { "collMod": collection, "validator": validator };
                 match self.inner.db.run_command(change.clone()).await {
-                    Ok(_) => return Ok(()),
+                    Ok(_) => return Ok(true),
                     Err(e) if codes::error_code(&e) == Some(codes::UNAUTHORIZED) => change,
                     Err(e) => return Err(e),
                 }
@@ -250,7 +253,7 @@ impl Store {
             Err(e) => return Err(e),
         };
         self.validator_not_installed(collection, command);
-        Ok(())
+        Ok(false)
     }
 }
 

@@ -133,6 +133,9 @@ pub(crate) struct StoreInner {
     /// Validators this store could not install for lack of privileges, by collection: the
     /// command an administrator runs.
     pending_validators: Mutex<BTreeMap<String, Document>>,
+    /// The collections whose server validator this store installed or found in place, with the
+    /// schema version it checks in full.
+    validators: Mutex<HashMap<String, i64>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -248,6 +251,7 @@ impl StoreBuilder {
                 batch_writes: AtomicBool::new(self.batch_writes),
                 specs: Mutex::new(HashMap::new()),
                 pending_validators: Mutex::new(BTreeMap::new()),
+                validators: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -494,6 +498,27 @@ impl Store {
                  documents are checked on the client only until an administrator runs this command on the database"
             );
         }
+    }
+
+    /// Remembers that `collection`'s server validator, as this store installs it, is in place:
+    /// the server checks documents of schema version `version` against the schema on every write.
+    pub(crate) fn validator_in_place(&self, collection: &str, version: i64) {
+        self.inner
+            .validators
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(collection.to_string(), version);
+    }
+
+    /// Whether the server checks `collection`'s documents of schema version `version` against
+    /// this store's schema on every write (its validator was installed or found in place).
+    pub(crate) fn server_validates(&self, collection: &str, version: i64) -> bool {
+        self.inner
+            .validators
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(collection)
+            == Some(&version)
     }
 
     /// Remembers the definition of a collection this store works on.

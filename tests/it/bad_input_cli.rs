@@ -32,6 +32,7 @@ const GC: &str = env!("CARGO_BIN_EXE_mongotx-gc");
 const PROBE: &str = env!("CARGO_BIN_EXE_mongotx-probe");
 const BENCH: &str = env!("CARGO_BIN_EXE_mongotx-bench");
 const TORTURE: &str = env!("CARGO_BIN_EXE_mongotx-torture");
+const ADOPT: &str = env!("CARGO_BIN_EXE_mongotx-adopt");
 
 /// Nothing listens on port 1 of the loopback: a connection there is refused at once.
 const UNREACHABLE: &str = "mongodb://127.0.0.1:1";
@@ -295,6 +296,158 @@ async fn the_probe_refuses_bad_command_lines() {
         checked += assert_refused(c).await;
     }
     assert_eq!(checked, 8);
+}
+
+/// `mongotx-adopt`: missing and unknown flags, names MongoDB refuses, a batch size of 0, a schema
+/// file that is missing or not a usable schema (exit 2 before connecting), a connection string
+/// that does not parse and an unreachable server (exit 2).
+#[tokio::test]
+async fn the_adopt_command_refuses_bad_command_lines() {
+    const SCHEMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/accounts.json");
+    const NOT_A_SCHEMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let cases = [
+        case(ADOPT, &["--bogus"], "unexpected argument '--bogus'"),
+        case(
+            ADOPT,
+            &["--uri", UNREACHABLE, "--db", "d", "--schema", SCHEMA],
+            "the following required arguments were not provided",
+        ),
+        case(
+            ADOPT,
+            &[
+                "--uri",
+                UNREACHABLE,
+                "--db",
+                "a.b",
+                "--collection",
+                "c",
+                "--schema",
+                SCHEMA,
+            ],
+            "cannot contain '.'",
+        ),
+        case(
+            ADOPT,
+            &[
+                "--uri",
+                UNREACHABLE,
+                "--db",
+                "d",
+                "--collection",
+                "system.x",
+                "--schema",
+                SCHEMA,
+            ],
+            "the system. prefix is reserved",
+        ),
+        case(
+            ADOPT,
+            &[
+                "--uri",
+                UNREACHABLE,
+                "--db",
+                "d",
+                "--collection",
+                "c",
+                "--schema",
+                SCHEMA,
+                "--batch-size",
+                "0",
+            ],
+            "0 is not in 1..=100000",
+        ),
+        case(
+            ADOPT,
+            &[
+                "--uri",
+                UNREACHABLE,
+                "--db",
+                "d",
+                "--collection",
+                "c",
+                "--schema",
+                SCHEMA,
+                "--schema-version",
+                "0",
+            ],
+            "0 is not in 1..",
+        ),
+        Case {
+            code: Some(2),
+            ..case(
+                ADOPT,
+                &[
+                    "--uri",
+                    UNREACHABLE,
+                    "--db",
+                    "d",
+                    "--collection",
+                    "c",
+                    "--schema",
+                    "/nonexistent.json",
+                ],
+                "cannot read --schema /nonexistent.json",
+            )
+        },
+        Case {
+            code: Some(2),
+            ..case(
+                ADOPT,
+                &[
+                    "--uri",
+                    UNREACHABLE,
+                    "--db",
+                    "d",
+                    "--collection",
+                    "c",
+                    "--schema",
+                    NOT_A_SCHEMA,
+                ],
+                "schema is not a JSON object",
+            )
+        },
+        Case {
+            code: Some(2),
+            ..case(
+                ADOPT,
+                &[
+                    "--uri",
+                    "notauri",
+                    "--db",
+                    "d",
+                    "--collection",
+                    "c",
+                    "--schema",
+                    SCHEMA,
+                ],
+                "bad --uri",
+            )
+        },
+        Case {
+            code: Some(2),
+            ..case(
+                ADOPT,
+                &[
+                    "--uri",
+                    UNREACHABLE,
+                    "--db",
+                    "d",
+                    "--collection",
+                    "c",
+                    "--schema",
+                    SCHEMA,
+                    "--connect-timeout",
+                    "300ms",
+                ],
+                "cannot reach the server at 127.0.0.1:1",
+            )
+        },
+    ];
+    let mut checked = 0;
+    for c in cases {
+        checked += assert_refused(c).await;
+    }
+    assert_eq!(checked, 10);
 }
 
 /// The demo example's executable, which `cargo test` builds with the examples:

@@ -1,12 +1,13 @@
 //! Adopting existing data: an explicit adoption of a whole collection against the raw
-//! `updateMany` that sets the same two fields on every document (no checks, no conditions), and a
+//! `updateMany` that sets the same two fields on every document of a collection opened the same
+//! way (the same sparse indexes and server validator; no client checks, no conditions), and a
 //! `get` of a plain document against one of a stamped document, in one run.
 
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use mongodb::Database;
-use mongotx::{fields, AdoptOptions, CollectionSpec, Store};
+use mongotx::{fields, AdoptOptions, CollectionSpec, ServerValidation, Store};
 
 use crate::{micros, stats, Account};
 
@@ -47,12 +48,16 @@ async fn unstamp(db: &Database, coll: &str) -> BenchResult {
     Ok(())
 }
 
-pub(crate) async fn rows(db: &Database, n: usize, docs: usize) -> BenchResult {
-    let store = Store::new(db.clone());
-    seed(db, "adopt_mongotx", docs).await?;
-    seed(db, "adopt_raw", docs).await?;
-    let repo = store.repository::<Document>(spec("adopt_mongotx")?).await?;
-    let raw = db.collection::<Document>("adopt_raw");
+async fn adoption_row(db: &Database, store: &Store, setup: &str, docs: usize) -> BenchResult {
+    let tag = setup.replace(' ', "_");
+    let (ours_name, raw_name) = (format!("adopt_{tag}"), format!("raw_{tag}"));
+    seed(db, &ours_name, docs).await?;
+    seed(db, &raw_name, docs).await?;
+    let repo = store.repository::<Document>(spec(&ours_name)?).await?;
+    // The baseline's collection is opened too, so that it has the same indexes and validator: the
+    // server checks a stamped document against the schema whoever stamps it.
+    store.repository::<Document>(spec(&raw_name)?).await?;
+    let raw = db.collection::<Document>(&raw_name);
     let (mut ours, mut base) = (Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         for turn in [round % 2 == 0, round % 2 == 1] {
@@ -63,7 +68,7 @@ pub(crate) async fn rows(db: &Database, n: usize, docs: usize) -> BenchResult {
                 if report.stamped != docs as u64 {
                     return Err(format!("adoption stamped {} of {docs}", report.stamped).into());
                 }
-                unstamp(db, "adopt_mongotx").await?;
+                unstamp(db, &ours_name).await?;
             } else {
                 let t = Instant::now();
                 let result = raw
@@ -76,7 +81,7 @@ pub(crate) async fn rows(db: &Database, n: usize, docs: usize) -> BenchResult {
                 if result.modified_count != docs as u64 {
                     return Err("the raw updateMany missed documents".into());
                 }
-                unstamp(db, "adopt_raw").await?;
+                unstamp(db, &raw_name).await?;
             }
         }
     }
@@ -86,7 +91,9 @@ pub(crate) async fn rows(db: &Database, n: usize, docs: usize) -> BenchResult {
     };
     let (ours, base) = (median(ours), median(base));
     let rate = |d: Duration| docs as f64 / d.as_secs_f64();
-    println!("\nexplicit adoption of {docs} plain documents (median of {ROUNDS} runs each):");
+    println!(
+        "\nexplicit adoption of {docs} plain documents, server validator {setup} (median of {ROUNDS} runs each):"
+    );
     println!(
         "  {:<44} {:>9.2} s {:>10.0} documents/s",
         "raw updateMany setting _schema and _version",
@@ -103,6 +110,19 @@ pub(crate) async fn rows(db: &Database, n: usize, docs: usize) -> BenchResult {
         "  ratio adopt / updateMany: {:.2}x",
         ours.as_secs_f64() / base.as_secs_f64()
     );
+
+    Ok(())
+}
+
+pub(crate) async fn rows(db: &Database, n: usize, docs: usize) -> BenchResult {
+    let store = Store::new(db.clone());
+    adoption_row(db, &store, "validated", docs).await?;
+    // Without the server's validator (a server that lacks validators, or an account that may not
+    // install one), each stamp is conditional on the whole content the client checked.
+    let unvalidated = Store::builder(db.clone())
+        .server_validation(ServerValidation::Never)
+        .build();
+    adoption_row(db, &unvalidated, "not validated", docs).await?;
 
     // get of a plain document against a stamped one of the same content, interleaved.
     let accounts = store.repository::<Account>(spec("lazy")?).await?;
