@@ -449,3 +449,122 @@ async fn filters_that_would_run_javascript_are_refused() {
         }
     }
 }
+
+/// Plain documents of an older shape (declared with `plain_documents`) read upgraded, are written
+/// in the current shape by their first write (in a transaction too, whose rollback puts back the
+/// old shape, stamped), and explicit adoption stamps them in their own shape.
+#[tokio::test]
+async fn plain_documents_of_an_older_shape_are_carried_forward_by_the_upgrade_steps() {
+    let t = TestDb::new().await;
+    let raw = t.db.collection::<Document>("profiles");
+    raw.insert_many([
+        doc! { "_id": "ada", "name": "Ada Lovelace" },
+        doc! { "_id": "alan", "name": "Alan Turing" },
+        doc! { "_id": "grace", "name": "Grace Hopper" },
+        doc! { "_id": "broken", "name": 42 },
+    ])
+    .await
+    .unwrap();
+    let profiles = t
+        .store
+        .repository::<common::Profile>(common::profiles_spec().plain_documents(1))
+        .await
+        .unwrap();
+    let ada = profiles.get("ada").await.unwrap();
+    assert!(ada.is_plain());
+    assert_eq!(ada.stored_schema_version, 1);
+    assert_eq!(
+        (ada.given_name.as_str(), ada.family_name.as_str()),
+        ("Ada", "Lovelace")
+    );
+    let err = profiles.get("broken").await.unwrap_err();
+    assert!(
+        matches!(&err, RepoError::Upgrade { id, .. } if id.contains("broken")),
+        "{err:?}"
+    );
+
+    // A lazy write stores the upgraded, changed document.
+    profiles
+        .update(
+            "ada",
+            ada.version,
+            &Update::new().set("email", "ada@example.org"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        raw.find_one(doc! { "_id": "ada" }).await.unwrap().unwrap(),
+        doc! { "_id": "ada", "given_name": "Ada", "family_name": "Lovelace", "email": "ada@example.org", "_schema": 2_i64, "_version": 1_i64 }
+    );
+
+    // A transaction that fails after stamping: the rollback puts back the old shape, stamped.
+    let alan = profiles.get("alan").await.unwrap();
+    let tx = Transactions::new(&t.store).begin();
+    tx.update(
+        &profiles,
+        "alan",
+        alan.version,
+        &Update::new().set("email", "alan@example.org"),
+    )
+    .await
+    .unwrap();
+    tx.insert(
+        &profiles,
+        &common::Profile {
+            id: "grace".into(),
+            given_name: "G".into(),
+            family_name: "H".into(),
+            email: None,
+        },
+    )
+    .await
+    .unwrap();
+    let err = tx.commit().await.unwrap_err();
+    assert!(
+        matches!(&err, TxnError::Document { source, .. } if matches!(**source, RepoError::DuplicateId { .. })),
+        "{err:?}"
+    );
+    common::assert_settled(&t, &["profiles"], "rolled back rewrite").await;
+    assert_eq!(
+        raw.find_one(doc! { "_id": "alan" }).await.unwrap().unwrap(),
+        doc! { "_id": "alan", "name": "Alan Turing", "_schema": 1_i64, "_version": 1_i64 }
+    );
+    // Committed: the rewrite lands in the current shape.
+    Transactions::new(&t.store)
+        .run(|tx| {
+            let profiles = profiles.clone();
+            async move {
+                let alan = profiles.get("alan").await?;
+                tx.update(
+                    &profiles,
+                    "alan",
+                    alan.version,
+                    &Update::new().set("email", "alan@example.org"),
+                )
+                .await
+            }
+        })
+        .await
+        .unwrap();
+    let stored = common::raw_snapshot_when_free(&t.db, "profiles").await;
+    let alan = stored
+        .iter()
+        .find(|d| d.get_str("_id") == Ok("alan"))
+        .unwrap();
+    assert_eq!(alan.get_str("given_name"), Ok("Alan"));
+    assert_eq!(alan.get_i64("_schema"), Ok(2));
+    assert_eq!(alan.get_i64("_version"), Ok(2));
+
+    // Explicit adoption stamps the rest in their own shape, and refuses the one no step takes.
+    let report = profiles.adopt(mongotx::AdoptOptions::new()).await.unwrap();
+    assert_eq!((report.stamped, report.refused), (1, 1), "{report:?}");
+    assert_eq!(report.refusals[0].field, "_schema");
+    assert_eq!(
+        raw.find_one(doc! { "_id": "grace" })
+            .await
+            .unwrap()
+            .unwrap(),
+        doc! { "_id": "grace", "name": "Grace Hopper", "_schema": 1_i64, "_version": 1_i64 }
+    );
+    assert_eq!(profiles.get("grace").await.unwrap().given_name, "Grace");
+}
