@@ -1687,3 +1687,78 @@ async fn stored_dollar_strings_stay_values_through_replace_root() {
     expected.insert("n", 1);
     assert_eq!(all(&coll).await, vec![expected]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A document equal to its own literal (the condition of a plain document's first write)
+// ---------------------------------------------------------------------------------------------
+
+/// mongotx writes a plain document (one without system fields) only while it is exactly what was
+/// read: `{_id, $expr: {$eq: ["$$ROOT", {$literal: <document read>}]}}` (docs/adoption.md).
+///
+/// - `$literal` returns its value without parsing it, so `$`-prefixed strings in a stored
+///   document stay strings (https://www.mongodb.com/docs/manual/reference/operator/aggregation/literal/).
+/// - Documents compare field by field, in order, by name and then value; numbers compare by value
+///   across types; NaN equals NaN (https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/).
+///   So the stored document equals the literal of itself, whatever types it holds, and a changed
+///   value, a field added or removed, or the same fields in another order do not; an int replaced
+///   by the long of the same value still does (the fingerprint read before the write tells them
+///   apart: docs/adoption.md).
+#[tokio::test]
+async fn a_document_equals_its_own_literal_and_nothing_else() {
+    let t = TestDb::new().await;
+    let coll = t.db.collection::<Document>("literal");
+    let mut infinity = [0_u8; 16];
+    infinity[15] = 0x78;
+    let stored = doc! {
+        "_id": 1,
+        "n": 7,
+        "path": "$notapath",
+        "nested": { "x": [1, { "y": "$$ROOT" }], "nan": f64::NAN, "zero": -0.0 },
+        "dec": Bson::Decimal128(bson::Decimal128::from_bytes(infinity)),
+        "when": DateTime::from_millis(1_000),
+        "re": Bson::RegularExpression(bson::Regex { pattern: "a.*".into(), options: "i".into() }),
+        "min": Bson::MinKey,
+        "nothing": Bson::Null,
+    };
+    coll.insert_one(stored.clone()).await.unwrap();
+    let read = coll.find_one(doc! { "_id": 1 }).await.unwrap().unwrap();
+    let matches = |literal: Document| {
+        let coll = coll.clone();
+        async move {
+            coll.count_documents(
+                doc! { "_id": 1, "$expr": { "$eq": ["$$ROOT", { "$literal": literal }] } },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(
+        matches(read.clone()).await,
+        1,
+        "a document equals its own literal"
+    );
+    let mut changed = read.clone();
+    changed.insert("n", 8);
+    assert_eq!(matches(changed).await, 0, "a changed value");
+    let mut added = read.clone();
+    added.insert("extra", 1);
+    assert_eq!(matches(added).await, 0, "a field added");
+    let mut removed = read.clone();
+    removed.remove("nothing");
+    assert_eq!(matches(removed).await, 0, "a field removed");
+    let mut fields: Vec<(String, Bson)> = read.clone().into_iter().collect();
+    fields.reverse();
+    let reordered: Document = fields.into_iter().collect();
+    assert_eq!(
+        matches(reordered).await,
+        0,
+        "the same fields in another order"
+    );
+    let mut widened = read.clone();
+    widened.insert("n", 7_i64);
+    assert_eq!(
+        matches(widened).await,
+        1,
+        "numbers compare by value across types"
+    );
+}

@@ -308,15 +308,21 @@ public class ValueComparator implements Comparator<Object> {
         return finite.get();
     }
 
+    /**
+     * The combination field of a decimal128 (the five bits after the sign): 0b11110 is an infinity
+     * and 0b11111 a NaN whatever the other bits hold (IEEE 754-2008, as MongoDB reads it), so an
+     * infinity or NaN with a payload is one too, not only the canonical constants.
+     */
+    private static int combination(Decimal128 d) {
+        return (int) ((d.getHigh() >>> 58) & 0x1F);
+    }
+
     private static int infinity(Number n) {
         if (n instanceof Decimal128 d) {
-            if (d.equals(Decimal128.POSITIVE_INFINITY)) {
-                return 1;
+            if (combination(d) != 0x1E) {
+                return 0;
             }
-            if (d.equals(Decimal128.NEGATIVE_INFINITY)) {
-                return -1;
-            }
-            return 0;
+            return d.getHigh() < 0 ? -1 : 1;
         }
         if (n instanceof Double || n instanceof Float) {
             double v = n.doubleValue();
@@ -339,7 +345,7 @@ public class ValueComparator implements Comparator<Object> {
         if (n instanceof Double || n instanceof Float) {
             return Double.isNaN(n.doubleValue());
         }
-        return n instanceof Decimal128 d && d.equals(Decimal128.NaN);
+        return n instanceof Decimal128 d && combination(d) == 0x1F;
     }
 
     private static boolean integral(Number n) {
