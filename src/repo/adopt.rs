@@ -302,14 +302,18 @@ impl Adoption<'_> {
             })
             .await
             .map_err(fail("count stamped documents"))?;
+        // Where the server checks each stamp against the schema itself, the documents need not
+        // come to the client: their ids do. (A dry run writes nothing, so it checks them here.)
+        let server_checks = !options.dry_run && self.server_checks();
         // Raw documents: their size is known without encoding them again.
-        let mut cursor = self
-            .coll
-            .clone_with_type::<RawDocumentBuf>()
+        let raw = self.coll.clone_with_type::<RawDocumentBuf>();
+        let mut find = raw
             .find(plain::plain_filter())
-            .batch_size(options.batch_size)
-            .await
-            .map_err(fail("read plain documents"))?;
+            .batch_size(options.batch_size);
+        if server_checks {
+            find = find.projection(doc! { "_id": 1 });
+        }
+        let mut cursor = find.await.map_err(fail("read plain documents"))?;
         let limit = usize::try_from(options.batch_size).unwrap_or(usize::MAX);
         let mut pending: Option<Vec<Document>> = None;
         loop {
@@ -331,7 +335,12 @@ impl Adoption<'_> {
             if batch.is_empty() {
                 break;
             }
-            let ready = self.check(batch, &options, &mut report);
+            let ready = if server_checks {
+                report.examined += batch.len() as u64;
+                batch
+            } else {
+                self.check(batch, &options, &mut report)
+            };
             if options.dry_run || ready.is_empty() {
                 if options.dry_run {
                     report.stamped += ready.len() as u64;
@@ -352,6 +361,26 @@ impl Adoption<'_> {
             "adoption run ended"
         );
         Ok(report)
+    }
+
+    /// Whether the server checks a stamp against the schema as it writes it: the store installed
+    /// the collection's validator (or found it in place) and the stamp is at the current schema
+    /// version, which the validator's `$jsonSchema` clause covers.
+    fn server_checks(&self) -> bool {
+        let schema = self.spec.plain_schema_version();
+        schema == self.spec.schema_version() && self.store.server_validates(self.name(), schema)
+    }
+
+    /// Why the client's schema refuses plain document `id` as it is now, if it does.
+    async fn explain(&self, id: &Bson) -> Result<Option<(String, String)>, RepoError> {
+        let now = self
+            .coll
+            .find_one(doc! { "_id": id.clone() })
+            .await
+            .map_err(|e| self.db_error("read a refused document", e))?;
+        Ok(now
+            .and_then(|doc| plain::refusal(self.spec, &doc).err())
+            .map(|v| (v.field, v.reason)))
     }
 
     /// The next batch of plain documents from `cursor`: up to `limit` of them, or
@@ -416,12 +445,10 @@ impl Adoption<'_> {
             fields::SCHEMA_VERSION: self.spec.plain_schema_version(),
             fields::VERSION: version,
         } };
-        // Where the server checks stamped documents against this schema on every write, a
-        // document another writer changed after the check is checked again by the stamp itself;
-        // elsewhere the stamp is conditional on the content checked.
-        let schema = self.spec.plain_schema_version();
-        let server_checks = schema == self.spec.schema_version()
-            && self.store.server_validates(self.name(), schema);
+        // Where the server checks stamped documents against this schema on every write, the
+        // stamp is checked by the write itself; elsewhere it is conditional on the content the
+        // client checked.
+        let server_checks = self.server_checks();
         let statements: Vec<Bson> = ready
             .iter()
             .map(|doc| {
@@ -469,13 +496,19 @@ impl Adoption<'_> {
             let Some(doc) = index.and_then(|i| ready.get(i)) else {
                 continue;
             };
-            let (field, rule) = codes::validation_failure_in(error).unwrap_or_else(|| {
+            let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+            let (field, rule) = match codes::validation_failure_in(error) {
+                // A server before 5.0 does not say why: the client's check of the document does.
+                Some((field, _)) if field == "(document)" => self.explain(&id).await?,
+                Some(explained) => Some(explained),
+                None => None,
+            }
+            .unwrap_or_else(|| {
                 (
                     "(document)".to_string(),
                     error.get_str("errmsg").unwrap_or("refused").to_string(),
                 )
             });
-            let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
             outcome.refused.push((id, field, rule));
             refused_at.extend(index);
         }

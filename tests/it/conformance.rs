@@ -1042,7 +1042,9 @@ async fn an_upsert_on_a_null_id_stores_a_null_id() {
 
 /// https://www.mongodb.com/docs/manual/reference/command/update/#output : an error in one
 /// statement is that statement's write error (`writeErrors[].index`); an unordered command goes on
-/// with the next statements, an ordered one stops.
+/// with the next statements, an ordered one stops. `n` and `nModified` count the documents of the
+/// statements that succeeded: a failed statement's result is its write error (explicit adoption
+/// counts its stamps by `n`, docs/adoption.md).
 #[tokio::test]
 async fn each_statement_of_an_unordered_update_fails_on_its_own() {
     let t = TestDb::new().await;
@@ -1069,11 +1071,21 @@ async fn each_statement_of_an_unordered_update_fails_on_its_own() {
         0,
         "ordered stops at the first error: {reply}"
     );
+    assert_eq!(
+        int(&reply, "n"),
+        0,
+        "a failed statement counts in no total: {reply}"
+    );
     let reply = command(&t.db, statements(false)).await;
     let errors = write_errors(&reply);
     assert_eq!(errors.len(), 1, "{reply}");
     assert_eq!(int(&errors[0], "index"), 0);
     assert_eq!(int(&reply, "nModified"), 1, "{reply}");
+    assert_eq!(
+        int(&reply, "n"),
+        1,
+        "only the statement that succeeded: {reply}"
+    );
     assert_eq!(
         all(&coll).await,
         vec![doc! { "_id": 1, "n": 1 }, doc! { "_id": 2, "n": 12 }]

@@ -131,14 +131,15 @@ final class Writes {
                 if (outcome.didUpsert) {
                     upserted.add(new Document("index", i).append("_id", outcome.upserted));
                 }
+                // A statement that failed counts in neither total, as in MongoDB: its result is
+                // its write error (the documents it matched before failing are not reported).
+                matched += outcome.matched;
+                modified += outcome.modified;
             } catch (MongoServerException | ClassCastException | IllegalArgumentException e) {
                 errors.add(writeError(i, e, collection, outcome.newDocument));
                 if (ordered) {
                     break;
                 }
-            } finally {
-                matched += outcome.matched;
-                modified += outcome.modified;
             }
         }
         Document reply = new Document("n", matched + upserted.size()).append("nModified", modified);
