@@ -145,6 +145,15 @@ fn print_report(args: &Args, report: &AdoptReport) {
             report.refused - report.refusals.len() as u64
         );
     }
+    if report.unreadable > 0 {
+        println!(
+            "  not plain, not readable (a field named like a system field; rename it first): {}",
+            report.unreadable
+        );
+        for id in &report.unreadable_ids {
+            println!("    {id}");
+        }
+    }
     if report.vanished > 0 {
         println!("  deleted by another writer meanwhile: {}", report.vanished);
     }

@@ -156,6 +156,13 @@ pub struct AdoptReport {
     pub refusals: Vec<AdoptRefusal>,
     /// Plain documents deleted by another writer between the run's read and its write.
     pub vanished: u64,
+    /// Documents that are neither plain nor readable stamped documents: they carry a field
+    /// named like a system field (`_version`, `_deleted`...) that is not mongotx's stamp (the
+    /// service's own soft-delete flag, say). mongotx cannot read them; adoption leaves them, and
+    /// the service must rename such fields first (docs/adoption.md).
+    pub unreadable: u64,
+    /// The ids of the first unreadable documents (as many as refusals are listed).
+    pub unreadable_ids: Vec<String>,
 }
 
 impl AdoptReport {
@@ -240,6 +247,31 @@ impl Store {
     }
 }
 
+/// The documents that carry a system field but no stamp mongotx can read (the rules of
+/// `fields::SystemFields::read`, as a query).
+fn unreadable_filter() -> Document {
+    let any_system_field: Vec<Bson> = fields::RESERVED
+        .iter()
+        .map(|name| Bson::Document(doc! { *name: { "$exists": true } }))
+        .collect();
+    let mistyped = |name: &str, types: &[&str]| {
+        let types: Vec<Bson> = types.iter().map(|t| Bson::from(*t)).collect();
+        Bson::Document(doc! { name: { "$exists": true, "$not": { "$type": types } } })
+    };
+    doc! { "$and": [
+        { "$or": any_system_field },
+        { "$or": [
+            { fields::SCHEMA_VERSION: { "$exists": false } },
+            { fields::VERSION: { "$exists": false } },
+            mistyped(fields::SCHEMA_VERSION, &["int", "long"]),
+            mistyped(fields::VERSION, &["int", "long"]),
+            mistyped(fields::ACTIVE_TXN, &["objectId", "null"]),
+            mistyped(fields::DELETED, &["date", "null"]),
+            mistyped(fields::DELETING, &["bool", "null"]),
+        ] },
+    ] }
+}
+
 /// What stamping one batch came to.
 #[derive(Default)]
 struct Stamped {
@@ -302,6 +334,21 @@ impl Adoption<'_> {
             })
             .await
             .map_err(fail("count stamped documents"))?;
+        let unreadable: Vec<Document> = self
+            .coll
+            .find(unreadable_filter())
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(fail("look for unreadable documents"))?
+            .try_collect()
+            .await
+            .map_err(fail("look for unreadable documents"))?;
+        report.unreadable = unreadable.len() as u64;
+        report.unreadable_ids = unreadable
+            .iter()
+            .take(options.listed_refusals)
+            .map(|d| show_id(d.get("_id").unwrap_or(&Bson::Null)))
+            .collect();
         // Where the server checks each stamp against the schema itself, the documents need not
         // come to the client: their ids do. (A dry run writes nothing, so it checks them here.)
         let server_checks = !options.dry_run && self.server_checks();

@@ -317,6 +317,17 @@ where
                     .await
             }
             Some(doc) => {
+                // The document goes back whole: a field name mongotx could not address (one the
+                // raw driver stored) would not survive the round trip as written.
+                if let Some((field, reason)) = fields::bad_name_in(&doc) {
+                    return Err(self.invalid(
+                        shown,
+                        crate::repo::schema::Violation {
+                            field,
+                            reason: reason.to_string(),
+                        },
+                    ));
+                }
                 self.validate(shown, &doc)?;
                 self.coll
                     .replace_one(filter, doc)

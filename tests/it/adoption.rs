@@ -568,3 +568,30 @@ async fn plain_documents_of_an_older_shape_are_carried_forward_by_the_upgrade_st
     );
     assert_eq!(profiles.get("grace").await.unwrap().given_name, "Grace");
 }
+
+/// A plain document with a field name mongotx cannot address reads as stored; its first write,
+/// which would send it back whole, is refused naming the field, and nothing changes.
+#[tokio::test]
+async fn a_plain_document_with_a_dotted_field_name_reads_but_its_first_write_is_refused() {
+    let t = TestDb::new().await;
+    let repo = t
+        .store
+        .repository::<Document>(common::accounts_spec())
+        .await
+        .unwrap();
+    let raw = t.db.collection::<Document>("accounts");
+    let stored = doc! { "_id": "dotted", "owner": "o", "balance": 1_i64, "odd.name": 1 };
+    // MongoDB stores dotted field names since 3.6 (the manual's "Field Names" section).
+    raw.insert_one(stored.clone()).await.unwrap();
+    let read = repo.get("dotted").await.unwrap();
+    assert_eq!(read.value, stored);
+    let err = repo
+        .update("dotted", read.version, &Update::new().set("owner", "p"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, RepoError::Invalid { field, .. } if field == "odd.name"),
+        "{err:?}"
+    );
+    assert_eq!(raw_snapshot(&t.db, "accounts").await, vec![stored]);
+}

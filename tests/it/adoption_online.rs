@@ -611,3 +611,47 @@ async fn an_adoption_is_undone_by_the_documented_commands() {
     let indexes = coll.list_index_names().await.unwrap();
     assert_eq!(indexes, vec!["_id_".to_string()]);
 }
+
+/// A service's own fields named like system fields (a `_deleted` soft-delete flag, an app-level
+/// `_version` counter) make documents neither plain nor readable: adoption counts and names them
+/// and leaves them as they are; stamped documents, tombstones and held ones are not among them.
+#[tokio::test]
+async fn documents_with_the_services_own_system_field_names_are_reported_unreadable() {
+    let t = TestDb::new().await;
+    seed(&t, 5).await;
+    let accounts = common::open_accounts(&t.store).await;
+    let raw = t.db.collection::<Document>("accounts");
+    raw.insert_many([
+        doc! { "_id": "soft-deleted", "owner": "o", "balance": 1_i64, "_deleted": true },
+        doc! { "_id": "app-versioned", "owner": "o", "balance": 1_i64, "_version": 3_i64 },
+    ])
+    .bypass_document_validation(true)
+    .await
+    .unwrap();
+    accounts
+        .insert(&crate::common::Account::new("stamped", "o", 1))
+        .await
+        .unwrap();
+    accounts.delete("stamped", 1).await.unwrap();
+    accounts
+        .insert(&crate::common::Account::new("live", "o", 1))
+        .await
+        .unwrap();
+    let before = raw_snapshot(&t.db, "accounts").await;
+    let dry = accounts
+        .adopt(AdoptOptions::new().dry_run(true))
+        .await
+        .unwrap();
+    assert_eq!(dry.unreadable, 2, "{dry:?}");
+    let mut ids = dry.unreadable_ids.clone();
+    ids.sort();
+    assert_eq!(ids, vec!["\"app-versioned\"", "\"soft-deleted\""]);
+    assert_eq!(raw_snapshot(&t.db, "accounts").await, before);
+    let report = accounts.adopt(AdoptOptions::new()).await.unwrap();
+    assert_eq!((report.unreadable, report.stamped), (2, 5));
+    for id in ["soft-deleted", "app-versioned"] {
+        let now = raw.find_one(doc! { "_id": id }).await.unwrap().unwrap();
+        let was = before.iter().find(|d| d.get_str("_id") == Ok(id)).unwrap();
+        assert_eq!(&now, was, "{id} was changed");
+    }
+}
