@@ -1,9 +1,9 @@
-//! The server probe (`mongotx::probe`): checks, with concurrent callers, the single-document
-//! guarantees mongotx is built on (a duplicate `_id` refused, compare-and-set increments that
-//! lose nothing, find-and-modify calls that each get their own post-image) and reports what the
-//! server offers: its version and topology, `$jsonSchema` validation, `bulkWrite`, and which of
-//! the behaviours mongotx relies on hold. The `mongotx-probe` binary runs the same checks with
-//! more options.
+//! The server's verdict (`mongotx::verdict`): every behaviour mongotx relies on, each judged on
+//! its own against the server, with concurrent callers for the single-document guarantees (a
+//! duplicate `_id` refused, compare-and-set increments that lose nothing, find-and-modify calls
+//! that each get their own post-image); for an optional behaviour the server lacks, the fallback
+//! mongotx takes. `mongotx::probe` refuses a server lacking a needed one; the `mongotx-probe`
+//! binary prints the whole table.
 //!
 //! ```sh
 //! cargo run --example probe                                       # the local test server
@@ -19,52 +19,34 @@ async fn main() {
     common::main("probe", |example| async move { run(example.db()).await }).await;
 }
 
-/// Probes the server of `db` (it works in collections of its own there and removes them).
+/// Judges the server of `db` (it works in collections of its own there and removes them).
 pub async fn run(db: &mongodb::Database) -> TourResult {
-    let caps = mongotx::probe(db).await?;
-    step("Server probe");
+    let verdict = mongotx::verdict(db, mongotx::DEFAULT_CONTENTION_TASKS).await?;
+    step("Server verdict");
     println!(
-        "  duplicate _id rejected, {} concurrent compare-and-set increments lost nothing ({} retries), \
-         {} concurrent find-and-modify calls each got their own post-image",
-        caps.contention_tasks, caps.contention_retries, caps.contention_tasks
+        "  server version {}, topology {}; {} concurrent callers in each atomicity check \
+         ({} lost compare-and-set races retried)",
+        verdict.version.as_deref().unwrap_or("unknown"),
+        verdict.topology,
+        verdict.contention_tasks,
+        verdict.contention_retries
     );
-    println!(
-        "  server version {}, topology {}, server-side $jsonSchema validation: {}",
-        caps.version.as_deref().unwrap_or("unknown"),
-        caps.topology,
-        if caps.json_schema_validation {
-            "enforced"
-        } else {
-            "not enforced (validated on the client)"
+    for semantic in &verdict.behaviours {
+        println!(
+            "  {:<27} {:<6} {}",
+            semantic.name,
+            semantic.status,
+            if semantic.needed { "needed" } else { "" }
+        );
+        if let (Some(fallback), false) = (semantic.fallback, semantic.holds()) {
+            println!("      without it: {fallback}");
         }
-    );
-    println!(
-        "  bulkWrite (MongoDB 8.0+): {}",
-        if caps.bulk_write {
-            "yes: the writes of a commit round go in one message"
-        } else {
-            "no: the writes of a commit round go as one command each, all at once"
-        }
-    );
-    let needed = caps.semantics.iter().filter(|s| s.needed).count();
-    let held = caps.semantics.iter().filter(|s| s.held).count();
-    let missing: Vec<&str> = caps
-        .semantics
-        .iter()
-        .filter(|s| !s.held)
-        .map(|s| s.name)
-        .collect();
-    println!(
-        "  behaviours mongotx relies on: {held} of {} held, all {needed} it cannot do without among them; not held: {}",
-        caps.semantics.len(),
-        if missing.is_empty() {
-            "none".to_string()
-        } else {
-            missing.join(", ")
-        }
-    );
+    }
+    if let Some(refused) = verdict.refusal() {
+        println!("  refused: {refused}");
+    }
     expect(
-        caps.semantics.iter().all(|s| s.held || !s.needed),
+        verdict.suitable(),
         "every behaviour mongotx cannot do without to hold",
     )
 }

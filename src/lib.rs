@@ -113,10 +113,10 @@ pub use runner::{GcPass, GcRunner};
 pub use server::clock::{ClockError, Durability, ServerClock, Topology};
 #[doc(inline)]
 pub use server::probe::{
-    probe, probe_with, ProbeError, ServerCapabilities, DEFAULT_CONTENTION_TASKS,
+    probe, probe_with, verdict, ProbeError, ServerCapabilities, Verdict, DEFAULT_CONTENTION_TASKS,
 };
 #[doc(inline)]
-pub use server::semantics::Semantic;
+pub use server::semantics::{Semantic, Status};
 #[doc(inline)]
 pub use txn::error::TxnError;
 #[doc(inline)]

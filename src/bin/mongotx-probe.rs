@@ -1,6 +1,9 @@
-//! Checks whether a server offers the guarantees mongotx needs, and prints what it found. Without
-//! `--uri` (and `MONGODB_URI`) it probes the local test server, which it starts itself
-//! (`MONGOTX_TEST_SERVER_ARGS=--no-bulk-write` plays MongoDB 4.4).
+//! Judges a server on every behaviour mongotx relies on and prints the verdict: one row per
+//! behaviour (holds, lacks, n/a, with the evidence, and for an optional one lacking the fallback
+//! mongotx takes), then whether mongotx can run on it. Exits 1 when a needed behaviour is lacking
+//! (each printed with the sentence a `Store` refuses the server with), 2 when the server could
+//! not be asked. Without `--uri` (and `MONGODB_URI`) it probes the local test server, which it
+//! starts itself (`MONGOTX_TEST_SERVER_ARGS=--no-bulk-write` plays MongoDB 4.4).
 
 #[path = "shared/cli.rs"]
 mod cli;
@@ -72,55 +75,82 @@ async fn main() {
     };
     // Bounded by the parser, so it fits.
     let tasks = usize::try_from(args.tasks).unwrap_or(mongotx::DEFAULT_CONTENTION_TASKS);
-    match mongotx::probe_with(&client.database(&args.db), tasks).await {
-        Ok(caps) => {
-            println!("server accepted");
-            println!(
-                "  version: {}",
-                caps.version.as_deref().unwrap_or("unknown")
-            );
-            println!("  duplicate _id rejected: yes");
-            println!(
-                "  conditional updates atomic: yes ({} tasks, {} lost races retried)",
-                caps.contention_tasks, caps.contention_retries
-            );
-            println!(
-                "  find-and-modify gives each caller its own post-image: yes ({} concurrent callers)",
-                caps.contention_tasks
-            );
-            println!("  server time (localTime in hello): yes");
-            println!("  topology: {}", caps.topology);
-            println!(
-                "  server-side $jsonSchema validation: {}",
-                if caps.json_schema_validation {
-                    "enforced"
-                } else {
-                    "not enforced"
-                }
-            );
-            println!(
-                "  bulkWrite (one message for a round of writes): {}",
-                if caps.bulk_write { "yes" } else { "no" }
-            );
-            println!("  behaviours mongotx relies on (needed ones refuse the server if missing):");
-            for semantic in &caps.semantics {
-                println!(
-                    "    {:<26} {:<5} {}{}{}",
-                    semantic.name,
-                    if semantic.held { "held" } else { "NOT" },
-                    if semantic.needed { "[needed] " } else { "" },
-                    semantic.what,
-                    if semantic.held {
-                        String::new()
-                    } else {
-                        format!(" -- {}", semantic.detail)
-                    }
-                );
+    match mongotx::verdict(&client.database(&args.db), tasks).await {
+        Ok(verdict) => {
+            print!("{}", report(&verdict));
+            if !verdict.suitable() {
+                std::process::exit(1);
             }
         }
         Err(e) => {
             eprintln!("mongotx-probe: {}", cli::one_line(&e.to_string()));
-            std::process::exit(1);
+            std::process::exit(2);
         }
     }
+}
+
+/// The verdict as a table: one row per behaviour, then the fallbacks taken and the decision.
+fn report(verdict: &mongotx::Verdict) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "server {} ({}); atomicity checked with {} concurrent callers, {} lost races retried",
+        verdict.version.as_deref().unwrap_or("of unknown version"),
+        verdict.topology,
+        verdict.contention_tasks,
+        verdict.contention_retries
+    );
+    let width = verdict
+        .behaviours
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(out, "{:<width$}  needed  verdict  evidence", "behaviour");
+    for semantic in &verdict.behaviours {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<6}  {:<7}  {}: {}",
+            semantic.name,
+            if semantic.needed { "yes" } else { "no" },
+            semantic.status,
+            semantic.what,
+            cli::one_line(&semantic.evidence)
+        );
+        if let (Some(fallback), false) = (semantic.fallback, semantic.holds()) {
+            let _ = writeln!(
+                out,
+                "{:<width$}                   without it: {fallback}",
+                ""
+            );
+        }
+    }
+    let refusals: Vec<String> = verdict
+        .behaviours
+        .iter()
+        .filter_map(|s| s.refusal())
+        .collect();
+    if refusals.is_empty() {
+        let fallbacks: Vec<&str> = verdict
+            .behaviours
+            .iter()
+            .filter(|s| s.fallback.is_some() && !s.holds())
+            .map(|s| s.name)
+            .collect();
+        let _ = writeln!(
+            out,
+            "verdict: suitable{}",
+            if fallbacks.is_empty() {
+                String::new()
+            } else {
+                format!(" (without {})", fallbacks.join(", "))
+            }
+        );
+    } else {
+        for refusal in refusals {
+            let _ = writeln!(out, "verdict: refused: {}", cli::one_line(&refusal));
+        }
+    }
+    out
 }

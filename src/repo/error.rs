@@ -265,7 +265,7 @@ pub enum RepoError {
     },
     /// The server lacks a behaviour the transaction protocol cannot do without (see
     /// `StoreBuilder::check_server` and `mongotx-probe`); nothing was written.
-    #[error("the server cannot be used by mongotx: it lacks `{name}` ({what}): {detail}")]
+    #[error("{}", crate::server::semantics::refusal(name, what, detail))]
     ServerUnsuitable {
         /// The behaviour's short name.
         name: &'static str,

@@ -97,13 +97,15 @@ impl Store {
             .server_checked
             .get_or_try_init(|| semantics::essentials(&self.inner.db))
             .await
-            .map_err(|source| RepoError::database("*", "*", "checking the server", source))?;
+            .map_err(|unasked| {
+                RepoError::database("*", "*", "checking the server", unasked.source)
+            })?;
         match checked {
             Ok(()) => Ok(()),
             Err(missing) => Err(RepoError::ServerUnsuitable {
                 name: missing.name,
                 what: missing.what,
-                detail: missing.detail.clone(),
+                detail: missing.evidence.clone(),
             }),
         }
     }

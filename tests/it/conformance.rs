@@ -167,7 +167,7 @@ fn account_schema() -> Document {
 /// (DocumentValidationFailure), one that does is stored.
 #[tokio::test]
 async fn a_json_schema_validator_refuses_an_invalid_insert_with_code_121() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll = with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
     let reply = insert_raw(
         &t.db,
@@ -196,7 +196,7 @@ async fn a_json_schema_validator_refuses_an_invalid_insert_with_code_121() {
 /// required fields; 4.4 carries no details.
 #[tokio::test]
 async fn a_validation_failure_names_the_rule_and_the_property() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
     let reply = insert_raw(&t.db, "acc", doc! { "_id": 7, "balance": "lots" }).await;
     let error = write_errors(&reply).first().cloned().expect("refused");
@@ -257,7 +257,7 @@ async fn a_validation_failure_names_the_rule_and_the_property() {
 /// inside a `bulkWrite`, https://www.mongodb.com/docs/manual/reference/command/bulkWrite/).
 #[tokio::test]
 async fn the_validator_checks_every_write_path() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll = with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
     coll.insert_one(doc! { "_id": 1, "owner": "ann", "balance": 5_i64 })
         .await
@@ -344,7 +344,7 @@ async fn the_validator_checks_every_write_path() {
 /// already invalid documents through; `strict` (the default) validates every update.
 #[tokio::test]
 async fn validation_level_moderate_lets_updates_of_invalid_documents_through() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("acc");
     coll.insert_many([
         doc! { "_id": 1, "owner": 5, "balance": 1_i64 },
@@ -384,7 +384,7 @@ async fn validation_level_moderate_lets_updates_of_invalid_documents_through() {
 /// skips the validator for one command.
 #[tokio::test]
 async fn validation_action_warn_and_bypass_let_invalid_documents_in() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     with_validator(
         &t.db,
         "warned",
@@ -408,7 +408,7 @@ async fn validation_action_warn_and_bypass_let_invalid_documents_in() {
 /// judged by the new one.
 #[tokio::test]
 async fn coll_mod_replaces_the_validator_and_list_collections_reports_it() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     with_validator(&t.db, "acc", doc! { "validator": account_schema() }).await;
     let loose = doc! { "$jsonSchema": { "bsonType": "object", "required": ["owner"] } };
     command(&t.db, doc! { "collMod": "acc", "validator": loose.clone() }).await;
@@ -449,7 +449,7 @@ async fn coll_mod_replaces_the_validator_and_list_collections_reports_it() {
 /// `$expr`), which is how mongotx lets tombstones through.
 #[tokio::test]
 async fn validators_combine_json_schema_with_query_operators() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let validator = doc! {
         "$or": [
             { "deleted": { "$exists": true } },
@@ -485,7 +485,7 @@ async fn validators_combine_json_schema_with_query_operators() {
 /// missing field.
 #[tokio::test]
 async fn json_schema_keywords_behave_as_the_manual_says() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let cases: Vec<(Document, Vec<(Document, bool)>)> = vec![
         (
             doc! { "properties": { "x": { "bsonType": "long" } } },
@@ -717,7 +717,7 @@ fn spin(n: i32) -> Document {
 /// throughout all stages of the aggregation pipeline", including an update's pipeline.
 #[tokio::test]
 async fn now_is_one_instant_across_the_stages_of_a_pipeline_update() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("clock");
     coll.insert_one(doc! { "_id": 1 }).await.expect("insert");
     for _ in 0..3 {
@@ -744,7 +744,7 @@ async fn now_is_one_instant_across_the_stages_of_a_pipeline_update() {
 /// gets the same instant.
 #[tokio::test]
 async fn now_is_one_instant_across_the_documents_of_a_multi_update() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("clock");
     coll.insert_many((0..40).map(|i| doc! { "_id": i }))
         .await
@@ -771,7 +771,7 @@ async fn now_is_one_instant_across_the_documents_of_a_multi_update() {
 /// filter found not yet passed is not passed for the update either.
 #[tokio::test]
 async fn a_statement_filter_and_its_update_see_the_same_now() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("clock");
     coll.insert_one(doc! { "_id": 1 }).await.expect("insert");
     let mut matched = 0;
@@ -825,7 +825,7 @@ async fn a_statement_filter_and_its_update_see_the_same_now() {
 /// both (https://www.mongodb.com/docs/manual/tutorial/query-for-null-fields/).
 #[tokio::test]
 async fn expressions_tell_a_missing_field_from_null() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("nulls");
     coll.insert_many([
         doc! { "_id": 1 },
@@ -846,7 +846,7 @@ async fn expressions_tell_a_missing_field_from_null() {
 /// (F0 9F 98 80), although its UTF-16 code unit (FF61) is above the emoji's (D83D).
 #[tokio::test]
 async fn strings_compare_and_sort_by_their_utf8_bytes() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("strings");
     let (a, e, half_stop, emoji) = ("a", "\u{e9}", "\u{ff61}", "\u{1f600}");
     coll.insert_many([
@@ -880,7 +880,7 @@ async fn strings_compare_and_sort_by_their_utf8_bytes() {
 /// dates), numbers of every type by value, and a missing field sorts as null.
 #[tokio::test]
 async fn values_sort_in_bson_comparison_order() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("order");
     let when = DateTime::from_millis(1_700_000_000_000);
     coll.insert_many([
@@ -914,7 +914,7 @@ async fn values_sort_in_bson_comparison_order() {
 /// and above 4.5.
 #[tokio::test]
 async fn numbers_compare_exactly_across_types() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("numbers");
     coll.insert_many([
         doc! { "_id": 1, "v": 5_i64 },
@@ -942,7 +942,7 @@ async fn numbers_compare_exactly_across_types() {
 /// `_id` is immutable; a replacement stage whose result has no `_id` keeps the document's.
 #[tokio::test]
 async fn a_pipeline_update_keeps_the_id_its_result_leaves_out() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("keep");
     coll.insert_many([doc! { "_id": 1, "a": 1 }, doc! { "_id": 2, "a": 2 }])
         .await
@@ -974,7 +974,7 @@ async fn a_pipeline_update_keeps_the_id_its_result_leaves_out() {
 /// a pipeline update may change many documents, each by its own values.
 #[tokio::test]
 async fn a_pipeline_update_changes_many_documents() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("many");
     coll.insert_many((1..=5).map(|i| doc! { "_id": i, "n": i }))
         .await
@@ -997,7 +997,7 @@ async fn a_pipeline_update_changes_many_documents() {
 /// ranges), then applies the update, whether operators or a pipeline.
 #[tokio::test]
 async fn an_upsert_is_seeded_from_the_filters_equalities() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("seeded");
     let filter = |id: i32| {
         doc! {
@@ -1029,7 +1029,7 @@ async fn an_upsert_is_seeded_from_the_filters_equalities() {
 /// an array, a regex or undefined, null included; an upsert on `{_id: null}` stores that null.
 #[tokio::test]
 async fn an_upsert_on_a_null_id_stores_a_null_id() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("nullid");
     let done = coll
         .update_one(doc! { "_id": Bson::Null }, doc! { "$set": { "a": 1 } })
@@ -1047,7 +1047,7 @@ async fn an_upsert_on_a_null_id_stores_a_null_id() {
 /// counts its stamps by `n`, docs/adoption.md).
 #[tokio::test]
 async fn each_statement_of_an_unordered_update_fails_on_its_own() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("stmts");
     coll.insert_many([doc! { "_id": 1, "n": 1 }, doc! { "_id": 2, "n": 2 }])
         .await
@@ -1098,7 +1098,7 @@ async fn each_statement_of_an_unordered_update_fails_on_its_own() {
 /// `let` variables (5.0+; refused before as an unknown field).
 #[tokio::test]
 async fn update_pipelines_take_the_stage_aliases_and_let_variables() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("aliases");
     coll.insert_one(doc! { "_id": 1, "a": 1, "b": 2 })
         .await
@@ -1149,7 +1149,7 @@ async fn update_pipelines_take_the_stage_aliases_and_let_variables() {
 /// a projection may name fields of embedded documents by dotted path, to include or exclude.
 #[tokio::test]
 async fn find_and_modify_projects_dotted_fields() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("proj");
     coll.insert_one(doc! { "_id": 1, "a": { "b": 1, "c": 2 }, "d": 3 })
         .await
@@ -1186,7 +1186,7 @@ async fn find_and_modify_projects_dotted_fields() {
 /// each see their own value.
 #[tokio::test]
 async fn find_and_modify_returns_each_caller_its_own_post_image() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("tokens");
     coll.insert_one(doc! { "_id": 1, "n": 0_i64 })
         .await
@@ -1222,7 +1222,7 @@ async fn find_and_modify_returns_each_caller_its_own_post_image() {
 /// offending `keyValue`.
 #[tokio::test]
 async fn duplicate_key_errors_carry_the_index_key_pattern_and_value() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     command(
         &t.db,
         doc! { "createIndexes": "dups", "indexes": [{ "key": { "email": 1 }, "name": "email_1", "unique": true }] },
@@ -1292,7 +1292,7 @@ async fn duplicate_key_errors_carry_the_index_key_pattern_and_value() {
 /// documents inserted; an unordered insert goes past a refused document, an ordered one stops.
 #[tokio::test]
 async fn an_insert_counts_only_the_documents_it_inserted() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let docs = || vec![doc! { "_id": 1 }, doc! { "_id": 1 }, doc! { "_id": 2 }];
     let reply = command(
         &t.db,
@@ -1316,7 +1316,7 @@ async fn an_insert_counts_only_the_documents_it_inserted() {
 /// a sparse unique index leaves such documents out.
 #[tokio::test]
 async fn unique_indexes_take_a_missing_field_as_null_and_sparse_ones_skip_it() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     command(
         &t.db,
         doc! { "createIndexes": "uniq", "indexes": [
@@ -1357,7 +1357,7 @@ async fn unique_indexes_take_a_missing_field_as_null_and_sparse_ones_skip_it() {
 /// Double 7.0 are one document.
 #[tokio::test]
 async fn numeric_ids_are_one_document_across_int_long_and_double() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("numids");
     coll.insert_one(doc! { "_id": 7_i32, "v": 1 })
         .await
@@ -1384,7 +1384,7 @@ async fn numeric_ids_are_one_document_across_int_long_and_double() {
 /// matches a missing field.
 #[tokio::test]
 async fn in_and_nin_take_a_missing_field_as_null() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("membership");
     coll.insert_many([
         doc! { "_id": 1 },
@@ -1408,7 +1408,7 @@ async fn in_and_nin_take_a_missing_field_as_null() {
 /// document, so of many compare-and-set updates conditioned on the same value exactly one wins.
 #[tokio::test]
 async fn conditional_updates_are_atomic_under_contention() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("cas");
     coll.insert_one(doc! { "_id": 1, "n": 0_i64 })
         .await
@@ -1452,7 +1452,7 @@ async fn conditional_updates_are_atomic_under_contention() {
 /// fails with a duplicate key (and changes nothing).
 #[tokio::test]
 async fn concurrent_upserts_of_one_id_create_one_document() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("upserts");
     let tasks = 32;
     let outcomes = join_all((0..tasks).map(|_| {
@@ -1489,7 +1489,7 @@ async fn concurrent_upserts_of_one_id_create_one_document() {
 /// date is milliseconds.
 #[tokio::test]
 async fn expressions_compare_and_compute_dates() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("dates");
     let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 60_000);
     let future = DateTime::from_millis(DateTime::now().timestamp_millis() + 3_600_000);
@@ -1534,7 +1534,7 @@ async fn expressions_compare_and_compute_dates() {
 #[tokio::test]
 async fn bulk_write_reports_each_entry() {
     use mongodb::options::{InsertOneModel, UpdateOneModel, WriteModel};
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let a: Collection<Document> = t.db.collection("bulk_a");
     let b: Collection<Document> = t.db.collection("bulk_b");
     a.insert_one(doc! { "_id": 1, "n": 0 }).await.expect("seed");
@@ -1601,7 +1601,7 @@ async fn bulk_write_reports_each_entry() {
 /// with the document unchanged.
 #[tokio::test]
 async fn inc_widens_32_bit_integers_and_refuses_64_bit_overflow() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("inc");
     coll.insert_many([
         doc! { "_id": 1, "n": i32::MAX },
@@ -1629,7 +1629,7 @@ async fn inc_widens_32_bit_integers_and_refuses_64_bit_overflow() {
 /// takes a pipeline (4.2+) and, with `upsert`, seeds the new document from the query.
 #[tokio::test]
 async fn find_and_modify_runs_a_pipeline_and_seeds_its_upsert() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("fam");
     let made = coll
         .find_one_and_update(
@@ -1661,7 +1661,7 @@ async fn find_and_modify_runs_a_pipeline_and_seeds_its_upsert() {
 /// store such strings as names). The same holds for an update pipeline's `$replaceWith`.
 #[tokio::test]
 async fn stored_dollar_strings_stay_values_through_replace_root() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("dollars");
     let stored =
         doc! { "_id": "$$NOW", "a": { "b": "$abc" }, "s": "$$ROOT", "t": "$x", "l": ["$y"] };
@@ -1717,7 +1717,7 @@ async fn stored_dollar_strings_stay_values_through_replace_root() {
 ///   apart: docs/adoption.md).
 #[tokio::test]
 async fn a_document_equals_its_own_literal_and_nothing_else() {
-    let t = TestDb::new().await;
+    let t = TestDb::unprobed().await;
     let coll = t.db.collection::<Document>("literal");
     let mut infinity = [0_u8; 16];
     infinity[15] = 0x78;

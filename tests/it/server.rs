@@ -12,7 +12,7 @@ use bson::{doc, Bson, Document};
 use mongodb::options::ClientOptions;
 use mongodb::Client;
 use mongotx::testkit::local_server::LocalServer;
-use mongotx::{ProbeError, RepoError, Store};
+use mongotx::{ProbeError, RepoError, Status, Store};
 
 fn on_probe_collection(command: &Document) -> bool {
     command
@@ -81,10 +81,16 @@ async fn the_probe_refuses_a_server_that_accepts_duplicate_ids() {
         .await
         .expect_err("probe must refuse");
     assert!(
-        matches!(err, ProbeError::DuplicateIdAccepted { .. }),
+        matches!(
+            err,
+            ProbeError::Lacks {
+                name: "duplicate_id_refused",
+                ..
+            }
+        ),
         "{err:?}"
     );
-    assert!(err.to_string().contains("duplicate _id"), "{err}");
+    assert!(err.to_string().contains("_id \"dup\" was stored"), "{err}");
 }
 
 /// Acknowledges compare-and-set updates but writes back the value they were conditioned on.
@@ -121,10 +127,17 @@ async fn the_probe_refuses_a_server_that_loses_conditional_updates() {
         .await
         .expect_err("probe must refuse");
     match &err {
-        ProbeError::LostUpdate { tasks, found, .. } => assert_eq!((*tasks, *found), (16, 0)),
-        other => panic!("expected LostUpdate, got {other:?}"),
+        ProbeError::Lacks {
+            name: "conditional_updates_atomic",
+            detail,
+            ..
+        } => assert!(
+            detail.contains("16 compare-and-set increments each reported success")
+                && detail.ends_with("reached 0"),
+            "{detail}"
+        ),
+        other => panic!("expected conditional_updates_atomic, got {other:?}"),
     }
-    assert!(err.to_string().contains("not atomic"), "{err}");
 }
 
 /// Turns find-and-modify into "return the document as it was".
@@ -147,15 +160,14 @@ async fn the_probe_refuses_a_server_whose_find_and_modify_returns_the_old_docume
         .await
         .expect_err("probe must refuse");
     match &err {
-        ProbeError::FindAndModifyStale {
-            expected, found, ..
-        } => {
-            assert_eq!(*expected, 9);
-            assert!(found.contains("\"n\": 8"), "{found}");
-        }
-        other => panic!("expected FindAndModifyStale, got {other:?}"),
+        ProbeError::Lacks {
+            name: "find_and_modify_post_image",
+            detail,
+            ..
+        } => assert!(detail.contains("\"n\": 41"), "{detail}"),
+        other => panic!("expected find_and_modify_post_image, got {other:?}"),
     }
-    assert!(err.to_string().contains("find-and-modify"), "{err}");
+    assert!(err.to_string().contains("findAndModify"), "{err}");
 }
 
 /// Hands every concurrent caller of find-and-modify on the token counter the same post-image,
@@ -184,14 +196,17 @@ async fn the_probe_refuses_a_server_whose_find_and_modify_shares_post_images() {
         .await
         .expect_err("probe must refuse");
     match &err {
-        ProbeError::SharedPostImage {
-            tasks, distinct, ..
-        } => {
-            assert_eq!((*tasks, *distinct), (64, 1))
-        }
-        other => panic!("expected SharedPostImage, got {other:?}"),
+        ProbeError::Lacks {
+            name: "own_post_images",
+            detail,
+            ..
+        } => assert_eq!(
+            detail,
+            "64 concurrent increments returned only 1 distinct values"
+        ),
+        other => panic!("expected own_post_images, got {other:?}"),
     }
-    assert!(err.to_string().contains("its own post-image"), "{err}");
+    assert!(err.to_string().contains("their own post-image"), "{err}");
     // The local server itself passes the same check with 64 concurrent callers.
     let caps = mongotx::probe_with(&t.db, 64)
         .await
@@ -199,17 +214,19 @@ async fn the_probe_refuses_a_server_whose_find_and_modify_shares_post_images() {
     assert_eq!(caps.contention_tasks, 64);
 }
 
-/// Answers every command named `name` with a server error instead of forwarding it.
-struct FailCommand(&'static str);
+/// Answers every command named `name` with a server error instead of forwarding it (code 8000,
+/// or the code given).
+struct FailCommand(&'static str, Option<(i32, &'static str)>);
 
 impl Rules for FailCommand {
     fn command(&self, command: &mut Document) -> Action {
         if command_name(command) == self.0 {
+            let (code, name) = self.1.unwrap_or((8000, "AtlasError"));
             Action::Respond(doc! {
                 "ok": 0.0,
                 "errmsg": "injected by the wire proxy",
-                "code": 8000,
-                "codeName": "AtlasError",
+                "code": code,
+                "codeName": name,
             })
         } else {
             Action::Forward
@@ -218,14 +235,18 @@ impl Rules for FailCommand {
 }
 
 #[tokio::test]
-async fn a_failing_probe_step_is_a_database_error_naming_the_step() {
+async fn a_probe_step_the_account_may_not_run_is_a_database_error_naming_the_check() {
     let t = TestDb::new().await;
-    let proxy = WireProxy::start(&server_uri(), FailCommand("insert")).await;
-    let err = mongotx::probe(&proxy.client().await.database(t.db.name()))
+    let proxy = WireProxy::start(
+        &server_uri(),
+        FailCommand("insert", Some((13, "Unauthorized"))),
+    )
+    .await;
+    let err = mongotx::verdict(&proxy.client().await.database(t.db.name()), 8)
         .await
-        .expect_err("probe must fail");
+        .expect_err("no verdict without the privilege to ask");
     match &err {
-        ProbeError::Database { step, .. } => assert_eq!(*step, "insert"),
+        ProbeError::Database { step, .. } => assert_eq!(*step, "duplicate_id_refused"),
         other => panic!("expected Database, got {other:?}"),
     }
     // The message is one clean sentence; the server's own words stay in the source.
@@ -233,7 +254,7 @@ async fn a_failing_probe_step_is_a_database_error_naming_the_step() {
         !err.to_string().contains("injected by the wire proxy"),
         "{err}"
     );
-    assert!(err.to_string().contains("error 8000"), "{err}");
+    assert!(err.to_string().contains("error 13"), "{err}");
     let source = std::error::Error::source(&err).expect("the driver error is the source");
     assert!(
         source.to_string().contains("injected by the wire proxy"),
@@ -249,7 +270,7 @@ async fn a_server_error_on_read_is_a_database_error_naming_collection_and_id() {
         .insert(&Account::new("a1", "Ann", 5))
         .await
         .expect("insert");
-    let proxy = WireProxy::start(&server_uri(), FailCommand("find")).await;
+    let proxy = WireProxy::start(&server_uri(), FailCommand("find", None)).await;
     // The proxy fails every find, the server checks included: vet the server directly instead.
     let via_proxy = Store::builder(proxy.client().await.database(t.db.name()))
         .check_server(false)
@@ -517,6 +538,12 @@ async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
         "json_schema_validation",
         "validation_details",
         "let_variables",
+        "duplicate_id_refused",
+        "conditional_updates_atomic",
+        "find_and_modify_post_image",
+        "own_post_images",
+        "server_time",
+        "bulk_write",
     ] {
         assert!(
             names.contains(&expected),
@@ -524,7 +551,7 @@ async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
         );
     }
     assert!(
-        caps.semantics.iter().all(|s| !s.needed || s.held),
+        caps.semantics.iter().all(|s| !s.needed || s.holds()),
         "{caps:?}"
     );
 
@@ -537,6 +564,112 @@ async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
         .iter()
         .find(|s| s.name == "duplicate_key_shape")
         .expect("reported");
-    assert!(!shape.held && !shape.needed, "{shape:?}");
-    assert!(shape.detail.contains("write error"), "{shape:?}");
+    assert!(shape.status == Status::Lacks && !shape.needed, "{shape:?}");
+    assert!(shape.evidence.contains("write error"), "{shape:?}");
+    assert!(
+        shape
+            .fallback
+            .is_some_and(|f| f.contains("by its code (11000) alone")),
+        "{shape:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_refusing_every_insert_gets_a_verdict_per_behaviour() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), FailCommand("insert", None)).await;
+    let verdict = mongotx::verdict(&proxy.client().await.database(t.db.name()), 8)
+        .await
+        .expect("a server that answers gets a verdict");
+    let status = |name: &str| {
+        verdict
+            .behaviours
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("{name} not judged: {verdict:?}"))
+            .clone()
+    };
+    // What needs a stored document is lacking, each saying why; the rest is judged on its own.
+    let duplicate = status("duplicate_id_refused");
+    assert_eq!(duplicate.status, Status::Lacks);
+    assert!(
+        duplicate.evidence.starts_with("insert: ") && duplicate.evidence.contains("error 8000"),
+        "{duplicate:?}"
+    );
+    assert_eq!(status("server_time").status, Status::Holds);
+    assert_eq!(status("json_schema_validation").status, Status::Lacks);
+    assert_eq!(status("validation_details").status, Status::NotApplicable);
+    assert!(!verdict.suitable());
+    // The probe refuses it for the first needed one, with the sentence the verdict gives.
+    let refused = verdict.refusal().expect("refused").to_string();
+    assert_eq!(Some(refused.clone()), duplicate.refusal());
+    assert!(
+        refused.starts_with("the server lacks `duplicate_id_refused`, which mongotx needs"),
+        "{refused}"
+    );
+}
+
+/// `mongotx-probe` (built by `cargo test` beside this test) on the server behind `uri`.
+async fn probe_command(uri: &str) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_mongotx-probe"))
+        .args(["--uri", uri, "--tasks", "8"])
+        .output()
+        .await
+        .expect("run mongotx-probe")
+}
+
+#[tokio::test]
+async fn the_probe_command_prints_a_row_per_behaviour_and_the_store_refuses_with_its_sentence() {
+    let t = TestDb::new().await;
+    let proxy = WireProxy::start(&server_uri(), NoPipelineUpdates).await;
+    let output = probe_command(&proxy.uri()).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{stdout}"))
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row("pipeline_updates"),
+        ["pipeline_updates", "yes", "lacks"]
+    );
+    assert_eq!(row("expr_now"), ["expr_now", "yes", "holds"]);
+    assert_eq!(
+        row("conditional_updates_atomic"),
+        ["conditional_updates_atomic", "yes", "holds"]
+    );
+    assert_eq!(row("let_variables"), ["let_variables", "no", "lacks"]);
+    assert!(
+        stdout.contains("without it: none needed: mongotx sends values inline"),
+        "{stdout}"
+    );
+    let refusals: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("verdict: refused: "))
+        .collect();
+    assert!(!refusals.is_empty(), "{stdout}");
+    // A store on the same server refuses it with one of those sentences, word for word.
+    let err = Store::new(proxy.client().await.database(t.db.name()))
+        .repository::<Account>(common::accounts_spec())
+        .await
+        .expect_err("the store must refuse");
+    assert!(
+        refusals.contains(&err.to_string().as_str()),
+        "{err}\nnot among\n{refusals:#?}"
+    );
+
+    // The local server itself: every needed row holds, exit 0.
+    let output = probe_command(&server_uri()).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("verdict: suitable")),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(" yes     lacks"), "{stdout}");
 }

@@ -1,175 +1,127 @@
-//! The server behaviours mongotx relies on, beyond single-document atomicity, checked one by one
-//! against a live server.
-//!
-//! `tests/it/conformance.rs` proves each of them in depth, citing the MongoDB manual; here each is
-//! a quick check the probe runs against any server (`mongotx-probe`, `mongotx::probe`), and the
-//! ones the transaction protocol cannot do without are also checked when a [`Store`] opens its
-//! first collection ([`essentials`]), so that a wire-compatible server that lacks one is refused,
-//! naming it, before any data is written.
-//!
-//! [`Store`]: crate::Store
+//! The behaviours the transaction protocol relies on beyond single-document atomicity
+//! (`$$NOW`, pipeline updates and upserts, `_id` equality across number types), and the ones that
+//! cost a feature or fidelity when lacking (comparison order, index and error shapes, validators).
 
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 
+use super::{fail, outcome, Check, Checked, Fault, Semantic, Unasked};
 use crate::server::codes::{error_code, DUPLICATE_KEY, VALIDATION_FAILED};
-use crate::server::summarize;
-
-/// One relied-on behaviour, as a server showed it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Semantic {
-    /// Short stable name (`expr_now`, `pipeline_updates`, ...).
-    pub name: &'static str,
-    /// What it is, in a few words.
-    pub what: &'static str,
-    /// Whether the server behaved as MongoDB does.
-    pub held: bool,
-    /// Whether mongotx refuses a server without it (the others only cost features or fidelity).
-    pub needed: bool,
-    /// What the server did instead, when it did not hold.
-    pub detail: String,
-}
-
-struct Check {
-    name: &'static str,
-    what: &'static str,
-    needed: bool,
-}
 
 const EXPR_NOW: Check = Check {
     name: "expr_now",
-    what: "$expr and $$NOW in query filters (every deadline is decided by them)",
+    what: "$expr and $$NOW in query filters, by which every deadline is decided",
     needed: true,
+    fallback: None,
 };
 const PIPELINE_UPDATES: Check = Check {
     name: "pipeline_updates",
-    what: "updates given as an aggregation pipeline, with $$NOW (MongoDB 4.2+)",
+    what: "updates given as an aggregation pipeline, with $$NOW, as from MongoDB 4.2",
     needed: true,
+    fallback: None,
 };
 const UPSERT_SEEDING: Check = Check {
     name: "upsert_seeding",
     what: "a pipeline upsert starts from the filter's _id and top-level equalities",
     needed: true,
+    fallback: None,
 };
 const UPSERT_SEEDING_PATHS: Check = Check {
     name: "upsert_seeding_paths",
     what: "an upsert also takes equalities on dotted paths and inside $and",
     needed: false,
+    fallback: Some("none needed: mongotx's own upserts filter on `_id` and top-level fields only"),
 };
 const STATEMENT_NOW: Check = Check {
     name: "statement_now",
     what: "one $$NOW for a whole statement, across its pipeline's stages",
     needed: true,
+    fallback: None,
 };
 const NUMERIC_IDS: Check = Check {
     name: "numeric_ids",
     what: "Int32 7, Int64 7 and Double 7.0 are one _id",
     needed: true,
+    fallback: None,
 };
 const PIPELINE_FIND_AND_MODIFY: Check = Check {
     name: "pipeline_find_and_modify",
     what: "findAndModify with a pipeline update and upsert, returning the new document",
     needed: true,
+    fallback: None,
 };
 const MISSING_BELOW_NULL: Check = Check {
     name: "missing_below_null",
     what: "in expressions a missing field is below null and not equal to it",
     needed: false,
+    fallback: Some(
+        "none: a query that compares a field with null in `$expr` answers as this server orders them",
+    ),
 };
 const BINARY_STRINGS: Check = Check {
     name: "binary_string_order",
     what: "strings sort by their UTF-8 bytes",
     needed: false,
+    fallback: Some(
+        "none: sorts and ranges on strings answer in this server's order, not MongoDB's",
+    ),
 };
 const UNIQUE_MISSING: Check = Check {
     name: "unique_missing_as_null",
     what: "a unique index takes a missing field as null",
     needed: false,
+    fallback: Some(
+        "none needed: mongotx's own indexes are sparse; a service's unique index on an optional field behaves as this server says",
+    ),
 };
 const INC_OVERFLOW: Check = Check {
     name: "inc_overflow_refused",
     what: "$inc past the 64-bit range fails instead of wrapping around",
     needed: false,
+    fallback: Some(
+        "none: an increment past the 64-bit range is not refused by the server, so keep counters far from it",
+    ),
 };
 const STATEMENT_ERRORS: Check = Check {
     name: "per_statement_errors",
     what: "an unordered update reports each statement's error and runs the others",
     needed: false,
+    fallback: Some(
+        "adoption reads a batch's unstamped documents again and retries them (slower, same result)",
+    ),
 };
 const DUPLICATE_KEY_SHAPE: Check = Check {
     name: "duplicate_key_shape",
     what: "a duplicate-key error names its index, with keyPattern and keyValue",
     needed: false,
+    fallback: Some("none needed: mongotx knows a duplicate by its code (11000) alone"),
 };
 const VALIDATION: Check = Check {
     name: "json_schema_validation",
-    what: "$jsonSchema collection validators enforced (code 121)",
+    what: "$jsonSchema collection validators enforced, refusing with code 121",
     needed: false,
+    fallback: Some(
+        "mongotx checks documents against their schema on the client before each of its writes; other writers go unchecked",
+    ),
 };
 const VALIDATION_DETAILS: Check = Check {
     name: "validation_details",
-    what: "a validation failure names the rule and property (errInfo.details, 5.0+)",
+    what: "a validation failure names the rule and property in errInfo.details, as from 5.0",
     needed: false,
+    fallback: Some(
+        "mongotx explains a refusal by checking the document against the schema on the client",
+    ),
 };
 const LET: Check = Check {
     name: "let_variables",
-    what: "let variables on update and find (5.0+)",
+    what: "let variables on update and find, as from 5.0",
     needed: false,
+    fallback: Some(
+        "none needed: mongotx sends values inline (`$literal`), never as `let` variables",
+    ),
 };
-
-/// Why a check did not hold: the server answered otherwise than MongoDB would (it lacks the
-/// behaviour), or it could not be asked at all (the check says nothing then).
-enum Fault {
-    Lacks(String),
-    Unreachable(mongodb::error::Error),
-}
-
-impl From<String> for Fault {
-    fn from(detail: String) -> Fault {
-        Fault::Lacks(detail)
-    }
-}
-
-impl From<&str> for Fault {
-    fn from(detail: &str) -> Fault {
-        Fault::Lacks(detail.to_string())
-    }
-}
-
-type Checked = Result<(), Fault>;
-
-/// A driver error in a check: a server's refusal means it lacks the behaviour; anything else (no
-/// connection, a timeout) means the check could not run.
-fn fail(context: &str) -> impl Fn(mongodb::error::Error) -> Fault + '_ {
-    use mongodb::error::ErrorKind;
-    move |e| match e.kind.as_ref() {
-        // A failover or an overloaded server answers too; asking again later may go otherwise.
-        _ if crate::server::is_transient(&e) => Fault::Unreachable(e),
-        ErrorKind::Command(_)
-        | ErrorKind::Write(_)
-        | ErrorKind::InsertMany(_)
-        | ErrorKind::BulkWrite(_) => Fault::Lacks(format!("{context}: {}", summarize(&e))),
-        _ => Fault::Unreachable(e),
-    }
-}
-
-fn outcome(check: &Check, result: Checked) -> Result<Semantic, mongodb::error::Error> {
-    let detail = match result {
-        Ok(()) => None,
-        Err(Fault::Lacks(detail)) => Some(detail),
-        Err(Fault::Unreachable(e)) => return Err(e),
-    };
-    Ok(Semantic {
-        name: check.name,
-        what: check.what,
-        held: detail.is_none(),
-        needed: check.needed,
-        detail: detail.unwrap_or_default(),
-    })
-}
 
 /// A stage that keeps the server busy for a moment between two readings of `$$NOW`. The needed
 /// checks use the stages mongotx itself sends (`$addFields`, `$replaceRoot`), not their 4.2
@@ -497,6 +449,22 @@ async fn duplicate_key_shape(db: &Database, coll: &Collection<Document>) -> Chec
     }
 }
 
+/// Validators not enforced (`fault`): their failures' details cannot be judged then.
+fn unvalidated(fault: Fault) -> (Checked, Checked) {
+    match fault {
+        Fault::Unreachable(e) => (
+            Err(Fault::Unreachable(e.clone())),
+            Err(Fault::Unreachable(e)),
+        ),
+        fault => (
+            Err(fault),
+            Err(Fault::NotApplicable(
+                "validators are not enforced, so no failure can be examined".to_string(),
+            )),
+        ),
+    }
+}
+
 /// Validation enforced, and explained: `(enforced, explained)`.
 async fn validation(db: &Database, name: &str) -> (Checked, Checked) {
     let collection = format!("{name}_validated");
@@ -511,13 +479,7 @@ async fn validation(db: &Database, name: &str) -> (Checked, Checked) {
         })
         .await;
     if let Err(e) = created {
-        return match fail("creating a collection with a validator")(e) {
-            Fault::Lacks(detail) => (Err(Fault::Lacks(detail.clone())), Err(Fault::Lacks(detail))),
-            Fault::Unreachable(e) => (
-                Err(Fault::Unreachable(e.clone())),
-                Err(Fault::Unreachable(e)),
-            ),
-        };
+        return unvalidated(fail("creating a collection with a validator")(e));
     }
     let reply = db
         .run_command(doc! { "insert": &collection, "documents": [{ "_id": 1, "must": 5 }] })
@@ -528,21 +490,10 @@ async fn validation(db: &Database, name: &str) -> (Checked, Checked) {
             .get_array("writeErrors")
             .ok()
             .and_then(|errors| errors.first()?.as_document().cloned()),
-        Err(e) => {
-            return match fail("an insert breaking the validator")(e) {
-                Fault::Lacks(detail) => {
-                    (Err(Fault::Lacks(detail.clone())), Err(Fault::Lacks(detail)))
-                }
-                Fault::Unreachable(e) => (
-                    Err(Fault::Unreachable(e.clone())),
-                    Err(Fault::Unreachable(e)),
-                ),
-            }
-        }
+        Err(e) => return unvalidated(fail("an insert breaking the validator")(e)),
     };
     let Some(error) = error.filter(|e| e.get_i32("code") == Ok(VALIDATION_FAILED)) else {
-        let lacks = "a document breaking the validator was stored";
-        return (Err(lacks.into()), Err(lacks.into()));
+        return unvalidated("a document breaking the validator was stored".into());
     };
     let names = error
         .get_document("errInfo")
@@ -576,56 +527,8 @@ async fn let_variables(db: &Database, coll: &Collection<Document>) -> Checked {
     }
 }
 
-/// The checks the transaction protocol cannot do without, cheap enough to run when a store opens
-/// (a few commands on a scratch collection, dropped after). `Ok(Err(_))`: the first that does not
-/// hold; `Err(_)`: the server could not be asked (nothing is known then).
-pub(crate) async fn essentials(
-    db: &Database,
-) -> Result<Result<(), Semantic>, mongodb::error::Error> {
-    let name = format!("mongotx_check_{}", ObjectId::new().to_hex());
-    let coll: Collection<Document> = db.collection(&name);
-    let verdict = essentials_in(&coll).await;
-    let _ = coll.drop().await;
-    verdict
-}
-
-async fn essentials_in(
-    coll: &Collection<Document>,
-) -> Result<Result<(), Semantic>, mongodb::error::Error> {
-    let checks: [(&Check, Checked); 6] = [
-        (&EXPR_NOW, expr_now(coll).await),
-        (&PIPELINE_UPDATES, pipeline_updates(coll).await),
-        (&UPSERT_SEEDING, upsert_seeding(coll).await),
-        (&STATEMENT_NOW, statement_now(coll).await),
-        (&NUMERIC_IDS, numeric_ids(coll).await),
-        (
-            &PIPELINE_FIND_AND_MODIFY,
-            pipeline_find_and_modify(coll).await,
-        ),
-    ];
-    for (check, result) in checks {
-        let found = outcome(check, result)?;
-        if !found.held {
-            return Ok(Err(found));
-        }
-    }
-    Ok(Ok(()))
-}
-
-/// Every check, in a scratch collection `name` (and a few beside it, all dropped after).
-pub(crate) async fn all(db: &Database, name: &str) -> Result<Vec<Semantic>, mongodb::error::Error> {
-    let coll: Collection<Document> = db.collection(&format!("{name}_semantics"));
-    let found = all_in(db, name, &coll).await;
-    let _ = coll.drop().await;
-    found
-}
-
-async fn all_in(
-    db: &Database,
-    name: &str,
-    coll: &Collection<Document>,
-) -> Result<Vec<Semantic>, mongodb::error::Error> {
-    let (validated, explained) = validation(db, name).await;
+/// The needed checks, in the scratch collection `coll`.
+pub(super) async fn needed(coll: &Collection<Document>) -> Result<Vec<Semantic>, Unasked> {
     Ok(vec![
         outcome(&EXPR_NOW, expr_now(coll).await)?,
         outcome(&PIPELINE_UPDATES, pipeline_updates(coll).await)?,
@@ -636,6 +539,17 @@ async fn all_in(
             &PIPELINE_FIND_AND_MODIFY,
             pipeline_find_and_modify(coll).await,
         )?,
+    ])
+}
+
+/// The checks mongotx can do without, in `coll` and collections named after `name` beside it.
+pub(super) async fn optional(
+    db: &Database,
+    name: &str,
+    coll: &Collection<Document>,
+) -> Result<Vec<Semantic>, Unasked> {
+    let (validated, explained) = validation(db, name).await;
+    Ok(vec![
         outcome(&UPSERT_SEEDING_PATHS, upsert_seeding_paths(coll).await)?,
         outcome(&MISSING_BELOW_NULL, missing_below_null(db, name).await)?,
         outcome(&BINARY_STRINGS, binary_strings(db, name).await)?,

@@ -3,7 +3,8 @@
 //! The server comes from `mongotx::testkit::test_server` (MONGODB_URI, Docker with the `docker` feature,
 //! or the local mongo-java-server). It is started on first use and probed once; a server that
 //! fails the probe, or no server at all, fails every test that needs one with a message saying
-//! how to provide one (a test that needs none never starts it).
+//! how to provide one (a test that needs none never starts it). The conformance tests judge the
+//! server themselves, one behaviour each, and skip the probe ([`TestDb::unprobed`]).
 //!
 //! Every test runs in this one process, so nothing here is per subject: a test that needs a server
 //! of other settings starts its own, and the tests that run fleets of processes take turns
@@ -130,6 +131,13 @@ impl TestDb {
     /// A fresh, uniquely named database on a probed server.
     pub async fn new() -> TestDb {
         capabilities().await;
+        TestDb::unprobed().await
+    }
+
+    /// A fresh database on a server that has not been judged: the conformance tests use it, each
+    /// judging one behaviour on its own, so that a server lacking some gets a failure per
+    /// behaviour it lacks rather than the probe's refusal in every test.
+    pub async fn unprobed() -> TestDb {
         let client = client().await;
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("mongotx_test_{}_{n}", &ObjectId::new().to_hex()[..16]);
