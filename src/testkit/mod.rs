@@ -5,6 +5,7 @@
 //!   container with the `docker` feature, or the local one), and [`local_server`], which builds
 //!   and runs the MongoDB-wire-compatible stand-in from `tools/test-server`.
 //! - [`toxiproxy`]: drops, resets and delays commands between a client and the server.
+//! - [`ferretdb`]: FerretDB 1.24 on SQLite, a third-party wire-compatible server to judge.
 //! - [`failpoint`]: named points where an injected fault stops a coordinator or the GC, as a
 //!   killed process would (installed with `TxnOptions::fault_injector`,
 //!   `GcOptions::fault_injector` and `QuotaOptions::fault_injector`, which exist only with
@@ -21,6 +22,7 @@
 //! `cargo test` and `cargo run --example ...` need no flag.
 
 pub mod explore;
+pub mod ferretdb;
 pub(crate) mod http;
 pub mod local_server;
 pub mod test_server;

@@ -778,17 +778,18 @@ mod tests {
         assert!(explored.states > 10_000, "{}", explored.states);
     }
 
-    // Millions of states: `.ci/run` runs these in release
-    // (`cargo test --release --lib txn::model -- --ignored`), where they take about a minute.
+    // Millions of states: `.ci/run` runs these with the crate optimised (`cargo test --config
+    // 'profile.test.package.mongotx.opt-level=3' --lib txn::model -- --ignored`), under two
+    // minutes.
     #[test]
-    #[ignore = "exhaustive; run in release by .ci/run"]
+    #[ignore = "exhaustive; run optimised by .ci/run"]
     fn the_parallel_commit_is_all_or_nothing_and_leaves_nothing_behind_in_every_state() {
         passes([true, false]);
         passes([false, true]);
     }
 
     #[test]
-    #[ignore = "exhaustive; run in release by .ci/run"]
+    #[ignore = "exhaustive; run optimised by .ci/run"]
     fn a_resolver_that_aborts_without_fencing_is_caught() {
         let explored = explore(
             &CommitModel {

@@ -34,6 +34,7 @@ mod crash_sweep;
 mod crud;
 mod durability;
 mod errors;
+mod ferretdb;
 mod gc_purge;
 mod gc_race;
 #[cfg(feature = "cli")]

@@ -70,6 +70,11 @@ pub(crate) struct RunArgs {
     /// reports). Needs MONGODB_URI unset.
     #[arg(long)]
     clock_offsets: Option<String>,
+    /// Shard every collection of the run on a hashed `_id` before it starts (the accounts'
+    /// collections and mongotx's own), so that a run through a sharded cluster's `mongos` spreads
+    /// each transaction's documents over the shards. Needs a sharded cluster.
+    #[arg(long)]
+    shard_collections: bool,
 }
 
 /// Clap parser of a process count from `min` to 64 (more would only starve the two cores).
@@ -275,6 +280,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         txn_timeout: args.txn_timeout,
         collections: args.collections.max(1),
     };
+    if args.shard_collections {
+        shard_collections(&direct, &db_name, args.collections.max(1)).await?;
+    }
     let (store, accounts) = bank_direct.open().await?;
     for i in 0..args.accounts {
         accounts
@@ -786,4 +794,37 @@ async fn leftovers(db: &mongodb::Database, collections: usize) -> mongodb::error
         }
     }
     Ok(out)
+}
+
+/// Shards the run's collections on a hashed `_id` (`enableSharding` first, which MongoDB before
+/// 6.0 needs and later versions accept).
+async fn shard_collections(
+    client: &mongodb::Client,
+    db: &str,
+    collections: usize,
+) -> Result<(), String> {
+    let admin = client.database("admin");
+    admin
+        .run_command(bson::doc! { "enableSharding": db })
+        .await
+        .map_err(|e| format!("enableSharding {db}: {e}"))?;
+    let names = (0..collections)
+        .map(crate::roles::accounts_collection)
+        .chain([
+            mongotx::TRANSACTIONS_COLLECTION.to_string(),
+            mongotx::META_COLLECTION.to_string(),
+        ]);
+    for name in names {
+        admin
+            .run_command(bson::doc! {
+                "shardCollection": format!("{db}.{name}"),
+                "key": { "_id": "hashed" },
+            })
+            .await
+            .map_err(|e| format!("shardCollection {db}.{name}: {e}"))?;
+    }
+    println!(
+        "torture: {collections} account collections and mongotx's own sharded on a hashed _id"
+    );
+    Ok(())
 }
