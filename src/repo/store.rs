@@ -191,11 +191,11 @@ impl StoreBuilder {
     /// Sets whether the store checks, when it opens its first collection, that the server has
     /// the behaviours the transaction protocol cannot do without (`$expr` with `$$NOW`, pipeline
     /// updates and their upserts, one `$$NOW` per statement, numeric `_id` equality,
-    /// findAndModify with a pipeline; then a duplicate `_id` refused, compare-and-set and
-    /// findAndModify atomic among 8 concurrent callers, the server's time: a few dozen commands
-    /// on a scratch collection). Default: yes; a server that lacks one is refused with
-    /// [`RepoError::ServerUnsuitable`], whose message is the sentence `mongotx-probe`'s verdict
-    /// prints for it, before anything is written. The verdict runs these checks and more.
+    /// findAndModify with a pipeline: a dozen commands on a scratch collection). Default: yes; a
+    /// server that lacks one is refused with [`RepoError::ServerUnsuitable`], whose message is the
+    /// sentence `mongotx-probe`'s verdict prints for it, before anything is written. The verdict
+    /// runs these checks and more, the single-document atomicity under contention among them:
+    /// run it once against a deployment.
     pub fn check_server(mut self, check: bool) -> StoreBuilder {
         self.check_server = check;
         self

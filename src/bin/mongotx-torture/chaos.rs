@@ -597,6 +597,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         get(&checkers, "bad"),
         get(&checkers, "failed")
     );
+    let failures = failures_of(&slots, Kind::Checker);
+    if !failures.is_empty() {
+        println!("  check failures (the first {}):", failures.len().min(5));
+        for cause in failures.iter().take(5) {
+            println!("    {cause}");
+        }
+    }
     println!(
         "  faults: {} SIGKILLs, {} connection resets, {} stalls, {} late deliveries, {} restarts after start-up failures",
         faults.kills,
@@ -718,6 +725,16 @@ fn summed(slots: &[Slot], kind: Kind) -> (Report, Vec<String>) {
         }
     }
     (total, alarms)
+}
+
+/// Why the transactions of every slot of `kind` failed, as they reported it.
+fn failures_of(slots: &[Slot], kind: Kind) -> Vec<String> {
+    slots
+        .iter()
+        .filter(|s| s.recipe.kind == kind)
+        .filter_map(|slot| slot.reports.lock().ok().map(|r| r.failures.clone()))
+        .flatten()
+        .collect()
 }
 
 /// GC rounds as if every deadline had passed, until nothing is left to do; returns the rounds.

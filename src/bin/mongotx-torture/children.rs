@@ -53,6 +53,8 @@ pub(crate) struct Reports {
     pub(crate) alarms: Vec<String>,
     /// Transfers a worker saw commit (by id), to be found in the journal at the end.
     pub(crate) committed: Vec<String>,
+    /// Why transactions failed (`failed ` lines: a checker's, each one line), for the results.
+    pub(crate) failures: Vec<String>,
 }
 
 impl Reports {
@@ -130,6 +132,8 @@ impl Slot {
                         reports.alarms.push(line);
                     } else if let Some(id) = line.strip_prefix("committed-transfer ") {
                         reports.committed.push(id.trim().to_string());
+                    } else if let Some(cause) = line.strip_prefix("failed ") {
+                        reports.failures.push(cause.trim().to_string());
                     }
                 }
             });

@@ -7,9 +7,9 @@
 //! lacking one is refused, with the sentence [`Semantic::refusal`] gives. The others cost a
 //! feature or some fidelity, and each says what mongotx does without it.
 //!
-//! A [`Store`] runs the needed checks itself, quickly, when it opens its first collection
-//! ([`essentials`]), so that a server that lacks one is refused with that same sentence before any
-//! data is written.
+//! A [`Store`] runs the protocol's needed checks itself, quickly, when it opens its first
+//! collection ([`essentials`]), so that a server that lacks one is refused with that same
+//! sentence before any data is written.
 //!
 //! [`Store`]: crate::Store
 
@@ -184,35 +184,22 @@ pub(crate) fn outcome<T: Observed>(check: &Check, result: Checked<T>) -> Result<
     })
 }
 
-/// The checks the transaction protocol cannot do without, cheap enough to run when a store opens
-/// (a few dozen commands on a scratch collection, dropped after, the atomicity checks with a
-/// little contention). `Ok(Err(_))`: the first that is lacking; `Err(_)`: the server could not be
-/// asked (nothing is known then).
+/// The protocol's needed checks, cheap enough to run when a store opens (a dozen commands on a
+/// scratch collection, dropped after). `Ok(Err(_))`: the first that is lacking; `Err(_)`: the
+/// server could not be asked (nothing is known then).
+///
+/// The single-document guarantees are left to the verdict: judging atomicity takes dozens of
+/// racing commands, each one more chance for a flaky network to fail a store's opening, and a
+/// race that happens to go well proves little; a deployment runs the verdict once instead.
 pub(crate) async fn essentials(db: &Database) -> Result<Result<(), Semantic>, Unasked> {
     let name = format!("mongotx_check_{}", ObjectId::new().to_hex());
     let coll: Collection<Document> = db.collection(&name);
-    let verdict = essentials_in(db, &coll).await;
+    let verdict = protocol::needed(&coll).await;
     let _ = coll.drop().await;
     Ok(verdict?
         .into_iter()
         .find(|s| s.refusal().is_some())
         .map_or(Ok(()), Err))
-}
-
-/// How many concurrent callers a store's own atomicity checks use: enough for a server that
-/// applies conditional updates without isolation to show it, few enough to cost milliseconds.
-const STORE_CONTENTION: usize = 8;
-
-async fn essentials_in(
-    db: &Database,
-    coll: &Collection<Document>,
-) -> Result<Vec<Semantic>, Unasked> {
-    // The protocol's checks first: a server lacking one of them is refused for it whatever the
-    // races of the atomicity checks happen to show.
-    let mut found = protocol::needed(coll).await?;
-    let contention = Contention::new(STORE_CONTENTION);
-    found.extend(atomicity::needed(db, coll, &contention).await?);
-    Ok(found)
 }
 
 /// Every check, in scratch collections named after `name` (all dropped after), the atomicity
