@@ -158,6 +158,8 @@ async fn assert_refused(case: Case<'_>) -> usize {
 /// a server that cannot be reached (exit 1 within the connect timeout, as docs/guarantees.md says).
 #[tokio::test]
 async fn the_gc_runner_refuses_bad_command_lines() {
+    // No database of its own, but it loads the machine: a latency test waits for it.
+    let _share = crate::common::machine::share();
     let base = ["--uri", "mongodb://localhost", "--db", "d"];
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
         base.iter().chain(extra.iter()).copied().collect::<Vec<_>>()
@@ -251,6 +253,8 @@ async fn the_gc_runner_refuses_bad_command_lines() {
 /// per operation).
 #[tokio::test]
 async fn the_probe_refuses_bad_command_lines() {
+    // No database of its own, but it loads the machine: a latency test waits for it.
+    let _share = crate::common::machine::share();
     let cases = [
         case(PROBE, &["--bogus"], "unexpected argument '--bogus'"),
         case(
@@ -303,6 +307,8 @@ async fn the_probe_refuses_bad_command_lines() {
 /// that does not parse and an unreachable server (exit 2).
 #[tokio::test]
 async fn the_adopt_command_refuses_bad_command_lines() {
+    // No database of its own, but it loads the machine: a latency test waits for it.
+    let _share = crate::common::machine::share();
     const SCHEMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/accounts.json");
     const NOT_A_SCHEMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
     let cases = [
@@ -478,6 +484,8 @@ fn demo_example() -> String {
 /// them).
 #[tokio::test]
 async fn the_demo_and_the_bench_refuse_bad_command_lines() {
+    // No database of its own, but it loads the machine: a latency test waits for it.
+    let _share = crate::common::machine::share();
     let demo = demo_example();
     let demo = demo.as_str();
     let cases = [
@@ -560,6 +568,8 @@ async fn the_demo_and_the_bench_refuse_bad_command_lines() {
 /// cannot be reached (the roles give up after 5 s, as the run expects of them).
 #[tokio::test]
 async fn the_torture_refuses_bad_command_lines() {
+    // No database of its own, but it loads the machine: a latency test waits for it.
+    let _share = crate::common::machine::share();
     let bank = |extra: &[&'static str]| -> Vec<&'static str> {
         [
             "worker",

@@ -20,6 +20,8 @@ fn row<'a>(verdict: &'a Verdict, name: &str) -> &'a mongotx::Semantic {
 
 #[tokio::test]
 async fn ferretdb_gets_a_verdict_per_behaviour_and_is_refused_for_what_it_lacks() {
+    // No database of its own, but it loads the machine: a latency test waits for it.
+    let _share = crate::common::machine::share();
     let server = FerretDb::start().await.expect("FerretDB builds and starts");
     let client = Client::with_uri_str(server.uri()).await.expect("client");
     let db = client.database("mongotx_ferretdb");

@@ -6,7 +6,9 @@
 //! test that needs one, and shared: each test works in a database of its own, and a test that needs
 //! a server of other settings, or one it stops, starts its own. No test sets an environment
 //! variable of this process (a child's environment is set on its `Command`). The tests that run
-//! fleets of worker processes take turns (`common::fleet_turn`).
+//! fleets of worker processes take turns (`common::fleet_turn`), and the one test that bounds a
+//! latency (the rate limiter's high-priority waits) has the machine to itself
+//! (`common::machine::alone`).
 //!
 //! The subjects under `cfg(feature = "cli")` run the crate's binaries (`CARGO_BIN_EXE_*`); the
 //! crate's dev-dependency on itself turns the feature on for every test build.

@@ -25,6 +25,8 @@ fn client_uri(server: &LocalServer, user: &str, password: &str) -> String {
 #[tokio::test]
 async fn a_service_with_read_write_only_opens_adopts_and_writes_and_reports_what_an_admin_must_run()
 {
+    // No database of its own, but it loads the machine: a latency test waits for it.
+    let _share = crate::common::machine::share();
     let server = tokio::task::spawn_blocking(|| {
         LocalServer::start_with(&[
             "--user".into(),

@@ -7,10 +7,12 @@
 //! server themselves, one behaviour each, and skip the probe ([`TestDb::unprobed`]).
 //!
 //! Every test runs in this one process, so nothing here is per subject: a test that needs a server
-//! of other settings starts its own, and the tests that run fleets of processes take turns
-//! ([`fleet_turn`]).
+//! of other settings starts its own, the tests that run fleets of processes take turns
+//! ([`fleet_turn`]), and a test that measures latency has the machine to itself
+//! ([`machine::alone`]).
 #![allow(dead_code)]
 
+pub mod machine;
 pub mod refusals;
 #[path = "../../../src/bin/mongotx-torture/wire_proxy.rs"]
 pub mod wire_proxy;
@@ -125,6 +127,8 @@ pub struct TestDb {
     pub client: Client,
     pub db: Database,
     pub store: Store,
+    /// Held while the database lives: a latency test waits for it ([`machine::alone`]).
+    _share: machine::Sharing,
 }
 
 impl TestDb {
@@ -138,6 +142,7 @@ impl TestDb {
     /// judging one behaviour on its own, so that a server lacking some gets a failure per
     /// behaviour it lacks rather than the probe's refusal in every test.
     pub async fn unprobed() -> TestDb {
+        let share = machine::share();
         let client = client().await;
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("mongotx_test_{}_{n}", &ObjectId::new().to_hex()[..16]);
@@ -146,7 +151,12 @@ impl TestDb {
         let store = Store::builder(db.clone())
             .version_floor_grace(std::time::Duration::from_millis(200))
             .build();
-        TestDb { client, db, store }
+        TestDb {
+            client,
+            db,
+            store,
+            _share: share,
+        }
     }
 
     /// Another client on the same database (for many-clients concurrency).
