@@ -1212,6 +1212,46 @@ async fn find_and_modify_returns_each_caller_its_own_post_image() {
     assert_eq!(distinct, (1..=tasks as i64).collect());
 }
 
+/// The same page, for a counter the first call creates (`upsert: true`): the caller whose upsert
+/// inserted the document gets the document as it inserted it, not as the next caller's
+/// increment left it a moment later (a token counter is created this way: OBT tokens handed out
+/// twice were this). Each round races `tasks` increments on a counter that does not exist yet; a
+/// caller whose upsert lost the race to insert may get a duplicate key error and sends again,
+/// as the manual's "upsert and unique index" section says to.
+#[tokio::test]
+async fn find_and_modify_answers_the_upserting_caller_with_its_own_document() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("counters");
+    let tasks = 8_i64;
+    for round in 0..150_i64 {
+        let handed: Vec<i64> = join_all((0..tasks).map(|_| {
+            let coll = coll.clone();
+            tokio::spawn(async move {
+                loop {
+                    let result = coll
+                        .find_one_and_update(doc! { "_id": round }, doc! { "$inc": { "n": 1_i64 } })
+                        .upsert(true)
+                        .return_document(ReturnDocument::After)
+                        .await;
+                    match result {
+                        Ok(found) => {
+                            return found.expect("doc").get_i64("n").expect("n");
+                        }
+                        Err(e) if code_of(&e) == Some(11000) => continue,
+                        Err(e) => panic!("findAndModify: {e}"),
+                    }
+                }
+            })
+        }))
+        .await
+        .into_iter()
+        .map(|r| r.expect("task"))
+        .collect();
+        let distinct: BTreeSet<i64> = handed.iter().copied().collect();
+        assert_eq!(distinct, (1..=tasks).collect(), "round {round}: {handed:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Duplicate keys, ids, indexes
 // ---------------------------------------------------------------------------------------------

@@ -377,6 +377,13 @@ final class Writes {
                                 .append("upserted", created.get("_id"));
                         value = returnNew ? created : null;
                     }
+                    // The copy is taken before the lock goes: an upserted document is the stored
+                    // object itself, which the next update changes in place, so a copy taken after
+                    // could answer with another caller's write (two increments of a counter both
+                    // answered with the second's value).
+                    if (value != null) {
+                        value = value.cloneDeeply();
+                    }
                 }
             }
         } catch (ValidationFailure e) {
@@ -388,7 +395,7 @@ final class Writes {
             throw e;
         }
         Document reply = new Document("lastErrorObject", lastError);
-        reply.put("value", value == null ? null : Projection.apply(value.cloneDeeply(), fields));
+        reply.put("value", value == null ? null : Projection.apply(value, fields));
         return reply.append("ok", 1.0);
     }
 
