@@ -3,8 +3,18 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicU32, AtomicU8};
+use std::sync::Arc;
+
 use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
+
+/// A reservation not settled yet.
+pub(crate) const OPEN: u8 = 0;
+/// A reservation whose settlement was sent, and may or may not have landed.
+pub(crate) const SENT: u8 = 1;
+/// A settled reservation.
+pub(crate) const DONE: u8 = 2;
 
 /// The default collection of limiters.
 pub const LIMITERS_COLLECTION: &str = "ratelimits";
@@ -89,10 +99,20 @@ impl Limit {
         }
     }
 
-    /// How long a reservation that is never settled keeps capacity: until no interval of one
-    /// window can contain a call made under it.
+    /// How long a reservation that is never settled keeps capacity, at most: until no interval
+    /// of one window can contain a call made under it, and the slot its end falls in has aged
+    /// out (a slot is a 128th of window + hold + grace).
     pub fn dead_worker_cost(&self) -> Duration {
-        self.hold + self.grace + self.window + SLACK
+        let slot = u64::try_from(self.slot_ms()).unwrap_or(u64::MAX / 4);
+        self.hold + self.grace + self.window + SLACK + Duration::from_millis(slot)
+    }
+
+    /// The width in milliseconds of one slot of its limiter: its reach (window + hold + grace +
+    /// slack) over [`SLOTS`], rounded up.
+    pub(crate) fn slot_ms(&self) -> i64 {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
+        let reach = ms(self.window) + ms(self.hold) + ms(self.grace) + ms(SLACK);
+        ((reach + SLOTS - 1) / SLOTS).max(1)
     }
 
     /// Why this limit cannot be used, if it cannot.
@@ -170,6 +190,18 @@ impl Limit {
     }
 }
 
+/// The slots a limiter's reach (window + hold + grace + slack) is cut into.
+pub(crate) const SLOTS: i64 = 128;
+
+/// What a settlement needs to know of the grant it settles on one limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// The slot of its pending end.
+    pub end: i64,
+    /// The limiter's sequence number of the grant.
+    pub seq: i64,
+}
+
 /// Added to every window: the server's clock reads whole milliseconds, so a call at most a
 /// millisecond after a time read as `t` may be stamped `t`.
 pub(crate) const SLACK: Duration = Duration::from_millis(2);
@@ -209,7 +241,17 @@ impl fmt::Display for Priority {
 #[derive(Debug, Clone)]
 pub struct Reservation {
     pub(crate) id: ObjectId,
+    /// The collection of limiters that granted it (`database.collection`): settled through
+    /// another, it is unknown there.
+    pub(crate) namespace: String,
     pub(crate) limiters: Vec<String>,
+    /// Where each limiter (in the order of `limiters`) counted it.
+    pub(crate) grants: Vec<Grant>,
+    /// Whether it was settled: shared by its clones, so that settling twice is refused whichever
+    /// clone does it (`OPEN`, `SENT`, `DONE`).
+    pub(crate) state: Arc<AtomicU8>,
+    /// The calls made, once settled (for the error of a second settlement).
+    pub(crate) made: Arc<AtomicU32>,
     pub(crate) calls: u32,
     pub(crate) priority: Priority,
     pub(crate) deadline: Instant,
@@ -285,6 +327,11 @@ pub enum Settled {
     },
     /// The reservation was past its expiry: it was counted in full and nothing was changed.
     Expired,
+    /// A reply was lost, and the limiter can no longer tell whether the settlement it answered
+    /// had landed (too many settlements since): nothing more was changed. Either the unused
+    /// calls came back then, or the reservation counts in full until it ages out; both are
+    /// safe, the second only wastes its unused calls for a while.
+    Unconfirmed,
 }
 
 /// A limiter's state as seen at one instant of the server's clock.
@@ -299,8 +346,10 @@ pub struct Usage {
     pub bulk: u32,
     /// Calls counted for high-priority callers in the window ending now.
     pub high: u32,
-    /// Reservations granted and not settled that still count.
-    pub pending: usize,
+    /// Calls of reservations granted and not settled yet: those counted after the current slot
+    /// (a reservation granted moments ago may share the current slot with settled calls, and is
+    /// not in this count).
+    pub pending: u32,
     /// Bulk callers queued for capacity.
     pub waiting: usize,
 }

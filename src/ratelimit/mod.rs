@@ -1,32 +1,39 @@
 //! A rate limiter shared by workers on different hosts: N calls per window W, for **every**
 //! interval of length W, by the server's clock, with reservations, priorities and
-//! all-or-nothing grants across several limiters.
+//! all-or-nothing grants across several limiters, at a cost that does not grow with W, N or
+//! the reservations outstanding.
 //!
 //! # The protocol
 //!
-//! A limiter is one document: its limit, a log of reservations and a queue of waiting bulk
-//! callers. A worker reserves calls before making them ([`RateLimits::try_reserve`],
-//! [`RateLimits::reserve`]); the grant is **one conditional update** whose condition is the
-//! admission rule itself, evaluated by the server over the log with its own clock (`$$NOW`), so
-//! two workers can never both take the last room. The worker makes its calls before the
-//! reservation's [`deadline`](Reservation::deadline), then settles with the number made
-//! ([`RateLimits::settle`]), which returns the unused calls at once.
+//! A limiter is one document: its limit, how many calls end in each *slot* of server time, its
+//! last grants and settlements, and a queue of waiting bulk callers. A worker reserves calls
+//! before making them ([`RateLimits::try_reserve`], [`RateLimits::reserve`]); the grant is **one
+//! write** whose pipeline evaluates the admission rule itself, on the server, with the server's
+//! clock (`$$NOW`), and adds the calls only if they fit, so two workers can never both take the
+//! last room; the document it returns says whether they were granted, and if not, when there
+//! will be room. The worker makes its calls before the reservation's
+//! [`deadline`](Reservation::deadline), then settles with the number made
+//! ([`RateLimits::settle`], one write too), which returns the unused calls at once.
 //!
-//! Each log entry has an end: grant + hold + grace while pending, the settle time once settled.
-//! A call made under a reservation reaches the API between the grant and that end. An entry
-//! counts while its end is less than one window ago, so every interval of one window that can
-//! contain one of its calls sees it; a reservation is granted only if the calls counted now plus
-//! the new ones fit, which (grants being ordered by the server) bounds every interval of one
-//! window, aligned or not. A worker that dies holding a reservation leaves its entry counted in
-//! full until hold + grace + one window after the grant: it costs at most its calls for that
-//! long and can never cause an overrun.
+//! A reservation's calls reach the API by its end: grant + hold + grace while pending, the settle
+//! time once settled. The limiter counts calls by the slot their end falls in (a slot is the
+//! limiter's reach, window + hold + grace, over 128), and a slot counts while its last
+//! millisecond is less than one window ago, so every interval of one window that can contain a
+//! call sees it, for at most one slot longer than needed. A reservation is granted only if the
+//! calls counted now plus the new ones fit, which (grants being ordered by the server) bounds
+//! every interval of one window, aligned or not. A worker that dies holding a reservation leaves
+//! its calls counted in full until its end's slot has aged out: it costs at most its calls for
+//! hold + grace + one window and a slot, and can never cause an overrun.
 //!
-//! Every time that counts is the server's: the granting and settling writes are update
-//! pipelines that stamp `$$NOW` themselves, and the admission test reads `$$NOW` too. No
-//! worker's clock is compared with another's; a worker only measures its own deadline, on its
-//! monotonic clock, from before its request left. (The bulk queue's order and liveness use the
-//! worker's estimate of the server's clock, which only affects fairness, never the bound.) The writes also prune entries that stopped counting, so
-//! the document stays as small as the traffic of one window.
+//! The document holds at most 130 slots, the last 32 grants and settlements and the waiting
+//! callers, whatever the limit and however many reservations are outstanding, so a grant or a
+//! settlement costs the same at 10 calls per window as at 1,000,000.
+//!
+//! Every time that counts is the server's: the writes are update pipelines that read `$$NOW`
+//! themselves. No worker's clock is compared with another's; a worker only measures its own
+//! deadline, on its monotonic clock, from before its request left. (The bulk queue's order and
+//! liveness use the worker's estimate of the server's clock, which only affects fairness, never
+//! the bound.)
 //!
 //! Priorities and the queue are described on [`RateLimits`]; the exhaustive model of the protocol
 //! (`model`) comes with the `testkit` feature.
@@ -238,7 +245,6 @@ impl RateLimits {
             "reserved",
             "hold_ms",
             "grace_ms",
-            "log",
             "wait",
         ]
         .iter()

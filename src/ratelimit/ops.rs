@@ -1,9 +1,10 @@
 //! The rate limiter's operations: define, reserve (try once, or wait), settle, read.
 //!
-//! (A little over 700 lines: each operation is one conditional write and the read that explains
+//! (Over 700 lines: each operation is one conditional write and the read that explains
 //! its refusal, and the pure parts, the writes' filters and updates, are already in `plan`.)
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -15,11 +16,9 @@ use mongodb::options::ReturnDocument;
 use tokio::sync::Notify;
 
 use crate::ratelimit::error::RateLimitError;
-use crate::ratelimit::limit::SLACK;
-use crate::ratelimit::limit::{Attempt, Limit, Priority, Reservation, Settled, Usage};
-use crate::ratelimit::plan::{
-    self, fits_expr, grant_update, queue_update, settle_update, Ticket, View,
-};
+use crate::ratelimit::limit::{Attempt, Grant, Limit, Priority, Reservation, Settled, Usage};
+use crate::ratelimit::limit::{DONE, OPEN, SENT, SLACK};
+use crate::ratelimit::plan::{self, grant_update, queue_update, settle_update, Out, Ticket, View};
 use crate::ratelimit::RateLimits;
 use crate::server::clock::plus;
 use crate::server::codes;
@@ -29,8 +28,7 @@ pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
 
 pub(crate) use crate::repo::names::shown;
 
-/// Times a grant is tried in one attempt when the limiter shows room the write did not find
-/// (a settlement landed in between) or the reply was lost.
+/// Times a grant or a settlement is sent when its reply is lost.
 const TRIES: u32 = 3;
 
 /// A waiting bulk caller's key and its places in the queues it joined.
@@ -41,10 +39,10 @@ struct Queue {
 
 /// How one limiter answered a grant.
 enum One {
-    Granted,
-    /// Refused; the reading that says when, unless the caller is about to read anyway.
+    Granted(Grant),
+    /// Refused; the limiter as the refusing write left it, which says when there will be room.
     Refused {
-        view: Option<Box<View>>,
+        view: Box<View>,
     },
 }
 
@@ -101,8 +99,7 @@ impl RateLimits {
             });
         }
         let mut fields = limit.to_fields();
-        fields.insert("log", Document::new());
-        fields.insert("wait", Document::new());
+        fields.extend(plan::initial_fields(&limit));
         let mut attempt = 0;
         let stored = loop {
             attempt += 1;
@@ -128,6 +125,16 @@ impl RateLimits {
         };
         match Limit::from_fields(&stored) {
             Some(existing) if existing == limit => {
+                if !stored.contains_key("slot_ms") {
+                    // Written by an earlier mongotx: its log of reservations becomes slots.
+                    self.coll
+                        .update_one(
+                            doc! { "_id": name, "slot_ms": { "$exists": false } },
+                            plan::upgrade_update(&limit),
+                        )
+                        .await
+                        .map_err(|e| self.db_error(name, "move to slots", e))?;
+                }
                 self.cache(name, limit);
                 Ok(())
             }
@@ -150,7 +157,7 @@ impl RateLimits {
         let doc = self
             .coll
             .find_one(doc! { "_id": name })
-            .projection(doc! { "log": 0, "wait": 0 })
+            .projection(doc! { "slots": 0, "granted": 0, "settled": 0, "log": 0, "wait": 0 })
             .await
             .map_err(|e| self.db_error(name, "read", e))?
             .ok_or_else(|| self.unknown(name))?;
@@ -259,7 +266,12 @@ impl RateLimits {
 
     /// Settles `reservation`: `made` calls were made (and have completed), the rest return to
     /// every limiter at once. A reservation past its expiry was counted in full and is left
-    /// alone ([`Settled::Expired`]).
+    /// alone ([`Settled::Expired`]). One write per limiter, all sent at once.
+    ///
+    /// A reservation is settled once: settling it again, or a clone of it, is
+    /// [`RateLimitError::AlreadySettled`] and writes nothing. A settlement that failed with a
+    /// retryable error may be sent again with the same call; the limiter then applies it only if
+    /// it can tell the first sending did not land ([`Settled::Unconfirmed`] otherwise).
     pub async fn settle(
         &self,
         reservation: &Reservation,
@@ -272,22 +284,51 @@ impl RateLimits {
                 reserved: reservation.calls,
             });
         }
-        let outcomes = join_all(
-            reservation
-                .limiters
-                .iter()
-                .map(|name| self.settle_one(name, reservation, made)),
-        )
+        if reservation.namespace != self.coll.namespace().to_string() {
+            // Granted by another collection of limiters: its slots mean nothing here.
+            for name in &reservation.limiters {
+                self.limit(name).await?;
+            }
+            return Err(RateLimitError::UnknownReservation {
+                collection: self.coll_name().to_string(),
+                limiter: reservation.limiters.join(","),
+                reservation: reservation.id,
+            });
+        }
+        let resend =
+            match reservation
+                .state
+                .compare_exchange(OPEN, SENT, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => false,
+                Err(SENT) => true,
+                Err(_) => {
+                    return Err(RateLimitError::AlreadySettled {
+                        collection: self.coll_name().to_string(),
+                        limiter: reservation.limiters.join(","),
+                        reservation: reservation.id,
+                        made: reservation.made.load(Ordering::SeqCst),
+                    })
+                }
+            };
+        let outcomes = join_all(reservation.limiters.iter().zip(&reservation.grants).map(
+            |(name, grant)| {
+                self.settle_one(name, reservation, *grant, made, resend, &reservation.state)
+            },
+        ))
         .await;
         let mut settled = Settled::Returned {
             unused: reservation.calls - made,
         };
         for outcome in outcomes {
             match outcome? {
-                Settled::Expired => settled = Settled::Expired,
-                Settled::Returned { .. } => {}
+                Settled::Expired if settled != Settled::Unconfirmed => settled = Settled::Expired,
+                Settled::Unconfirmed => settled = Settled::Unconfirmed,
+                _ => {}
             }
         }
+        reservation.made.store(made, Ordering::SeqCst);
+        reservation.state.store(DONE, Ordering::SeqCst);
         // Only unused calls free room now; calls made keep theirs for a window, and waiters
         // already sleep until then.
         if made < reservation.calls {
@@ -298,67 +339,55 @@ impl RateLimits {
         Ok(settled)
     }
 
+    /// Settles a reservation on one limiter: one write, sent again (as a resend) when its reply
+    /// is lost. `state` becomes [`SENT`] before anything is sent.
     async fn settle_one(
         &self,
         name: &str,
         reservation: &Reservation,
+        grant: Grant,
         made: u32,
+        mut resend: bool,
+        state: &AtomicU8,
     ) -> Result<Settled, RateLimitError> {
         let key = reservation.id.to_hex();
-        let entry = format!("log.{key}");
-        let mut sent_blind = false;
-        for _ in 0..TRIES {
-            let filter = doc! {
-                "_id": name,
-                format!("{entry}.n"): i64::from(reservation.calls),
-                format!("{entry}.s"): { "$exists": false },
-                "$expr": { "$gte": [format!("${entry}.e"), "$$NOW"] },
-            };
-            let update = settle_update(&key, made, reservation.priority);
-            match self.coll.update_one(filter, update).await {
-                Ok(r) if r.matched_count == 1 => {
-                    return Ok(Settled::Returned {
-                        unused: reservation.calls - made,
-                    })
+        for round in 1..=TRIES {
+            let update = settle_update(
+                &key,
+                reservation.calls,
+                reservation.priority,
+                grant,
+                made,
+                resend,
+            );
+            let written = self
+                .coll
+                .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
+                .projection(doc! { "out": 1 })
+                .return_document(ReturnDocument::After)
+                .await;
+            let doc = match written {
+                Ok(Some(doc)) => doc,
+                Ok(None) => return Err(self.absent(name).await),
+                Err(e) if crate::server::is_transient(&e) && round < TRIES => {
+                    state.store(SENT, Ordering::SeqCst);
+                    resend = true;
+                    continue;
                 }
-                Ok(_) => {}
-                Err(e) if crate::server::is_transient(&e) => sent_blind = true,
                 Err(e) => return Err(self.db_error(name, "settle", e)),
-            }
-            let view = self.read(name).await?;
-            let unknown = || RateLimitError::UnknownReservation {
-                collection: self.coll_name().to_string(),
-                limiter: name.to_string(),
-                reservation: reservation.id,
             };
-            match view.log.iter().find(|e| e.key == key) {
-                // Pruned after it stopped counting, or never granted here.
-                None if reservation.expired() => return Ok(Settled::Expired),
-                None => return Err(unknown()),
-                // Our own settlement whose reply was lost.
-                Some(e) if e.settled && sent_blind && e.n == made => {
-                    return Ok(Settled::Returned {
-                        unused: reservation.calls - made,
-                    })
+            let out = Out::of(&doc, &key)
+                .ok_or_else(|| self.malformed(name, "the settling write returned no outcome"))?;
+            return Ok(if out.ok || out.seen {
+                Settled::Returned {
+                    unused: reservation.calls - made,
                 }
-                Some(e) if e.settled => {
-                    return Err(RateLimitError::AlreadySettled {
-                        collection: self.coll_name().to_string(),
-                        limiter: name.to_string(),
-                        reservation: reservation.id,
-                        made: e.n,
-                    })
-                }
-                Some(e)
-                    if e.n != reservation.calls
-                        || e.high != (reservation.priority == Priority::High) =>
-                {
-                    return Err(unknown())
-                }
-                Some(e) if e.end < view.now => return Ok(Settled::Expired),
-                // Pending and in time: the write was lost before it ran. Send it again.
-                Some(_) => {}
-            }
+            } else if out.lost {
+                Settled::Unconfirmed
+            } else {
+                // Its end's slot stopped counting: it aged out whole.
+                Settled::Expired
+            });
         }
         Err(RateLimitError::Contended {
             collection: self.coll_name().to_string(),
@@ -366,6 +395,18 @@ impl RateLimits {
             what: "settle",
             tries: TRIES,
         })
+    }
+
+    /// Why a write on `name` found no limiter to write: none, or one in an earlier format.
+    async fn absent(&self, name: &str) -> RateLimitError {
+        match self.coll.find_one(doc! { "_id": name }).await {
+            Ok(None) => self.unknown(name),
+            Ok(Some(doc)) => match View::parse(&doc, DateTime::now()) {
+                Err(reason) => self.malformed(name, &reason),
+                Ok(_) => self.malformed(name, "it changed format while being written"),
+            },
+            Err(e) => self.db_error(name, "read", e),
+        }
     }
 
     /// One grant on every limiter, all or nothing. A bulk caller that waits passes its
@@ -382,11 +423,9 @@ impl RateLimits {
         let single = limits.len() == 1;
         let answers = {
             let tickets = queue.as_deref().map(|q| &q.tickets);
-            // A caller that queues reads the limiter as it queues.
-            let read = tickets.is_none();
-            join_all(limits.iter().map(|(name, limit)| {
+            join_all(limits.iter().map(|(name, _)| {
                 let ticket = tickets.and_then(|t| t.get(name));
-                self.grant_one(name, limit, id, n, priority, ticket, single, read)
+                self.grant_one(name, id, n, priority, ticket, single)
             }))
             .await
         };
@@ -395,7 +434,7 @@ impl RateLimits {
         let mut failure = None;
         for ((name, limit), answer) in limits.iter().zip(answers) {
             match answer {
-                Ok(One::Granted) => granted.push((name, limit)),
+                Ok(One::Granted(grant)) => granted.push((name, grant)),
                 Ok(One::Refused { view }) => refused.push((name, limit, view)),
                 Err(e) => failure = failure.or(Some(e)),
             }
@@ -410,12 +449,24 @@ impl RateLimits {
             let hold = limits.iter().map(|(_, l)| l.hold).min().unwrap_or_default();
             let counted_for = limits
                 .iter()
-                .map(|(_, l)| l.hold - hold + l.grace + l.window + SLACK)
+                .map(|(_, l)| {
+                    l.hold - hold
+                        + l.grace
+                        + l.window
+                        + SLACK
+                        + Duration::from_millis(
+                            u64::try_from(plan::slot_ms(l)).unwrap_or(u64::MAX / 4),
+                        )
+                })
                 .max()
                 .unwrap_or_default();
             return Ok(Attempt::Granted(Reservation {
                 id,
+                namespace: self.coll.namespace().to_string(),
                 limiters: limits.iter().map(|(name, _)| name.clone()).collect(),
+                grants: granted.iter().map(|(_, g)| *g).collect(),
+                state: Arc::new(AtomicU8::new(OPEN)),
+                made: Arc::default(),
                 calls: n,
                 priority,
                 deadline: sent + hold,
@@ -424,7 +475,12 @@ impl RateLimits {
         }
         // All or nothing: take back what was granted. No call was made under it.
         let key = id.to_hex();
-        join_all(granted.iter().map(|(name, _)| self.withdraw(name, &key))).await;
+        join_all(
+            granted
+                .iter()
+                .map(|(name, grant)| self.withdraw(name, &key, n, priority, *grant)),
+        )
+        .await;
         for (name, _) in &granted {
             self.waker(name).notify_waiters();
         }
@@ -435,10 +491,9 @@ impl RateLimits {
         let mut after = Duration::ZERO;
         for (name, limit, view) in refused {
             let ttl = self.queue_ttl(limit);
-            let view = match (queue.as_deref_mut(), view) {
-                (None, Some(view)) => view,
-                (None, None) => Box::new(self.read(name).await?),
-                (Some(q), _) => {
+            let view = match queue.as_deref_mut() {
+                None => view,
+                Some(q) => {
                     let queued = self.join_queue(name, ttl, &q.key, n).await?;
                     if let Some(w) = queued.wait.iter().find(|w| w.key == q.key) {
                         let ticket = Ticket {
@@ -471,50 +526,52 @@ impl RateLimits {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Asks `name` for `n` calls under reservation `id`: one write that answers with the
+    /// limiter, granted or not; sent again with the same key when its reply is lost (the
+    /// limiter then finds the earlier grant instead of counting it twice).
     async fn grant_one(
         &self,
         name: &str,
-        limit: &Limit,
         id: ObjectId,
         n: u32,
         priority: Priority,
         ticket: Option<&Ticket>,
         leave_queue: bool,
-        read_on_refusal: bool,
     ) -> Result<One, RateLimitError> {
         let key = id.to_hex();
         let leaving = ticket.filter(|_| leave_queue).map(|t| t.key.as_str());
         let mut round = 0;
-        loop {
+        let doc = loop {
             round += 1;
-            let filter = doc! {
-                "_id": name,
-                format!("log.{key}"): { "$exists": false },
-                "$expr": fits_expr(n, priority, ticket),
-            };
-            let update = grant_update(&key, n, priority, limit, leaving);
-            match self.coll.update_one(filter, update).await {
-                Ok(r) if r.matched_count == 1 => return Ok(One::Granted),
-                // A clean refusal: the write did not land, so there is nothing to find.
-                Ok(_) if !read_on_refusal => return Ok(One::Refused { view: None }),
-                Ok(_) => {}
+            let update = grant_update(&key, n, priority, ticket, leaving);
+            let written = self
+                .coll
+                .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
+                // The recent grants and settlements stay on the server: `out` says what a caller
+                // needs of them.
+                .projection(doc! { "granted": 0, "settled": 0 })
+                .return_document(ReturnDocument::After)
+                .await;
+            match written {
+                Ok(Some(doc)) => break doc,
+                Ok(None) => return Err(self.absent(name).await),
                 Err(e) if crate::server::is_transient(&e) && round < TRIES => {}
                 Err(e) => return Err(self.db_error(name, "reserve", e)),
             }
-            let view = self.read(name).await?;
-            if view.log.iter().any(|e| e.key == key) {
-                // Our own write landed and its reply was lost.
-                return Ok(One::Granted);
-            }
-            // Room the write did not find a moment ago is a settlement that landed in between:
-            // try again, but only so often (others may be taking it as fast).
-            if !view.fits(n, priority, ticket) || round >= TRIES {
-                return Ok(One::Refused {
-                    view: Some(Box::new(view)),
-                });
-            }
+        };
+        let out = Out::of(&doc, &key)
+            .ok_or_else(|| self.malformed(name, "the granting write returned no outcome"))?;
+        if out.ok {
+            return plan::granted(&doc).map(One::Granted).ok_or_else(|| {
+                self.malformed(
+                    name,
+                    "a grant is missing from the recent grants it was added to",
+                )
+            });
         }
+        Ok(One::Refused {
+            view: Box::new(self.reading(name, &doc)?),
+        })
     }
 
     /// Puts (or keeps) a bulk caller in `name`'s queue and reads the limiter.
@@ -561,18 +618,18 @@ impl RateLimits {
         join_all(removals).await;
     }
 
-    /// Removes a grant no call was made under (the other limiters of the request refused).
-    async fn withdraw(&self, name: &str, key: &str) {
-        let entry = format!("log.{key}");
+    /// Takes back a grant no call was made under (another limiter of the request refused): a
+    /// settlement of none of its calls. Best effort: a grant left in place only counts until it
+    /// ages out, as a dead worker's would.
+    async fn withdraw(&self, name: &str, key: &str, n: u32, priority: Priority, grant: Grant) {
         let result = self
             .coll
             .update_one(
-                doc! { "_id": name, format!("{entry}.s"): { "$exists": false } },
-                doc! { "$unset": { entry: "" } },
+                doc! { "_id": name, "slot_ms": { "$exists": true } },
+                settle_update(key, n, priority, grant, 0, false),
             )
             .await;
         if let Err(e) = result {
-            // Left in place it only counts until it expires, as a dead worker's would.
             tracing::debug!(limiter = name, error = %e, "withdrawing a partial grant failed");
         }
     }

@@ -1,23 +1,58 @@
-//! The admission rule, twice: as the server evaluates it inside the granting write (`$expr`
-//! over the limiter document and `$$NOW`), and as a worker evaluates it over a document it read,
-//! to say when a refused request will fit; and the writes themselves, as update pipelines so
-//! every time they store is the server's `$$NOW`.
+//! The admission rule, twice: as the server evaluates it inside the granting write (an update
+//! pipeline over the limiter document and `$$NOW`), and as a worker evaluates it over a document
+//! it read, to say when a refused request will fit; and the writes themselves, as update
+//! pipelines so every time they use is the server's `$$NOW`.
 //!
-//! The rule. A log entry (one reservation) has `n` calls, a priority, and an end `e`: the
-//! server time by which its calls have reached the API (grant + hold + grace while pending, the
-//! settle time once settled). It counts while `e >= now - span`, where `span` is the window
-//! plus [`SLACK`] for the clock's millisecond rounding. With `bulk` and `high` the calls
-//! counted for each kind of caller, `ahead` the calls of bulk callers queued before this one:
+//! (Over 700 lines, half of them the unit tests of the view: the writes and the view that
+//! mirrors them on the worker's side belong together.)
+//!
+//! # Slots
+//!
+//! A reservation's calls reach the API by its *end*: grant + hold + grace while it is pending,
+//! the settle time once settled. The limiter does not keep reservations one by one (their number
+//! is unbounded: an API allowing 100,000 calls an hour may have as many outstanding); it keeps
+//! how many calls end in each *slot* of server time, `slot_ms` wide, bulk and high-priority
+//! apart. A slot numbered `s` holds the ends in `[s * slot_ms, (s + 1) * slot_ms)` and counts
+//! while its last millisecond is at most `span` old (`span`: the window plus [`SLACK`] for the
+//! clock's millisecond rounding), so every call counts at least as long as its own end says,
+//! and at most one slot longer: the limiter is conservative by less than `slot_ms`. `slot_ms`
+//! is the limiter's whole reach (window + hold + grace + slack) over `SLOTS`, so at most
+//! `SLOTS + 2` slots are ever live, whatever the number of calls or reservations, and a write
+//! reads and rewrites only those.
+//!
+//! A grant adds its calls to the slot of its pending end; a settlement takes them out of it and
+//! adds the calls made to the slot of the settle time (never later than the pending end). A
+//! reservation never settled stays counted in its pending end's slot until that slot ages out.
+//!
+//! # The rule
+//!
+//! With `bulk` and `high` the calls the live slots hold for each kind of caller and `ahead` the
+//! calls of bulk callers queued before this one:
 //!
 //! - high-priority: `bulk + high + n <= calls`;
 //! - bulk: `bulk + max(reserved, high) + ahead + n <= calls`.
 //!
 //! So bulk callers leave `reserved - high` free whenever high-priority callers hold less than
 //! `reserved`, and a high-priority request of that size always fits.
+//!
+//! # Lost replies
+//!
+//! The last [`RECENT`] grants (`granted`: key, end slot, calls, priority, sequence number) and
+//! settlements (`settled`: key, sequence number) stay in the document. A grant sent again after
+//! a lost reply finds its key among the grants and is not counted twice (beyond the last
+//! [`RECENT`] it would be: counted twice, which only wastes room until it ages out). A settlement
+//! sent again finds its key among the settlements; if it does not, and a settlement made after
+//! the reservation's grant has already been dropped from the list (`evicted`), the first sending
+//! may have landed and been dropped, so the second changes nothing: a settlement is applied at
+//! most once, and one that cannot be confirmed leaves the reservation counted in full, the safe
+//! side.
 
 use bson::{doc, Bson, DateTime, Document};
 
-use crate::ratelimit::limit::{Limit, Priority, SLACK};
+use crate::ratelimit::limit::{Grant, Limit, Priority, SLACK};
+
+/// Grants and settlements a limiter remembers for replies that were lost.
+pub(crate) const RECENT: i64 = 32;
 
 /// A bulk caller's place in the queue: its ticket and the server time it first queued.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,40 +63,143 @@ pub(crate) struct Ticket {
     pub exp: DateTime,
 }
 
-/// Milliseconds an entry keeps counting after its end.
+/// Milliseconds a call keeps counting after its end.
 pub(crate) fn span_ms(limit: &Limit) -> i64 {
     ms(limit.window) + ms(SLACK)
+}
+
+/// The width of one slot of `limit`'s limiter.
+pub(crate) fn slot_ms(limit: &Limit) -> i64 {
+    limit.slot_ms()
 }
 
 fn ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
-/// How long after it stops counting an entry is removed (or a queued caller after its expiry):
+/// How long after it stops counting a slot is removed (or a queued caller after its expiry):
 /// late enough that no reader still computing with it is surprised.
 const PRUNE_AFTER_MS: i64 = 100;
 
-fn entries(field: &str) -> Bson {
-    Bson::Document(doc! { "$objectToArray": { "$ifNull": [format!("${field}"), {}] } })
+/// The server's time in milliseconds, as the first stage of every write stores it.
+const NOW_MS: &str = "$_now";
+
+/// The first stage of every write: the server's time, once, in milliseconds.
+fn clock_stage(reading: bool) -> Document {
+    let mut set = doc! { "_now": { "$toLong": "$$NOW" } };
+    if reading {
+        // The document the write returns is a reading, with its time.
+        set.insert("read_at", "$$NOW");
+    }
+    doc! { "$set": set }
 }
 
-/// Calls counted now for one kind of caller (`None`: for both).
-fn live_expr(high: Option<bool>) -> Bson {
-    let cutoff = doc! { "$subtract": ["$$NOW", { "$add": ["$window_ms", ms(SLACK)] }] };
-    let counts = doc! { "$gte": ["$$x.v.e", cutoff] };
-    let cond = match high {
-        None => counts,
-        Some(high) => doc! { "$and": [counts, { "$eq": ["$$x.v.p", high] }] },
-    };
-    Bson::Document(doc! { "$sum": { "$map": {
-        "input": { "$filter": {
-            "input": entries("log"),
-            "as": "x",
-            "cond": cond,
-        } },
+fn long(v: i64) -> Bson {
+    Bson::Int64(v)
+}
+
+fn array(field: &str) -> Bson {
+    Bson::Document(doc! { "$ifNull": [format!("${field}"), []] })
+}
+
+fn seq() -> Bson {
+    Bson::Document(doc! { "$ifNull": ["$seq", long(0)] })
+}
+
+/// The slot holding the server time `at_ms` (an expression in milliseconds).
+fn slot_of(at_ms: Bson) -> Bson {
+    Bson::Document(doc! { "$toLong": { "$floor": { "$divide": [at_ms, "$slot_ms"] } } })
+}
+
+/// Whether the slot named `slot` (a variable: `$$x`, `$$this`) counts at `_now`, `margin_ms`
+/// widened.
+fn counting(slot: &str, margin_ms: i64) -> Document {
+    let last_ms = doc! { "$subtract": [
+        { "$multiply": [{ "$add": [format!("{slot}.s"), long(1)] }, "$slot_ms"] },
+        long(1),
+    ] };
+    let cutoff = doc! { "$subtract": [NOW_MS, { "$add": ["$window_ms", ms(SLACK) + margin_ms] }] };
+    doc! { "$gte": [last_ms, cutoff] }
+}
+
+/// The slots every write keeps: those that count, and those that stopped counting less than
+/// [`PRUNE_AFTER_MS`] ago (so that a reader still computing with them is not surprised).
+fn kept_slots() -> Bson {
+    Bson::Document(doc! { "$filter": {
+        "input": array("slots"),
         "as": "x",
-        "in": "$$x.v.n",
-    } } })
+        "cond": counting("$$x", PRUNE_AFTER_MS),
+    } })
+}
+
+/// The calls the slots that count hold, `{ b, h }` (bulk, high priority), in one pass.
+fn held_now() -> Bson {
+    Bson::Document(doc! { "$reduce": {
+        "input": array("slots"),
+        "initialValue": { "b": long(0), "h": long(0) },
+        "in": { "$cond": [
+            counting("$$this", 0),
+            { "b": { "$add": ["$$value.b", "$$this.b"] }, "h": { "$add": ["$$value.h", "$$this.h"] } },
+            "$$value",
+        ] },
+    } })
+}
+
+/// `slots` with `bulk` and `high` (expressions, negative to take away) added to slot `slot`,
+/// never below zero.
+fn add_to(slots: Bson, slot: Bson, bulk: Bson, high: Bson) -> Bson {
+    let floor = |v: Bson| Bson::Document(doc! { "$max": [long(0), v] });
+    let here = doc! { "$eq": ["$$x.s", slot.clone()] };
+    Bson::Document(doc! { "$cond": [
+        { "$gt": [{ "$size": { "$filter": { "input": slots.clone(), "as": "x", "cond": here.clone() } } }, 0] },
+        { "$map": {
+            "input": slots.clone(),
+            "as": "x",
+            "in": { "$cond": [
+                here,
+                {
+                    "s": "$$x.s",
+                    "b": floor(Bson::Document(doc! { "$add": ["$$x.b", bulk.clone()] })),
+                    "h": floor(Bson::Document(doc! { "$add": ["$$x.h", high.clone()] })),
+                },
+                "$$x",
+            ] },
+        } },
+        { "$concatArrays": [slots, [{ "s": slot, "b": floor(bulk), "h": floor(high) }]] },
+    ] })
+}
+
+/// `n` calls as (bulk, high) for a caller of `priority`.
+fn split(n: i64, priority: Priority) -> (Bson, Bson) {
+    match priority {
+        Priority::High => (long(0), long(n)),
+        Priority::Bulk => (long(n), long(0)),
+    }
+}
+
+/// Whether `key` is among the recent entries of `field`.
+fn remembered(field: &str, key: &str) -> Bson {
+    Bson::Document(
+        doc! { "$in": [key, { "$map": { "input": array(field), "as": "r", "in": "$$r.k" } }] },
+    )
+}
+
+/// `field` (given as `$$r.<field>`) of the recent grant `key`; missing if there is none.
+fn earlier(key: &str, field: &str) -> Bson {
+    Bson::Document(doc! { "$arrayElemAt": [{ "$map": {
+        "input": { "$filter": { "input": array("granted"), "as": "r", "cond": { "$eq": ["$$r.k", key] } } },
+        "as": "r",
+        "in": field,
+    } }, 0] })
+}
+
+/// `field`'s recent entries with `entry` added (the oldest dropped beyond [`RECENT`]).
+fn remember(field: &str, entry: Document) -> Bson {
+    Bson::Document(doc! { "$slice": [{ "$concatArrays": [array(field), [entry]] }, -RECENT] })
+}
+
+fn entries(field: &str) -> Bson {
+    Bson::Document(doc! { "$objectToArray": { "$ifNull": [format!("${field}"), {}] } })
 }
 
 /// Calls of bulk callers queued before `ticket` (all queued callers for a caller not queued).
@@ -85,101 +223,205 @@ fn ahead_expr(ticket: Option<&Ticket>) -> Bson {
     } } })
 }
 
-/// The server-side admission test for `n` calls.
-pub(crate) fn fits_expr(n: u32, priority: Priority, ticket: Option<&Ticket>) -> Document {
+/// The server-side admission test for `n` calls, over `_held` (the calls the slots that count
+/// hold, set by an earlier stage).
+fn fits_expr(n: u32, priority: Priority, ticket: Option<&Ticket>) -> Bson {
     let n = i64::from(n);
-    match priority {
-        // One pass over the log: this is the request that must be fast.
-        Priority::High => doc! { "$lte": [ { "$add": [live_expr(None), n] }, "$calls" ] },
+    Bson::Document(match priority {
+        Priority::High => doc! { "$lte": [ { "$add": ["$_held.b", "$_held.h", n] }, "$calls" ] },
         Priority::Bulk => doc! { "$lte": [
-            { "$add": [
-                live_expr(Some(false)),
-                { "$max": ["$reserved", live_expr(Some(true))] },
-                ahead_expr(ticket),
-                n,
-            ] },
+            { "$add": ["$_held.b", { "$max": ["$reserved", "$_held.h"] }, ahead_expr(ticket), n] },
             "$calls"
         ] },
-    }
+    })
 }
 
-/// `field` (an object of entries) without the entries `keep` refuses.
-fn filtered(field: &str, keep: Document) -> Bson {
+/// The queue without callers gone for a while, and without `leaving`.
+fn pruned_wait(leaving: Option<&str>) -> Bson {
+    let live = doc! { "$gte": ["$$x.v.exp", { "$subtract": ["$$NOW", PRUNE_AFTER_MS] }] };
+    let keep = match leaving {
+        None => live,
+        Some(key) => doc! { "$and": [live, { "$ne": ["$$x.k", key] }] },
+    };
     Bson::Document(doc! { "$arrayToObject": [ { "$filter": {
-        "input": entries(field),
+        "input": entries("wait"),
         "as": "x",
         "cond": keep,
     } } ] })
 }
 
-/// The log without entries that stopped counting over a second ago (an entry's end only ever
-/// moves earlier, so one that stopped counting never counts again).
-fn pruned_log() -> Bson {
-    filtered(
-        "log",
-        doc! { "$gte": ["$$x.v.e", { "$subtract": ["$$NOW", { "$add": ["$window_ms", ms(SLACK) + PRUNE_AFTER_MS] }] }] },
-    )
+/// The stage that drops the temporary fields.
+fn unset(fields: &[&str]) -> Document {
+    doc! { "$unset": fields.iter().map(|f| Bson::from(*f)).collect::<Vec<_>>() }
 }
 
-/// The queue without callers gone for over a second, and without `leaving`.
-fn pruned_wait(leaving: Option<&str>) -> Bson {
-    let live = doc! { "$gte": ["$$x.v.exp", { "$subtract": ["$$NOW", PRUNE_AFTER_MS] }] };
-    filtered(
-        "wait",
-        match leaving {
-            None => live,
-            Some(key) => doc! { "$and": [live, { "$ne": ["$$x.k", key] }] },
-        },
-    )
+/// The fields a new limiter of `limit` starts with (besides the limit's own).
+pub(crate) fn initial_fields(limit: &Limit) -> Document {
+    doc! {
+        "slot_ms": slot_ms(limit),
+        "slots": [],
+        "granted": [],
+        "settled": [],
+        "evicted": long(-1),
+        "seq": long(0),
+        "wait": {},
+    }
 }
 
-/// An update pipeline that replaces `fields` of the document, whole.
-fn replace_fields(fields: Document) -> Vec<Document> {
-    vec![doc! { "$replaceRoot": { "newRoot": { "$mergeObjects": ["$$ROOT", fields] } } }]
-}
-
-/// The sweeping write: the log and the queue pruned, nothing added. A limiter nobody writes to
-/// keeps its stale entries until a write like this one comes.
+/// The sweeping write: slots that stopped counting and callers gone dropped, nothing added. A
+/// limiter nobody writes to keeps its stale slots until a write like this one comes.
 pub(crate) fn prune_update() -> Vec<Document> {
-    replace_fields(doc! {
-        "log": pruned_log(),
-        "wait": pruned_wait(None),
-    })
+    vec![
+        clock_stage(false),
+        doc! { "$set": { "slots": kept_slots(), "wait": pruned_wait(None) } },
+        unset(&["_now"]),
+    ]
 }
 
-/// The granting write: a log entry `key` ending at `$$NOW` + hold + grace, the log and the queue
-/// pruned, and the caller out of the queue.
+/// The granting write, sent with the limiter's id alone as its filter so that it always
+/// answers with the limiter (a refusal too: the document it returns says when there will be
+/// room). `n` calls are added to the slot of `$$NOW + hold + grace` if they fit and `key` was
+/// not granted already; `out` says what happened (`ok`: granted, now or by an earlier sending);
+/// the grant is remembered in `granted`. A granted bulk caller leaves the queue (`leaving`).
 pub(crate) fn grant_update(
     key: &str,
     n: u32,
     priority: Priority,
-    limit: &Limit,
+    ticket: Option<&Ticket>,
     leaving: Option<&str>,
 ) -> Vec<Document> {
+    let (bulk, high) = split(i64::from(n), priority);
     let entry = doc! {
+        "k": key,
+        "s": "$_end",
         "n": i64::from(n),
         "p": priority == Priority::High,
-        "e": { "$add": ["$$NOW", ms(limit.hold) + ms(limit.grace)] },
+        "q": { "$add": [seq(), long(1)] },
     };
-    replace_fields(doc! {
-        "log": { "$mergeObjects": [pruned_log(), { key: entry }] },
-        "wait": pruned_wait(leaving),
-    })
+    let mut effects = doc! {
+        "slots": { "$cond": ["$_ok", add_to(array("slots"), Bson::from("$_end"), bulk, high), array("slots")] },
+        "granted": { "$cond": ["$_ok", remember("granted", entry), array("granted")] },
+        "seq": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, seq()] },
+        "out": {
+            "k": key,
+            "ok": { "$or": ["$_dup", "$_ok"] },
+            "s": { "$cond": ["$_ok", "$_end", earlier(key, "$$r.s")] },
+            "q": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, earlier(key, "$$r.q")] },
+        },
+    };
+    if leaving.is_some() {
+        effects.insert(
+            "wait",
+            doc! { "$cond": ["$_ok", pruned_wait(leaving), "$wait"] },
+        );
+    }
+    vec![
+        clock_stage(true),
+        doc! { "$set": {
+            "slots": kept_slots(),
+            "wait": pruned_wait(None),
+            "_dup": remembered("granted", key),
+            "_end": slot_of(Bson::Document(doc! { "$add": [NOW_MS, "$hold_ms", "$grace_ms"] })),
+            "_held": held_now(),
+        } },
+        doc! { "$set": { "_ok": { "$and": [{ "$not": ["$_dup"] }, fits_expr(n, priority, ticket)] } } },
+        doc! { "$set": effects },
+        unset(&["_now", "_dup", "_end", "_held", "_ok"]),
+    ]
 }
 
-/// The settling write: entry `key` now counts `made` calls ending at `$$NOW`.
-pub(crate) fn settle_update(key: &str, made: u32, priority: Priority) -> Vec<Document> {
-    let entry = doc! {
-        "n": i64::from(made),
-        "p": priority == Priority::High,
-        "e": "$$NOW",
-        "s": true,
+/// The settling write for reservation `key` (`n` calls of `priority`, granted as `grant`):
+/// takes its calls out of its end's slot and adds the `made` ones to the slot of `$$NOW` (or its
+/// end's, if that is earlier), unless its key is among the recent settlements, the time is past
+/// its end's slot (then it is counted in full until it ages out), or, when `resend`, a settlement made since its
+/// grant was already dropped from the recent ones (it may be this one). `out` says which.
+pub(crate) fn settle_update(
+    key: &str,
+    n: u32,
+    priority: Priority,
+    grant: Grant,
+    made: u32,
+    resend: bool,
+) -> Vec<Document> {
+    let (bulk, high) = split(-i64::from(n), priority);
+    let (made_bulk, made_high) = split(i64::from(made), priority);
+    let taken = add_to(array("slots"), long(grant.end), bulk, high);
+    let lost = if resend {
+        Bson::Document(doc! { "$gte": [{ "$ifNull": ["$evicted", long(-1)] }, long(grant.seq)] })
+    } else {
+        Bson::Boolean(false)
     };
-    replace_fields(doc! { "log": { "$mergeObjects": [entries_object("log"), { key: entry }] } })
+    let dropped = doc! { "$arrayElemAt": [{ "$map": { "input": array("settled"), "as": "r", "in": "$$r.q" } }, 0] };
+    vec![
+        clock_stage(true),
+        doc! { "$set": {
+            "slots": kept_slots(),
+            "_seen": remembered("settled", key),
+            "_lost": lost,
+            "_at": { "$min": [slot_of(Bson::from(NOW_MS)), long(grant.end)] },
+        } },
+        // Past its end's slot, a reservation is counted in full and left alone (its calls may
+        // still be arriving until its end; after that its slot only ages out).
+        doc! { "$set": {
+            "_here": { "$and": [
+                { "$lte": [NOW_MS, { "$subtract": [{ "$multiply": [long(grant.end + 1), "$slot_ms"] }, long(1)] }] },
+                { "$gt": [{ "$size": { "$filter": {
+                    "input": array("slots"),
+                    "as": "x",
+                    "cond": { "$eq": ["$$x.s", long(grant.end)] },
+                } } }, 0] },
+            ] },
+        } },
+        doc! { "$set": { "_ok": { "$and": [{ "$not": ["$_seen"] }, { "$not": ["$_lost"] }, "$_here"] } } },
+        doc! { "$set": {
+            // A slot a settlement empties goes (its pending end's, when all its calls came back).
+            "slots": { "$cond": ["$_ok", { "$filter": {
+                "input": add_to(taken, Bson::from("$_at"), made_bulk, made_high),
+                "as": "x",
+                "cond": { "$gt": [{ "$add": ["$$x.b", "$$x.h"] }, long(0)] },
+            } }, array("slots")] },
+            "evicted": { "$cond": [
+                { "$and": ["$_ok", { "$gte": [{ "$size": array("settled") }, RECENT] }] },
+                { "$max": [{ "$ifNull": ["$evicted", long(-1)] }, dropped] },
+                { "$ifNull": ["$evicted", long(-1)] },
+            ] },
+            "settled": { "$cond": ["$_ok", remember("settled", doc! { "k": key, "q": { "$add": [seq(), long(1)] } }), array("settled")] },
+            "seq": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, seq()] },
+            "out": { "k": key, "ok": "$_ok", "seen": "$_seen", "lost": "$_lost", "here": "$_here" },
+        } },
+        unset(&["_now", "_seen", "_lost", "_at", "_here", "_ok"]),
+    ]
 }
 
-fn entries_object(field: &str) -> Bson {
-    Bson::Document(doc! { "$ifNull": [format!("${field}"), {}] })
+/// The write that moves a limiter written by an earlier version of mongotx (a `log` of
+/// reservations, one entry each) to slots: every live entry's calls go to the slot of the latest
+/// end among them, which counts each of them at least as long as its own end did.
+pub(crate) fn upgrade_update(limit: &Limit) -> Vec<Document> {
+    let log = entries("log");
+    let total = |high: bool| {
+        Bson::Document(doc! { "$sum": { "$map": {
+            "input": { "$filter": { "input": log.clone(), "as": "x", "cond": { "$eq": [{ "$ifNull": ["$$x.v.p", false] }, high] } } },
+            "as": "x",
+            "in": "$$x.v.n",
+        } } })
+    };
+    let latest = doc! { "$max": { "$map": { "input": log.clone(), "as": "x", "in": { "$toLong": "$$x.v.e" } } } };
+    let mut fields = initial_fields(limit);
+    fields.remove("wait");
+    fields.insert(
+        "slots",
+        doc! { "$cond": [
+            { "$gt": [{ "$size": log.clone() }, 0] },
+            [{ "s": slot_of(Bson::Document(latest)), "b": { "$toLong": total(false) }, "h": { "$toLong": total(true) } }],
+            [],
+        ] },
+    );
+    fields.insert("wait", doc! { "$ifNull": ["$wait", {}] });
+    vec![
+        doc! { "$set": { "slot_ms": slot_ms(limit) } },
+        doc! { "$set": fields },
+        unset(&["log"]),
+    ]
 }
 
 /// The queueing write: caller `key` wants `n` calls, queued since `since` (kept from its first
@@ -198,14 +440,48 @@ pub(crate) fn queue_update(key: &str, n: u32, since: DateTime, exp: DateTime) ->
     }
 }
 
-/// One reservation in a limiter's log.
+/// What a write's `out` field says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub key: String,
-    pub n: u32,
-    pub high: bool,
-    pub end: DateTime,
-    pub settled: bool,
+pub(crate) struct Out {
+    pub ok: bool,
+    pub seen: bool,
+    pub lost: bool,
+    pub here: bool,
+}
+
+impl Out {
+    /// The outcome of the write of `key` in the document it returned (`None`: it is not there,
+    /// which a document returned by that very write cannot be).
+    pub fn of(doc: &Document, key: &str) -> Option<Out> {
+        let out = doc.get_document("out").ok()?;
+        if out.get_str("k").ok()? != key {
+            return None;
+        }
+        let flag = |k: &str| out.get_bool(k).unwrap_or(false);
+        Some(Out {
+            ok: flag("ok"),
+            seen: flag("seen"),
+            lost: flag("lost"),
+            here: flag("here"),
+        })
+    }
+}
+
+/// The grant a granting write reported in its `out` (made now, or found among the recent ones).
+pub(crate) fn granted(doc: &Document) -> Option<Grant> {
+    let out = doc.get_document("out").ok()?;
+    Some(Grant {
+        end: out.get_i64("s").ok()?,
+        seq: out.get_i64("q").ok()?,
+    })
+}
+
+/// One slot: the calls that end in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub s: i64,
+    pub bulk: u32,
+    pub high: u32,
 }
 
 /// One queued bulk caller.
@@ -221,8 +497,9 @@ pub(crate) struct Waiter {
 #[derive(Debug, Clone)]
 pub(crate) struct View {
     pub limit: Limit,
+    pub slot_ms: i64,
     pub now: DateTime,
-    pub log: Vec<Entry>,
+    pub slots: Vec<Slot>,
     pub wait: Vec<Waiter>,
 }
 
@@ -231,28 +508,31 @@ impl View {
     pub fn parse(doc: &Document, now: DateTime) -> Result<View, String> {
         let limit =
             Limit::from_fields(doc).ok_or("its limit fields are missing or out of range")?;
+        let slot_ms = match doc.get_i64("slot_ms") {
+            Ok(ms) if ms > 0 => ms,
+            _ if doc.contains_key("log") => {
+                return Err(
+                    "it was written by an earlier mongotx (a log of reservations, not slots); \
+                     `define` it again to move it to slots"
+                        .into(),
+                )
+            }
+            _ => return Err("it has no whole positive `slot_ms`".into()),
+        };
         let int = |d: &Document, k: &str| {
             d.get_i64(k)
                 .ok()
                 .or_else(|| d.get_i32(k).ok().map(i64::from))
                 .and_then(|v| u32::try_from(v).ok())
         };
-        let mut log = Vec::new();
-        if let Ok(entries) = doc.get_document("log") {
-            for (key, value) in entries {
-                let e = value
-                    .as_document()
-                    .ok_or_else(|| format!("log entry {key} is not a document"))?;
-                log.push(Entry {
-                    key: key.clone(),
-                    n: int(e, "n").ok_or_else(|| format!("log entry {key} has no count"))?,
-                    high: e.get_bool("p").unwrap_or(false),
-                    end: e
-                        .get_datetime("e")
-                        .map_err(|_| format!("log entry {key} has no end"))?
-                        .to_owned(),
-                    settled: e.get_bool("s").unwrap_or(false),
-                });
+        let mut slots = Vec::new();
+        for (i, value) in doc.get_array("slots").into_iter().flatten().enumerate() {
+            let slot = value
+                .as_document()
+                .ok_or_else(|| format!("slot {i} is not a document"))?;
+            match (slot.get_i64("s"), int(slot, "b"), int(slot, "h")) {
+                (Ok(s), Some(bulk), Some(high)) => slots.push(Slot { s, bulk, high }),
+                _ => return Err(format!("slot {i} is incomplete")),
             }
         }
         let mut wait = Vec::new();
@@ -275,25 +555,28 @@ impl View {
         }
         Ok(View {
             limit,
+            slot_ms,
             now,
-            log,
+            slots,
             wait,
         })
     }
 
-    fn counts_at(&self, entry: &Entry, at: DateTime) -> bool {
-        entry.end.timestamp_millis() >= at.timestamp_millis() - span_ms(&self.limit)
+    /// The last millisecond of slot `s`.
+    fn last_ms(&self, s: i64) -> i64 {
+        s.saturating_add(1).saturating_mul(self.slot_ms) - 1
+    }
+
+    fn counts_at(&self, slot: &Slot, at: DateTime) -> bool {
+        self.last_ms(slot.s) >= at.timestamp_millis() - span_ms(&self.limit)
     }
 
     /// Calls counted at `at` for bulk and for high-priority callers.
     pub fn counted(&self, at: DateTime) -> (u32, u32) {
         let (mut bulk, mut high) = (0u32, 0u32);
-        for e in self.log.iter().filter(|e| self.counts_at(e, at)) {
-            if e.high {
-                high = high.saturating_add(e.n);
-            } else {
-                bulk = bulk.saturating_add(e.n);
-            }
+        for slot in self.slots.iter().filter(|s| self.counts_at(s, at)) {
+            bulk = bulk.saturating_add(slot.bulk);
+            high = high.saturating_add(slot.high);
         }
         (bulk, high)
     }
@@ -337,11 +620,12 @@ impl View {
     }
 
     /// Whether `n` calls fit at the reading's time.
+    #[cfg(test)]
     pub fn fits(&self, n: u32, priority: Priority, ticket: Option<&Ticket>) -> bool {
         self.fits_with(n, priority, self.ahead_of(priority, ticket), self.now)
     }
 
-    /// The earliest server time at which `n` calls fit as entries age out, the queue ahead
+    /// The earliest server time at which `n` calls fit as slots age out, the queue ahead
     /// staying as it is; `None` if they never fit that way (the queue must move first).
     pub fn fits_at(&self, n: u32, priority: Priority, ticket: Option<&Ticket>) -> Option<DateTime> {
         let ahead = self.ahead_of(priority, ticket);
@@ -350,10 +634,10 @@ impl View {
         }
         let span = span_ms(&self.limit);
         let mut leaving: Vec<i64> = self
-            .log
+            .slots
             .iter()
-            .filter(|e| self.counts_at(e, self.now))
-            .map(|e| e.end.timestamp_millis() + span + 1)
+            .filter(|s| self.counts_at(s, self.now))
+            .map(|s| self.last_ms(s.s) + span + 1)
             .collect();
         leaving.sort_unstable();
         leaving.dedup();
@@ -363,19 +647,36 @@ impl View {
             .find(|&at| self.fits_with(n, priority, ahead, at))
     }
 
-    /// [`fits_at`](View::fits_at) if the pending reservations are settled now with every call
-    /// made, the usual case: the earliest a waiter can hope for (it is never later).
+    /// The slot of the reading's time.
+    fn current_slot(&self) -> i64 {
+        self.now.timestamp_millis().div_euclid(self.slot_ms)
+    }
+
+    /// [`fits_at`](View::fits_at) if the pending reservations (the calls in slots after the
+    /// current one) are settled now with every call made, the usual case: the earliest a
+    /// waiter can hope for (it is never later).
     pub fn likely_fits_at(
         &self,
         n: u32,
         priority: Priority,
         ticket: Option<&Ticket>,
     ) -> Option<DateTime> {
+        let current = self.current_slot();
         let mut settled_now = self.clone();
-        for e in &mut settled_now.log {
-            if !e.settled && e.end > self.now {
-                e.end = self.now;
+        let (mut bulk, mut high) = (0u32, 0u32);
+        settled_now.slots.retain(|s| {
+            if s.s > current {
+                bulk = bulk.saturating_add(s.bulk);
+                high = high.saturating_add(s.high);
             }
+            s.s <= current
+        });
+        if bulk > 0 || high > 0 {
+            settled_now.slots.push(Slot {
+                s: current,
+                bulk,
+                high,
+            });
         }
         settled_now.fits_at(n, priority, ticket)
     }
@@ -383,16 +684,19 @@ impl View {
     /// The usage summary of the reading.
     pub fn usage(&self) -> crate::ratelimit::limit::Usage {
         let (bulk, high) = self.counted(self.now);
+        let current = self.current_slot();
         crate::ratelimit::limit::Usage {
             limit: self.limit,
             now: self.now,
             bulk,
             high,
             pending: self
-                .log
+                .slots
                 .iter()
-                .filter(|e| !e.settled && e.end >= self.now)
-                .count(),
+                .filter(|s| s.s > current)
+                .fold(0u32, |sum, s| {
+                    sum.saturating_add(s.bulk).saturating_add(s.high)
+                }),
             waiting: self.wait.iter().filter(|w| w.exp >= self.now).count(),
         }
     }
@@ -401,28 +705,43 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ratelimit::limit::SLOTS;
     use std::time::Duration;
 
+    /// A view with 1 ms slots (each end its own slot, as the exact rule would count) unless
+    /// `slot_ms` says otherwise.
     fn view(
         limit: Limit,
+        slot_ms: i64,
         now: i64,
-        log: &[(u32, bool, i64)],
+        ends: &[(u32, bool, i64)],
         wait: &[(&str, u32, i64, i64)],
     ) -> View {
+        let mut slots: Vec<Slot> = Vec::new();
+        for &(n, high, end) in ends {
+            let s = end.div_euclid(slot_ms);
+            let slot = match slots.iter_mut().find(|x| x.s == s) {
+                Some(slot) => slot,
+                None => {
+                    slots.push(Slot {
+                        s,
+                        bulk: 0,
+                        high: 0,
+                    });
+                    slots.last_mut().unwrap()
+                }
+            };
+            if high {
+                slot.high += n;
+            } else {
+                slot.bulk += n;
+            }
+        }
         View {
             limit,
+            slot_ms,
             now: DateTime::from_millis(now),
-            log: log
-                .iter()
-                .enumerate()
-                .map(|(i, &(n, high, end))| Entry {
-                    key: format!("r{i}"),
-                    n,
-                    high,
-                    end: DateTime::from_millis(end),
-                    settled: false,
-                })
-                .collect(),
+            slots,
             wait: wait
                 .iter()
                 .map(|&(key, n, since, exp)| Waiter {
@@ -441,9 +760,20 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_counts_for_one_widened_window_after_its_end() {
+    fn slots_cut_the_reach_into_at_most_slots_pieces() {
+        // reach = 1000 + 1000 (hold: one window) + 100 + 2 ms
+        assert_eq!(slot_ms(&limit()), (2102 + SLOTS - 1) / SLOTS);
+        let tiny = Limit::new(5, Duration::from_millis(3)).hold(Duration::from_millis(1));
+        assert_eq!(slot_ms(&tiny), 1, "never below a millisecond");
+        let hour = Limit::new(100_000, Duration::from_secs(3600));
+        assert!(slot_ms(&hour) * SLOTS >= 3_600_000 + 10_000 + 100 + 2);
+    }
+
+    #[test]
+    fn an_end_counts_for_one_widened_window_and_at_most_one_slot_more() {
         let v = view(
             limit(),
+            1,
             10_000,
             &[(4, false, 8_998), (2, false, 8_997)],
             &[],
@@ -453,11 +783,22 @@ mod tests {
             (4, 0),
             "end + 1002 ms >= now counts, older does not"
         );
+        // 10 ms slots: 8_997 shares the slot [8_990, 9_000) with 8_998 and counts as long.
+        let v = view(
+            limit(),
+            10,
+            10_000,
+            &[(4, false, 8_998), (2, false, 8_997), (1, false, 8_989)],
+            &[],
+        );
+        assert_eq!(v.counted(v.now), (6, 0));
+        assert_eq!(v.counted(DateTime::from_millis(10_001)), (6, 0));
+        assert_eq!(v.counted(DateTime::from_millis(10_002)), (0, 0));
     }
 
     #[test]
     fn bulk_leaves_the_reserved_part_to_high_priority() {
-        let v = view(limit(), 10_000, &[(6, false, 10_000)], &[]);
+        let v = view(limit(), 1, 10_000, &[(6, false, 10_000)], &[]);
         assert!(v.fits(1, Priority::Bulk, None), "6 + 3 + 1 <= 10");
         assert!(!v.fits(2, Priority::Bulk, None), "6 + 3 + 2 > 10");
         assert!(
@@ -470,6 +811,7 @@ mod tests {
         );
         let v = view(
             limit(),
+            1,
             10_000,
             &[(6, false, 10_000), (2, true, 10_000)],
             &[],
@@ -481,6 +823,7 @@ mod tests {
         assert!(v.fits(1, Priority::Bulk, None), "6 + max(3, 2) + 1 <= 10");
         let v = view(
             limit(),
+            1,
             10_000,
             &[(4, false, 10_000), (5, true, 10_000)],
             &[],
@@ -498,7 +841,7 @@ mod tests {
             ("a", 2, 200, 20_000),
             ("dead", 5, 50, 9_000),
         ];
-        let v = view(limit(), 10_000, &[(2, false, 10_000)], &wait);
+        let v = view(limit(), 1, 10_000, &[(2, false, 10_000)], &wait);
         // Not queued: everyone live is ahead (the dead waiter's entry has expired).
         assert_eq!(v.ahead(None, v.now), 5);
         let first = Ticket {
@@ -524,7 +867,7 @@ mod tests {
         assert!(v.fits(2, Priority::Bulk, Some(&second)));
         // Same queueing time: the ticket decides.
         let tie = [("x", 4, 100, 20_000), ("y", 4, 100, 20_000)];
-        let v = view(limit(), 10_000, &[], &tie);
+        let v = view(limit(), 1, 10_000, &[], &tie);
         let x = Ticket {
             key: "x".into(),
             since: DateTime::from_millis(100),
@@ -539,15 +882,16 @@ mod tests {
     }
 
     #[test]
-    fn fits_at_is_when_enough_entries_age_out() {
+    fn fits_at_is_when_enough_slots_age_out() {
         let v = view(
             limit(),
+            1,
             10_000,
             &[(3, false, 9_500), (3, false, 9_800), (1, false, 9_990)],
             &[],
         );
         assert!(!v.fits(2, Priority::Bulk, None), "7 + 3 + 2 > 10");
-        // The 9_500 entry stops counting at 9_500 + 1002 + 1.
+        // The 9_500 slot stops counting at 9_500 + 1002 + 1.
         assert_eq!(
             v.fits_at(2, Priority::Bulk, None),
             Some(DateTime::from_millis(10_503))
@@ -562,10 +906,23 @@ mod tests {
             "more than calls - reserved"
         );
         assert_eq!(v.fits_at(1, Priority::High, None), Some(v.now));
-        // The 9_990 entry still pending (ending at 10_500): once settled it would free its
-        // call at 10_000 + 1002 + 1 rather than 10_500 + 1003.
-        let mut pending = view(
+        // 100 ms slots: the 9_500 slot's last millisecond is 9_599.
+        let v = view(
             limit(),
+            100,
+            10_000,
+            &[(3, false, 9_500), (3, false, 9_800), (1, false, 9_990)],
+            &[],
+        );
+        assert_eq!(
+            v.fits_at(2, Priority::Bulk, None),
+            Some(DateTime::from_millis(10_602))
+        );
+        // A call still pending (ending at 10_500, after the current slot): once settled it
+        // would free its call at 10_000 + 1002 + 1 rather than 10_500 + 1003.
+        let pending = view(
+            limit(),
+            1,
             10_000,
             &[(3, false, 9_500), (3, false, 9_800), (1, false, 10_500)],
             &[],
@@ -578,10 +935,6 @@ mod tests {
             pending.likely_fits_at(7, Priority::Bulk, None),
             Some(DateTime::from_millis(11_003))
         );
-        pending.log[2].settled = true;
-        assert_eq!(
-            pending.likely_fits_at(7, Priority::Bulk, None),
-            Some(DateTime::from_millis(11_503))
-        );
+        assert_eq!(pending.usage().pending, 1);
     }
 }

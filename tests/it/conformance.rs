@@ -1814,3 +1814,115 @@ async fn a_document_equals_its_own_literal_and_nothing_else() {
         "numbers compare by value across types"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The expressions of the rate limiter's writes
+// ---------------------------------------------------------------------------------------------
+
+/// The operators the rate limiter's granting and settling pipelines compute with, each as its
+/// manual page says (MongoDB 4.0+ for the conversions, 3.2+ for the array operators):
+///
+/// - https://www.mongodb.com/docs/manual/reference/operator/aggregation/toLong/ : a Date
+///   converts to "the number of milliseconds since the epoch";
+/// - https://www.mongodb.com/docs/manual/reference/operator/aggregation/divide/ and
+///   https://www.mongodb.com/docs/manual/reference/operator/aggregation/floor/ : division gives a
+///   double, `$floor` the largest integer not above it;
+/// - https://www.mongodb.com/docs/manual/reference/operator/aggregation/slice/ : a negative count
+///   keeps that many elements from the end;
+/// - https://www.mongodb.com/docs/manual/reference/operator/aggregation/concatArrays/,
+///   https://www.mongodb.com/docs/manual/reference/operator/aggregation/in/ and
+///   https://www.mongodb.com/docs/manual/reference/operator/aggregation/arrayElemAt/ ;
+/// - https://www.mongodb.com/docs/manual/reference/operator/aggregation/filter/,
+///   https://www.mongodb.com/docs/manual/reference/operator/aggregation/map/ and
+///   https://www.mongodb.com/docs/manual/reference/operator/aggregation/sum/ (`$sum` of an array
+///   expression adds its elements; of an empty array, 0);
+/// - https://www.mongodb.com/docs/manual/meta/aggregation-quick-reference/#expressions : an array
+///   literal is an expression whose elements are each evaluated;
+/// - https://www.mongodb.com/docs/manual/reference/command/findAndModify/ : with `new: true` a
+///   pipeline update returns the document it wrote, fields computed by earlier stages included,
+///   and `$unset` stages drop the temporary ones.
+#[tokio::test]
+async fn the_rate_limiters_pipeline_expressions_compute_as_the_manual_says() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("expressions");
+    let at = DateTime::from_millis(1_764_000_123_456);
+    coll.insert_one(doc! {
+        "_id": 1,
+        "at": at,
+        "width": 100_i64,
+        "ring": [{ "k": "a", "q": 1_i64 }, { "k": "b", "q": 2_i64 }, { "k": "c", "q": 3_i64 }],
+        "slots": [{ "s": 4_i64, "n": 5_i64 }, { "s": 9_i64, "n": 7_i64 }],
+    })
+    .await
+    .expect("insert");
+    let written = coll
+        .find_one_and_update(
+            doc! { "_id": 1 },
+            vec![
+                doc! { "$set": { "_ms": { "$toLong": "$at" } } },
+                doc! { "$set": {
+                    "ms": "$_ms",
+                    "slot": { "$toLong": { "$floor": { "$divide": ["$_ms", "$width"] } } },
+                    "last_two": { "$slice": [{ "$concatArrays": ["$ring", [{ "k": "d", "q": 4_i64 }]] }, -2] },
+                    "has_b": { "$in": ["b", { "$map": { "input": "$ring", "as": "r", "in": "$$r.k" } }] },
+                    "has_z": { "$in": ["z", { "$map": { "input": "$ring", "as": "r", "in": "$$r.k" } }] },
+                    "oldest": { "$arrayElemAt": [{ "$map": { "input": "$ring", "as": "r", "in": "$$r.q" } }, 0] },
+                    "late": { "$sum": { "$map": {
+                        "input": { "$filter": { "input": "$slots", "as": "x", "cond": { "$gte": ["$$x.s", 5_i64] } } },
+                        "as": "x",
+                        "in": "$$x.n",
+                    } } },
+                    "none": { "$sum": { "$map": {
+                        "input": { "$filter": { "input": "$slots", "as": "x", "cond": { "$gt": ["$$x.s", 100_i64] } } },
+                        "as": "x",
+                        "in": "$$x.n",
+                    } } },
+                    "low": { "$max": [0_i64, { "$add": [3_i64, -5_i64] }] },
+                    "first": { "$min": [12_i64, 7_i64] },
+                    "built": [{ "k": "$width" }, "$width", { "$add": [1_i64, 2_i64] }, "plain"],
+                    "appended": { "$concatArrays": [[], [{ "s": "$_ms" }]] },
+                } },
+                doc! { "$unset": ["_ms"] },
+            ],
+        )
+        .return_document(ReturnDocument::After)
+        .await
+        .expect("findAndModify with a pipeline")
+        .expect("the document");
+    assert_eq!(written.get_i64("ms"), Ok(1_764_000_123_456), "{written}");
+    assert_eq!(written.get_i64("slot"), Ok(17_640_001_234), "{written}");
+    let last_two: Vec<&str> = written
+        .get_array("last_two")
+        .expect("last_two")
+        .iter()
+        .map(|e| {
+            e.as_document()
+                .and_then(|d| d.get_str("k").ok())
+                .unwrap_or("?")
+        })
+        .collect();
+    assert_eq!(last_two, ["c", "d"], "{written}");
+    assert_eq!(written.get_bool("has_b"), Ok(true), "{written}");
+    assert_eq!(written.get_bool("has_z"), Ok(false), "{written}");
+    assert_eq!(written.get_i64("oldest"), Ok(1), "{written}");
+    assert_eq!(int(&written, "late"), 7, "{written}");
+    assert_eq!(int(&written, "none"), 0, "{written}");
+    assert_eq!(written.get_i64("low"), Ok(0), "{written}");
+    assert_eq!(written.get_i64("first"), Ok(7), "{written}");
+    assert_eq!(
+        written.get_array("built").ok(),
+        Some(&vec![
+            Bson::Document(doc! { "k": 100_i64 }),
+            Bson::Int64(100),
+            Bson::Int64(3),
+            Bson::from("plain"),
+        ]),
+        "every element of an array literal is evaluated: {written}"
+    );
+    assert_eq!(
+        written.get_array("appended").ok(),
+        Some(&vec![Bson::Document(doc! { "s": 1_764_000_123_456_i64 })]),
+        "{written}"
+    );
+    assert!(!written.contains_key("_ms"), "{written}");
+}

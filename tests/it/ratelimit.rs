@@ -56,7 +56,7 @@ async fn a_settlement_returns_unused_calls_at_once_and_the_document_keeps_its_sc
     assert!(r.usable() && r.calls() == 8 && r.limiters() == ["api".to_string()]);
     refused(&limits, &["api"], 3, Priority::Bulk).await;
     let usage = limits.usage("api").await.unwrap();
-    assert_eq!((usage.bulk, usage.high, usage.pending), (8, 0, 1));
+    assert_eq!((usage.bulk, usage.high, usage.pending), (8, 0, 8));
 
     assert_eq!(
         limits.settle(&r, 5).await.unwrap(),
@@ -308,15 +308,21 @@ async fn all_or_nothing_across_limiters() {
         .await
         .unwrap();
     let a = granted(&limits, &["tenant-a", "global"], 3, Priority::Bulk).await;
-    let before = snapshot(&t).await;
+    // What each limiter counts (the documents themselves also record the refused attempts and
+    // the grants taken back, for lost replies).
+    let counts = || async {
+        let mut all = Vec::new();
+        for name in ["global", "tenant-a", "tenant-b"] {
+            let u = limits.usage(name).await.unwrap();
+            all.push((name, u.bulk, u.high, u.pending));
+        }
+        all
+    };
+    let before = counts().await;
     // tenant-a is full: nothing is taken from global either.
     refused(&limits, &["tenant-a", "global"], 1, Priority::Bulk).await;
     refused(&limits, &["global", "tenant-a"], 1, Priority::Bulk).await;
-    assert_eq!(
-        snapshot(&t).await,
-        before,
-        "the partial grants were taken back"
-    );
+    assert_eq!(counts().await, before, "the partial grants were taken back");
     let b = granted(&limits, &["tenant-b", "global"], 6, Priority::Bulk).await;
     // global has 1 left, tenant-b none.
     refused(&limits, &["tenant-b", "global"], 1, Priority::Bulk).await;
@@ -430,38 +436,37 @@ async fn a_large_bulk_request_is_not_starved_by_small_ones() {
     assert!(small_made > 0);
 }
 
-/// Loses the reply of the first command matching `which`: "reserve" (an update pipeline
-/// replacing the log and the queue) or "settle" (one replacing the log only).
+/// Loses the reply of the first command matching `which`: "reserve" (the granting
+/// `findAndModify`, whose pipeline looks for its key among the recent grants, `_dup`) or
+/// "settle" (the settling one, which looks among the recent settlements, `_seen`).
 struct LoseFirst {
     which: &'static str,
     lost: Arc<AtomicUsize>,
 }
 
-/// The fields an update pipeline of the limiter replaces.
-fn replaced_fields(command: &Document) -> Option<Vec<String>> {
-    let statement = command.get_array("updates").ok()?.first()?.as_document()?;
-    let stage = statement.get_array("u").ok()?.first()?.as_document()?;
-    let merged = stage
-        .get_document("$replaceRoot")
-        .ok()?
-        .get_document("newRoot")
-        .ok()?
-        .get_array("$mergeObjects")
-        .ok()?;
-    Some(merged.get(1)?.as_document()?.keys().cloned().collect())
+/// The temporary fields the stages of a `findAndModify` pipeline set.
+fn pipeline_fields(command: &Document) -> Vec<String> {
+    let Ok(stages) = command.get_array("update") else {
+        return Vec::new();
+    };
+    stages
+        .iter()
+        .filter_map(|stage| stage.as_document()?.get_document("$set").ok())
+        .flat_map(|set| set.keys().cloned())
+        .collect()
 }
 
 impl common::wire_proxy::Rules for LoseFirst {
     fn command(&self, command: &mut Document) -> common::wire_proxy::Action {
         use crate::common::wire_proxy::{command_name, Action};
-        if command_name(command) != "update" {
+        if !command_name(command).eq_ignore_ascii_case("findAndModify") {
             return Action::Forward;
         }
-        let wanted: &[&str] = match self.which {
-            "reserve" => &["log", "wait"],
-            _ => &["log"],
+        let marker = match self.which {
+            "reserve" => "_dup",
+            _ => "_seen",
         };
-        let matches = replaced_fields(command).is_some_and(|f| f == wanted);
+        let matches = pipeline_fields(command).iter().any(|f| f == marker);
         if matches && self.lost.fetch_add(1, Ordering::SeqCst) == 0 {
             return Action::LoseReply;
         }
@@ -535,7 +540,7 @@ async fn a_sweep_prunes_only_entries_that_stopped_counting() {
         let r = granted(&limits, &[name], 2, Priority::High).await;
         limits.settle(&r, 2).await.unwrap();
     }
-    let log_len = |doc: &Document| doc.get_document("log").map(|l| l.len()).unwrap_or(99);
+    let slots = |doc: &Document| doc.get_array("slots").map(|l| l.len()).unwrap_or(99);
     // Everything still counts (or counted too recently): nothing to prune.
     assert_eq!(limits.sweep().await.unwrap(), 0);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -546,8 +551,8 @@ async fn a_sweep_prunes_only_entries_that_stopped_counting() {
             .find(|d| d.get_str("_id") == Ok(name))
             .unwrap_or_else(|| panic!("no {name} in {docs:?}"))
     };
-    assert_eq!(log_len(by("idle")), 0, "{:?}", by("idle"));
-    assert_eq!(log_len(by("busy")), 1, "{:?}", by("busy"));
+    assert_eq!(slots(by("idle")), 0, "{:?}", by("idle"));
+    assert_eq!(slots(by("busy")), 1, "{:?}", by("busy"));
     assert_eq!(limits.usage("busy").await.unwrap().high, 2);
     assert_eq!(
         limits.sweep().await.unwrap(),

@@ -45,21 +45,36 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
         "{:<46} {:>10} {:>10} {:>14} {:>12}",
         "operation", "median µs", "p90 µs", "/ one update", "round trips"
     );
-    // A window long enough that nothing ages out during a row, and every entry a sample adds
-    // taken out again by hand (not timed): the log holds exactly `live` other entries.
-    let limiters: Collection<Document> = db.collection(mongotx::ratelimit::LIMITERS_COLLECTION);
-    for live in [0usize, 64, 256] {
-        let name = format!("api-{live}");
+    // An hour's window, so nothing ages out during a row: N calls per hour with `outstanding`
+    // reservations granted and never settled (a worker fleet's calls in flight, or dead
+    // workers'), the sizes a service meets; each sample's own grants are settled with none made,
+    // so the limiter keeps exactly that load.
+    let sizes: [(u32, usize); 7] = [
+        (10, 0),
+        (1_000, 0),
+        (1_000, 100),
+        (100_000, 0),
+        (100_000, 100),
+        (100_000, 1_000),
+        (100_000, 5_000),
+    ];
+    for (calls, outstanding) in sizes {
+        let name = format!("api-{calls}-{outstanding}");
         limits
             .define(
                 &name,
-                Limit::new(1_000_000, Duration::from_secs(3600)).reserved(1_000),
+                Limit::new(calls, Duration::from_secs(3600))
+                    .reserved(calls / 10)
+                    .hold(Duration::from_secs(3600)),
             )
             .await?;
-        for _ in 0..live {
-            let r = limits.reserve(&[&name], 1, Priority::Bulk).await?;
-            limits.settle(&r, 1).await?;
+        let filling = Instant::now();
+        // Never settled: dropping a reservation leaves it counted until it ages out.
+        let mut kept = Vec::with_capacity(outstanding);
+        for _ in 0..outstanding {
+            kept.push(limits.reserve(&[&name], 1, Priority::Bulk).await?);
         }
+        let filled = filling.elapsed();
         let (mut high, mut bulk, mut settle, mut base) = (vec![], vec![], vec![], vec![]);
         let mut sent = 0u64;
         let warmup = (n / 5).max(20);
@@ -79,10 +94,6 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
             let b = limits.reserve(&[&name], 1, Priority::Bulk).await?;
             let bulked = t.elapsed();
             limits.settle(&b, 0).await?;
-            let unset = doc! { format!("log.{}", r.id().to_hex()): "", format!("log.{}", b.id().to_hex()): "" };
-            limiters
-                .update_one(doc! { "_id": &name }, doc! { "$unset": unset })
-                .await?;
             let t = Instant::now();
             raw.update_one(
                 doc! { "_id": "c", "available": { "$gte": 1_i64 } },
@@ -110,21 +121,24 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
             );
         };
         row("conditional update (driver)".into(), &base, "1".into());
+        let size = format!("N {calls}, {outstanding} outstanding");
         row(
-            format!("reserve, high priority ({live} other entries)"),
+            format!("reserve, high priority ({size})"),
             &stats(high),
             format!("{:.2}", sent as f64 / n as f64),
         );
         row(
-            format!("reserve, bulk ({live} other entries)"),
+            format!("reserve, bulk ({size})"),
             &stats(bulk),
             String::new(),
         );
-        row(
-            format!("settle ({live} other entries)"),
-            &stats(settle),
-            String::new(),
-        );
+        row(format!("settle ({size})"), &stats(settle), String::new());
+        if outstanding > 0 {
+            println!(
+                "  (granting the {outstanding} outstanding reservations took {:.1} s)",
+                filled.as_secs_f64()
+            );
+        }
     }
 
     // Throughput: a limit far above what the workers can use, and a short window, so the log

@@ -192,15 +192,29 @@ final class Variables {
 
     /** An expression: every {@code $$name} of a variable not shadowed by an enclosing operator. */
     private Object inExpression(Object expression, Set<String> shadowed) {
+        return inExpression(expression, shadowed, true);
+    }
+
+    /**
+     * {@link #inExpression(Object, Set)}, where a list is an array literal when {@code literal}
+     * (a field's value, an argument, an element) and an operator's arguments when not. MongoDB
+     * evaluates every element of an array literal
+     * (https://www.mongodb.com/docs/manual/meta/aggregation-quick-reference/#expressions: "array
+     * expressions ... evaluate each element"); mongo-java-server hands an array literal back as it
+     * is, so {@code [{"s": "$x"}]} stayed a document holding the string "$x". An array literal
+     * that holds an expression becomes one the stock evaluator does evaluate: a
+     * {@code $concatArrays} of one-element {@code $map}s, one per element.
+     */
+    private Object inExpression(Object expression, Set<String> shadowed, boolean literal) {
         if (expression instanceof String text) {
             return text.startsWith("$$") ? replace(text, shadowed) : text;
         }
         if (expression instanceof List<?> list) {
             List<Object> result = new ArrayList<>(list.size());
             for (Object item : list) {
-                result.add(inExpression(item, shadowed));
+                result.add(inExpression(item, shadowed, true));
             }
-            return result;
+            return literal ? evaluatedArray(result) : result;
         }
         if (!(expression instanceof Document document)) {
             return expression;
@@ -220,6 +234,26 @@ final class Variables {
                             rewritten.put(entry.getKey(), entry.getKey().equals("in")
                                     ? inExpression(entry.getValue(), inner)
                                     : inExpression(entry.getValue(), shadowed));
+                        }
+                        return new Document(operator, rewritten);
+                    }
+                    break;
+                case "$switch":
+                    // Its branches are a list of {case, then}, not an array literal.
+                    if (argument instanceof Document spec) {
+                        Document rewritten = new Document();
+                        for (Map.Entry<String, Object> entry : spec.entrySet()) {
+                            Object value = entry.getValue();
+                            if (entry.getKey().equals("branches") && value instanceof List<?> branches) {
+                                List<Object> cases = new ArrayList<>(branches.size());
+                                for (Object branch : branches) {
+                                    cases.add(inExpression(branch, shadowed, false));
+                                }
+                                value = cases;
+                            } else {
+                                value = inExpression(value, shadowed);
+                            }
+                            rewritten.put(entry.getKey(), value);
                         }
                         return new Document(operator, rewritten);
                     }
@@ -249,9 +283,29 @@ final class Variables {
         }
         Document result = new Document();
         for (Map.Entry<String, Object> entry : document.entrySet()) {
-            result.put(entry.getKey(), inExpression(entry.getValue(), shadowed));
+            // An operator's list is its arguments; any other field's list is an array literal.
+            result.put(entry.getKey(), inExpression(entry.getValue(), shadowed, !entry.getKey().startsWith("$")));
         }
         return result;
+    }
+
+    /** The array literal {@code elements}, made evaluable by the stock evaluator if it holds an expression. */
+    private static Object evaluatedArray(List<Object> elements) {
+        if (elements.stream().noneMatch(Variables::holdsExpression)) {
+            return elements;
+        }
+        List<Object> parts = new ArrayList<>(elements.size());
+        for (Object element : elements) {
+            parts.add(new Document("$map", new Document("input", new Document("$literal", List.of(0)))
+                    .append("as", "mongotxElement").append("in", element)));
+        }
+        return new Document("$concatArrays", parts);
+    }
+
+    /** Whether {@code value} has anything an evaluation would change (a {@code $} string, a document, a list). */
+    private static boolean holdsExpression(Object value) {
+        return value instanceof Document || value instanceof List<?>
+                || (value instanceof String text && text.startsWith("$"));
     }
 
     private Object replace(String reference, Set<String> shadowed) {
