@@ -2,11 +2,13 @@
 //! meets one of their holds): a staging transaction is decided (committed if every participant
 //! is in place, else fenced and aborted), then finished or rolled back through `recovery`.
 
-use bson::{oid::ObjectId, DateTime, Document};
+use std::collections::HashMap;
+
+use bson::{doc, oid::ObjectId, DateTime, Document};
 use futures::StreamExt;
 
 use crate::repo::hold::record::{self, TxnState};
-use crate::repo::hold::staging;
+use crate::repo::hold::{resolve, staging};
 use crate::repo::outcome::TxnStatus;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{self};
@@ -69,6 +71,29 @@ pub(crate) async fn resolve_expired_many(
             TxnState::Staging => staging.push((txn, record)),
         }
     }
+    let (together, staging) = decide_together(env, staging).await?;
+    for (mut txn, status) in together {
+        let status = match status {
+            Ok(status) => status,
+            Err(e) => {
+                out.push((txn.id, Err(e)));
+                continue;
+            }
+        };
+        match status {
+            TxnStatus::Committed => {
+                txn.state = TxnState::Committed;
+                committed.push(txn);
+            }
+            // Decided by someone else meanwhile: acted on as the record says.
+            TxnStatus::Aborted => {
+                txn.state = TxnState::Aborted;
+                aborted.push(txn);
+            }
+            TxnStatus::Absent => out.push((txn.id, Ok(Resolution::Gone))),
+            TxnStatus::Pending { .. } => out.push((txn.id, Ok(Resolution::NotExpired))),
+        }
+    }
     let decided: Vec<_> = futures::stream::iter(staging)
         .map(|(txn, record)| async move {
             let decided = decide_staging(env, txn.id, &record).await;
@@ -117,6 +142,133 @@ pub(crate) async fn resolve_expired_many(
     }
     Ok(out)
 }
+
+/// Decides a page of expired staging transactions together where that is plain: their
+/// participants are read in one command per collection; those with every participant applied
+/// are committed in one write; those missing one get a fence on the first missing one (all at
+/// once) and are aborted in one more write. Returns the decided ones with what their records say
+/// then, beside the rest (a fence that could not be put, a participant held by another
+/// transaction, a failed read), which are decided one by one. A decided abort whose record says
+/// committed (someone committed and freed it before the fence went up) has its fence removed.
+async fn decide_together(
+    env: &Env,
+    staging: Vec<(ActiveTransaction, Document)>,
+) -> Result<Decided, TxnError> {
+    if staging.is_empty() {
+        return Ok((Vec::new(), staging));
+    }
+    let records: Vec<&Document> = staging.iter().map(|(_, record)| record).collect();
+    let firsts = match staging::first_missing(&env.store, &records).await {
+        Ok(firsts) => firsts,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the participants of expired staging transactions together; deciding them one by one");
+            return Ok((Vec::new(), staging));
+        }
+    };
+    let mut complete = Vec::new();
+    let mut open = Vec::new();
+    let mut rest = Vec::new();
+    for (txn, record) in staging {
+        match firsts.get(&txn.id).copied() {
+            Some(None) => complete.push((txn, record)),
+            Some(Some(i)) => match record::participants(&record) {
+                Ok(all) if i < all.len() => {
+                    let participant = all[i].clone();
+                    open.push((txn, record, i, participant));
+                }
+                _ => rest.push((txn, record)),
+            },
+            None => rest.push((txn, record)),
+        }
+    }
+    let fenced: Vec<_> = futures::stream::iter(open)
+        .map(|(txn, record, i, participant)| async move {
+            env.point(Some(txn.id), failpoint::GC_FENCE_BEFORE, i)?;
+            let placed = staging::fence(&env.store, txn.id, &participant, txn.deadline).await;
+            if placed.is_ok() {
+                env.point(Some(txn.id), failpoint::GC_FENCE_AFTER, i)?;
+            }
+            Ok::<_, TxnError>((txn, record, participant, placed))
+        })
+        .buffer_unordered(FENCES_AT_ONCE)
+        .collect()
+        .await;
+    let mut aborting = Vec::new();
+    for result in fenced {
+        let (txn, record, participant, placed) = result?;
+        match placed {
+            Ok(true) => aborting.push((txn, record, participant)),
+            // Taken meanwhile (the late apply, another transaction, another resolver's fence):
+            // the one-by-one path looks again.
+            Ok(false) => rest.push((txn, record)),
+            Err(e) => {
+                tracing::debug!(txn = %txn.id, error = %e, "a fence failed; deciding it alone");
+                rest.push((txn, record));
+            }
+        }
+    }
+    let commit_ids: Vec<ObjectId> = complete.iter().map(|(txn, _)| txn.id).collect();
+    let abort_ids: Vec<ObjectId> = aborting.iter().map(|(txn, _, _)| txn.id).collect();
+    for t in commit_ids.iter().chain(&abort_ids) {
+        env.point(Some(*t), failpoint::GC_CLAIM_BEFORE, 0)?;
+    }
+    // An abort waits for the records' clock to pass the deadline: only then can no late copy of
+    // an apply take effect, nor a late copy of the record be created staging.
+    let past_deadline = doc! { "$expr": { "$gt": ["$$NOW", format!("${}", record::DEADLINE)] } };
+    let (committed, aborted) = futures::join!(
+        record::decide_many(&env.store, &commit_ids, TxnState::Committed, doc! {}),
+        record::decide_many(&env.store, &abort_ids, TxnState::Aborted, past_deadline),
+    );
+    let (committed, aborted) = match (committed, aborted) {
+        (Ok(c), Ok(a)) => (c, a),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(error = %e, "could not decide expired staging transactions together; deciding them one by one");
+            rest.extend(complete);
+            rest.extend(aborting.into_iter().map(|(txn, record, _)| (txn, record)));
+            return Ok((Vec::new(), rest));
+        }
+    };
+    for t in commit_ids.iter().chain(&abort_ids) {
+        env.point(Some(*t), failpoint::GC_CLAIM_AFTER, 0)?;
+    }
+    let status = |statuses: &HashMap<ObjectId, TxnStatus>, t: ObjectId| {
+        statuses.get(&t).copied().unwrap_or(TxnStatus::Absent)
+    };
+    let mut decided: Vec<(ActiveTransaction, Result<TxnStatus, TxnError>)> = complete
+        .into_iter()
+        .map(|(txn, _)| {
+            let s = status(&committed, txn.id);
+            (txn, Ok(s))
+        })
+        .collect();
+    for (txn, _, participant) in aborting {
+        let s = status(&aborted, txn.id);
+        if s == TxnStatus::Committed {
+            // Committed and freed before the fence went up: the fence sits on a finished
+            // document and must go.
+            let undone = resolve::roll_back(&env.store, &participant.coll, &participant.id, txn.id)
+                .await
+                .map(|_| s)
+                .map_err(|source| TxnError::Resolve {
+                    txn: txn.id,
+                    source,
+                });
+            decided.push((txn, undone));
+        } else {
+            decided.push((txn, Ok(s)));
+        }
+    }
+    Ok((decided, rest))
+}
+
+/// What `decide_together` decided (with what the records say), and what it left.
+type Decided = (
+    Vec<(ActiveTransaction, Result<TxnStatus, TxnError>)>,
+    Vec<(ActiveTransaction, Document)>,
+);
+
+/// How many fences a page puts at once.
+const FENCES_AT_ONCE: usize = 32;
 
 /// Decides the expired staging transaction `t` (record `found`) with the GC's failpoints.
 async fn decide_staging(env: &Env, t: ObjectId, found: &Document) -> Result<TxnStatus, TxnError> {

@@ -7,16 +7,17 @@
 //! every finish or undo is conditional on the document still being held by it. Deadlines are
 //! compared with the server's time, never this host's clock.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use mongodb::Database;
 
 use crate::repo::fields;
-use crate::repo::hold::{record, resolve};
+use crate::repo::hold::{held, record, resolve, write};
 use crate::repo::meta;
 use crate::repo::outcome::TxnStatus;
 use crate::repo::store::{Store, TRANSACTIONS_COLLECTION};
@@ -420,44 +421,197 @@ impl Gc {
                 txn: holders[0],
                 source,
             })?;
-        for holder in holders {
-            // Holds of an undecided transaction are the record pass's business (once it
-            // expires); any other is resolved here, including holds left of a transaction whose
-            // record is an aborted one put in place of a missing record (it lists no entries).
-            if matches!(statuses.get(&holder), Some(TxnStatus::Pending { .. })) {
+        // Holds of an undecided transaction are the record pass's business (once it expires);
+        // any other is resolved here, including holds left of a transaction whose record is an
+        // aborted one put in place of a missing record (it lists no entries). Holders are
+        // resolved `PARALLEL_DECISIONS` at a time, each one's documents in turn (the first
+        // settles the holder's record, which the others then only read).
+        let holders = self
+            .undo_together(&coll, collection, holders, now, &statuses, limit, summary)
+            .await?;
+        let ended: Vec<ObjectId> = holders
+            .into_iter()
+            .filter(|h| !matches!(statuses.get(h), Some(TxnStatus::Pending { .. })))
+            .collect();
+        let coll = &coll;
+        let mut swept = futures::stream::iter(ended)
+            .map(|holder| async move {
+                self.sweep_holder(coll, collection, holder, limit, now, stop)
+                    .await
+            })
+            .buffer_unordered(PARALLEL_DECISIONS);
+        // The first crash ends the sweep there, dropping the holders still at work, as the
+        // death of the process would.
+        while let Some(result) = swept.next().await {
+            let (undone, skipped) = result?;
+            summary.swept += undone;
+            summary.skipped += skipped;
+        }
+        Ok(())
+    }
+
+    /// Undoes together the holds in `collection` of the holders whose transaction did not commit
+    /// (aborted, or without a record): their documents are read in one command, a record missing
+    /// is replaced by an aborted one (so that no copy of it still on its way can arrive as
+    /// staging), and every undo goes in one round of writes. Returns the holders left for the
+    /// one-by-one path: committed ones, undecided ones, and any whose undo did not go through.
+    #[allow(clippy::too_many_arguments)]
+    async fn undo_together(
+        &self,
+        coll: &mongodb::Collection<Document>,
+        collection: &str,
+        holders: Vec<ObjectId>,
+        now: DateTime,
+        statuses: &HashMap<ObjectId, TxnStatus>,
+        limit: i64,
+        summary: &mut RoundSummary,
+    ) -> Result<Vec<ObjectId>, TxnError> {
+        let ended = |h: &ObjectId| {
+            matches!(
+                statuses.get(h),
+                Some(TxnStatus::Aborted | TxnStatus::Absent)
+            )
+        };
+        let (undo, mut left): (Vec<ObjectId>, Vec<ObjectId>) =
+            holders.into_iter().partition(|h| ended(h));
+        if undo.is_empty() {
+            return Ok(left);
+        }
+        let fail = |e| TxnError::database(None, "read held documents", e);
+        let held: Vec<Document> = coll
+            .find(doc! { fields::ACTIVE_TXN: { "$in": undo.clone() } })
+            .limit(limit.saturating_mul(4))
+            .await
+            .map_err(fail)?
+            .try_collect()
+            .await
+            .map_err(fail)?;
+        // Each hold with what it says; an unreadable one goes the one-by-one way.
+        let mut holds: Vec<(ObjectId, Bson, held::Hold)> = Vec::new();
+        let mut aside: HashSet<ObjectId> = HashSet::new();
+        for doc in &held {
+            let (Ok(holder), Some(id)) = (doc.get_object_id(fields::ACTIVE_TXN), doc.get("_id"))
+            else {
                 continue;
-            }
-            let held: Vec<Document> = coll
-                .find(doc! { fields::ACTIVE_TXN: holder })
-                .projection(doc! { "_id": 1 })
-                .limit(limit)
-                .await
-                .map_err(|e| TxnError::database(None, "find held documents", e))?
-                .try_collect()
-                .await
-                .map_err(|e| TxnError::database(None, "find held documents", e))?;
-            for doc in held {
-                if stop.load(Ordering::SeqCst) {
-                    return Ok(());
-                }
-                let Some(id) = doc.get("_id") else {
-                    continue;
-                };
-                match self.undo_orphan(collection, id, holder, now).await {
-                    Ok(true) => {
-                        summary.swept += 1;
-                        tracing::info!(collection, txn = %holder, "undid a hold whose transaction had ended");
-                    }
-                    Ok(false) => {}
-                    Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
-                    Err(e) => {
-                        tracing::warn!(collection, txn = %holder, error = %e, "GC could not resolve a hold; retrying next round");
-                        summary.skipped += 1;
-                    }
+            };
+            match held::read_hold(doc) {
+                Ok(hold) => holds.push((holder, id.clone(), hold)),
+                Err(_) => {
+                    aside.insert(holder);
                 }
             }
         }
-        Ok(())
+        // Records first, for the holders that have none: an aborted one, dated by the hold.
+        let missing: HashMap<ObjectId, DateTime> = holds
+            .iter()
+            .filter(|(h, _, hold)| {
+                matches!(statuses.get(h), Some(TxnStatus::Absent)) && !hold.fence
+            })
+            .map(|(h, _, hold)| (*h, hold.exp))
+            .collect();
+        let store = &self.env.store;
+        let missing: Vec<(ObjectId, DateTime)> = missing.into_iter().collect();
+        match record::fence_records(store, &missing, now).await {
+            Ok(written) => {
+                // A record exists after all: another runner's aborted one (then undo as well),
+                // or the transaction's own that arrived late (then alone).
+                let found: Vec<ObjectId> = missing
+                    .iter()
+                    .map(|(h, _)| *h)
+                    .filter(|h| !written.contains(h))
+                    .collect();
+                if !found.is_empty() {
+                    let now_aborted = store
+                        .resolver()
+                        .statuses(store, &found)
+                        .await
+                        .unwrap_or_default();
+                    aside.extend(
+                        found
+                            .into_iter()
+                            .filter(|h| !matches!(now_aborted.get(h), Some(TxnStatus::Aborted))),
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::debug!(collection, error = %e, "could not write aborted records together; resolving their holds alone");
+                aside.extend(missing.iter().map(|(h, _)| *h));
+            }
+        }
+        let mut writes = Vec::new();
+        let mut owners = Vec::new();
+        for (h, id, hold) in &holds {
+            if aside.contains(h) {
+                continue;
+            }
+            self.env.point(Some(*h), failpoint::GC_SWEEP_BEFORE, 0)?;
+            writes.push((coll.clone(), hold.undo(id, *h)));
+            owners.push((*h, id.clone()));
+        }
+        let sent = write::run_together(store, &writes).await;
+        for ((h, id), result) in owners.into_iter().zip(sent) {
+            match result {
+                Ok(1) => {
+                    summary.swept += 1;
+                    tracing::info!(collection, txn = %h, "undid a hold whose transaction had ended");
+                }
+                // Undone meanwhile (another runner), or the hold changed: nothing of ours to
+                // count; a hold still there is met again next round.
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(collection, txn = %h, id = %id, error = %e, "an undo failed; resolving it alone");
+                    aside.insert(h);
+                }
+            }
+            self.env.point(Some(h), failpoint::GC_SWEEP_AFTER, 0)?;
+        }
+        left.extend(aside);
+        Ok(left)
+    }
+
+    /// Resolves the holds of `holder` (an ended transaction) in `collection`, one document after
+    /// another; returns how many it undid and how many failed (left for the next round). `Err`
+    /// only for an injected crash or a failed read of the held documents.
+    async fn sweep_holder(
+        &self,
+        coll: &mongodb::Collection<Document>,
+        collection: &str,
+        holder: ObjectId,
+        limit: i64,
+        now: DateTime,
+        stop: &AtomicBool,
+    ) -> Result<(usize, usize), TxnError> {
+        let held: Vec<Document> = coll
+            .find(doc! { fields::ACTIVE_TXN: holder })
+            .projection(doc! { "_id": 1 })
+            .limit(limit)
+            .await
+            .map_err(|e| TxnError::database(None, "find held documents", e))?
+            .try_collect()
+            .await
+            .map_err(|e| TxnError::database(None, "find held documents", e))?;
+        let (mut undone, mut skipped) = (0, 0);
+        for doc in held {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let Some(id) = doc.get("_id") else {
+                continue;
+            };
+            match self.undo_orphan(collection, id, holder, now).await {
+                Ok(true) => {
+                    undone += 1;
+                    tracing::info!(collection, txn = %holder, "undid a hold whose transaction had ended");
+                }
+                Ok(false) => {}
+                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+                Err(e) => {
+                    tracing::warn!(collection, txn = %holder, error = %e, "GC could not resolve a hold; retrying next round");
+                    skipped += 1;
+                }
+            }
+        }
+        Ok((undone, skipped))
     }
 
     /// Resolves the hold of `holder` (a decided or absent transaction) on `id`: a hold whose

@@ -1926,3 +1926,62 @@ async fn the_rate_limiters_pipeline_expressions_compute_as_the_manual_says() {
     );
     assert!(!written.contains_key("_ms"), "{written}");
 }
+
+/// Updates by id lists and the positional operator, as every page of the GC sends them: an `_id`
+/// `$in` list beside other conditions matches the listed documents that meet the conditions too,
+/// whatever the list's length (the local server once compared each document with every listed
+/// id); and `arr.$` changes the element the filter matched, only when the update names it.
+/// Manual: <https://www.mongodb.com/docs/manual/reference/operator/query/in/> and
+/// <https://www.mongodb.com/docs/manual/reference/operator/update/positional/>.
+#[tokio::test]
+async fn id_lists_and_the_positional_operator_match_as_the_manual_says() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("id_lists");
+    let docs: Vec<Document> = (0..3000)
+        .map(|i| doc! { "_id": i, "even": i % 2 == 0, "arr": [i, i + 1, i + 2] })
+        .collect();
+    coll.insert_many(docs).await.unwrap();
+    let listed: Vec<i32> = (0..2000).collect();
+    let found = ids(
+        &coll,
+        doc! { "_id": { "$in": listed.clone() }, "even": true },
+        doc! { "_id": 1 },
+    )
+    .await;
+    let expected: Vec<Bson> = (0..2000).filter(|i| i % 2 == 0).map(Bson::Int32).collect();
+    assert_eq!(found, expected, "an $in list beside another condition");
+    let updated = coll
+        .update_many(
+            doc! { "_id": { "$in": listed }, "even": false },
+            doc! { "$set": { "odd": true } },
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated.matched_count, 1000);
+    assert_eq!(updated.modified_count, 1000);
+    assert_matches(&coll, doc! { "odd": true, "_id": { "$gte": 2000 } }, &[]).await;
+    // An equality on `_id` beside a condition the document fails matches nothing.
+    let missed = coll
+        .update_one(doc! { "_id": 7, "even": true }, doc! { "$set": { "x": 1 } })
+        .await
+        .unwrap();
+    assert_eq!(missed.matched_count, 0);
+    // The positional operator: the first element the filter matched.
+    coll.update_one(
+        doc! { "_id": 10, "arr": 11 },
+        doc! { "$set": { "arr.$": 100 } },
+    )
+    .await
+    .unwrap();
+    let ten = coll.find_one(doc! { "_id": 10 }).await.unwrap().unwrap();
+    assert_eq!(
+        ten.get_array("arr").unwrap(),
+        &vec![Bson::Int32(10), Bson::Int32(100), Bson::Int32(12)]
+    );
+    // Without a match of the array in the filter, `arr.$` is refused (code 2, BadValue).
+    let refused = coll
+        .update_one(doc! { "_id": 11 }, doc! { "$set": { "arr.$": 1 } })
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&refused), Some(2), "{refused}");
+}

@@ -3,6 +3,7 @@
 mod adoption;
 #[path = "../shared/cli.rs"]
 mod cli;
+mod gc;
 mod network;
 mod obt;
 mod plots;
@@ -71,8 +72,10 @@ enum Section {
     Queue,
     /// Commits, domain operations and transfer throughput behind toxiproxy at set latencies.
     Network,
-    /// Query cost next to held documents, GC throughput by backlog, commits up to 256 documents.
+    /// Query cost next to held documents, commits up to 256 documents.
     Scale,
+    /// GC throughput by backlog and by where the coordinators died, one and two runners.
+    Gc,
     /// Adopting existing data: explicit adoption against a raw updateMany, plain against
     /// stamped reads.
     Adoption,
@@ -117,6 +120,19 @@ fn count(min: u64) -> impl clap::builder::TypedValueParser<Value = usize> {
     clap::value_parser!(u64)
         .range(min..=MAX_COUNT)
         .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// Prints the charts written, or why they were not.
+fn report_charts(written: Result<Vec<std::path::PathBuf>, String>) {
+    match written {
+        Ok(files) => {
+            println!("\ncharts:");
+            for file in files {
+                println!("  {}", file.display());
+            }
+        }
+        Err(e) => println!("\ncharts not drawn: {e}"),
+    }
 }
 
 #[tokio::main]
@@ -168,9 +184,14 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
     }
     if run(Section::Ratelimit) {
-        ratelimit::rows(&server, db.name(), args.n)
+        let rows = ratelimit::rows(&server, db.name(), args.n)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+        report_charts(plots::write_ratelimit(
+            &args.plots,
+            args.font.as_deref(),
+            &rows,
+        ));
     }
     if run(Section::Queue) {
         queue::rows(&db)
@@ -186,15 +207,17 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let measured = scale::rows(server.uri(), db.name(), 50)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
-        match plots::write_scale(&args.plots, args.font.as_deref(), &measured) {
-            Ok(files) => {
-                println!("\ncharts:");
-                for file in files {
-                    println!("  {}", file.display());
-                }
-            }
-            Err(e) => println!("\ncharts not drawn: {e}"),
-        }
+        report_charts(plots::write_scale(
+            &args.plots,
+            args.font.as_deref(),
+            &measured,
+        ));
+    }
+    if run(Section::Gc) {
+        let rows = gc::rows(server.uri(), db.name())
+            .await
+            .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+        report_charts(plots::write_gc(&args.plots, args.font.as_deref(), &rows));
     }
     if run(Section::Network) {
         let runs = network::rows(
@@ -206,21 +229,7 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         )
         .await
         .map_err(|e| -> Box<dyn std::error::Error> { e })?;
-        match plots::write(&args.plots, args.font.as_deref(), &runs) {
-            Ok(files) => {
-                println!(
-                    "
-charts:"
-                );
-                for file in files {
-                    println!("  {}", file.display());
-                }
-            }
-            Err(e) => println!(
-                "
-charts not drawn: {e}"
-            ),
-        }
+        report_charts(plots::write(&args.plots, args.font.as_deref(), &runs));
     }
     db.drop().await?;
     Ok(())

@@ -35,15 +35,20 @@ fn load_font(font: Option<&Path>) -> Result<(), String> {
         .map_err(|_| format!("{} is not a usable TrueType font", path.display()))
 }
 
+/// Gets ready to draw charts into `dir`: the font registered, the directory made.
+fn prepare(dir: &Path, font: Option<&Path>) -> Result<(), String> {
+    load_font(font)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))
+}
+
 /// Writes the scale rows' charts into `dir` and returns the files written: query cost against
-/// held documents, GC throughput against backlog, commit latency against k.
+/// held documents, commit latency against k.
 pub(crate) fn write_scale(
     dir: &Path,
     font: Option<&Path>,
     run: &crate::scale::ScaleRun,
 ) -> Result<Vec<PathBuf>, String> {
-    load_font(font)?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    prepare(dir, font)?;
     let at = |i: usize| i as f64;
     let held: Vec<String> = run.queries.iter().map(|q| q.held.to_string()).collect();
     let mut written = Vec::new();
@@ -87,32 +92,6 @@ pub(crate) fn write_scale(
         ],
     };
     written.extend(chart.render(dir, "scale_queries")?);
-    let backlog: Vec<String> = run.gc.iter().map(|(n, _)| n.to_string()).collect();
-    let chart = Chart {
-        caption: "one GC runner: expired 4-document transactions cleared per second".into(),
-        x_desc: leak(format!("expired transactions: {}", backlog.join(", "))),
-        y_desc: "transactions per second",
-        x_max: at(run.gc.len().saturating_sub(1)),
-        log_y: false,
-        lines: vec![
-            Line {
-                label: "one runner".into(),
-                color: RGBColor(0, 114, 178),
-                points: run
-                    .gc
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (_, rate))| (at(i), *rate))
-                    .collect(),
-            },
-            Line {
-                label: "target: 1,000 per second".into(),
-                color: GREY,
-                points: (0..run.gc.len()).map(|i| (at(i), 1000.0)).collect(),
-            },
-        ],
-    };
-    written.extend(chart.render(dir, "scale_gc")?);
     let chart = Chart {
         caption: "commit (the default mode) / one raw update, by k".into(),
         x_desc: "documents per transaction (k)",
@@ -148,8 +127,7 @@ pub(crate) fn write(
     font: Option<&Path>,
     runs: &[AtLatency],
 ) -> Result<Vec<PathBuf>, String> {
-    load_font(font)?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    prepare(dir, font)?;
     let mut written = Vec::new();
     for at in runs {
         let chart = Chart {
@@ -194,6 +172,136 @@ struct Line {
     label: String,
     color: RGBColor,
     points: Vec<(f64, f64)>,
+}
+
+/// Writes the GC chart into `dir` and returns the files written: transactions cleared per second
+/// against the backlog (log axis), one line per place the coordinators died, and the two-runner
+/// points beside them.
+pub(crate) fn write_gc(
+    dir: &Path,
+    font: Option<&Path>,
+    rows: &[crate::gc::GcRow],
+) -> Result<Vec<PathBuf>, String> {
+    prepare(dir, font)?;
+    let colors = [
+        RGBColor(213, 94, 0),
+        RGBColor(0, 114, 178),
+        RGBColor(0, 158, 115),
+    ];
+    let log = |n: usize| (n as f64).log10();
+    let mut lines: Vec<Line> = Vec::new();
+    for (death, color) in crate::gc::Death::ALL.into_iter().zip(colors) {
+        for runners in [1, 2] {
+            let points: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.death == death && r.runners == runners)
+                .map(|r| (log(r.backlog), r.per_second))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let who = if runners == 1 {
+                "one runner"
+            } else {
+                "two runners"
+            };
+            lines.push(Line {
+                label: format!("{}, {who}", death.label()),
+                color: if runners == 1 { color } else { lighter(color) },
+                points,
+            });
+        }
+    }
+    let sizes = crate::gc::SIZES;
+    lines.push(Line {
+        label: format!("target: {:.0} per second", crate::gc::TARGET),
+        color: GREY,
+        points: sizes.iter().map(|&n| (log(n), crate::gc::TARGET)).collect(),
+    });
+    let shown: Vec<String> = sizes.iter().map(|n| n.to_string()).collect();
+    let chart = Chart {
+        caption: "GC: expired 4-document transactions cleared per second".into(),
+        x_desc: leak(format!(
+            "expired transactions, log10 scale ({})",
+            shown.join(", ")
+        )),
+        y_desc: "transactions per second",
+        x_max: log(sizes[sizes.len() - 1]),
+        log_y: false,
+        lines,
+    };
+    chart.render(dir, "gc_throughput")
+}
+
+/// `color` halfway to white.
+fn lighter(color: RGBColor) -> RGBColor {
+    let half = |c: u8| u8::try_from((u16::from(c) + 255) / 2).unwrap_or(255);
+    RGBColor(half(color.0), half(color.1), half(color.2))
+}
+
+/// Writes the rate limiter's charts into `dir` and returns the files written: reserve and settle
+/// as ratios to one conditional update, against calls per window N and against the reservations
+/// left outstanding (log axes), with the 2x the issue sets.
+pub(crate) fn write_ratelimit(
+    dir: &Path,
+    font: Option<&Path>,
+    rows: &[crate::ratelimit::SizeRow],
+) -> Result<Vec<PathBuf>, String> {
+    prepare(dir, font)?;
+    let mut written = Vec::new();
+    let log = |n: f64| n.max(1.0).log10();
+    let by_n: Vec<&crate::ratelimit::SizeRow> =
+        rows.iter().filter(|r| r.outstanding == 0).collect();
+    let largest = rows.iter().map(|r| r.calls).max().unwrap_or(1);
+    let by_l: Vec<&crate::ratelimit::SizeRow> =
+        rows.iter().filter(|r| r.calls == largest).collect();
+    let charts = [
+        (
+            "rate limiter / one update, by calls per window N (nothing outstanding)",
+            "calls per window N, log10 scale",
+            "ratelimit_by_calls",
+            by_n.iter()
+                .map(|r| (log(f64::from(r.calls)), r.reserve, r.settle))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "rate limiter / one update, by reservations outstanding (N = the largest)",
+            "granted, unsettled reservations, log10 scale (0 drawn at 1)",
+            "ratelimit_by_outstanding",
+            by_l.iter()
+                .map(|r| (log(r.outstanding as f64), r.reserve, r.settle))
+                .collect(),
+        ),
+    ];
+    for (caption, x_desc, stem, points) in charts {
+        let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
+        let chart = Chart {
+            caption: caption.into(),
+            x_desc,
+            y_desc: "latency / one conditional update",
+            x_max,
+            log_y: false,
+            lines: vec![
+                Line {
+                    label: "reserve (high priority)".into(),
+                    color: RGBColor(0, 114, 178),
+                    points: points.iter().map(|p| (p.0, p.1)).collect(),
+                },
+                Line {
+                    label: "settle".into(),
+                    color: RGBColor(0, 158, 115),
+                    points: points.iter().map(|p| (p.0, p.2)).collect(),
+                },
+                Line {
+                    label: "target: 2x".into(),
+                    color: GREY,
+                    points: points.iter().map(|p| (p.0, 2.0)).collect(),
+                },
+            ],
+        };
+        written.extend(chart.render(dir, stem)?);
+    }
+    Ok(written)
 }
 
 /// A line chart.

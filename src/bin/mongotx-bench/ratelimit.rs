@@ -24,7 +24,24 @@ const WORKERS: usize = 32;
 /// How long each throughput contender runs.
 const RUN: Duration = Duration::from_secs(2);
 
-pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result<(), Error> {
+/// One size row: reserve and settle medians as ratios to one conditional update of the same run.
+pub(crate) struct SizeRow {
+    /// Calls per window (N).
+    pub(crate) calls: u32,
+    /// Granted, unsettled reservations on the limiter.
+    pub(crate) outstanding: usize,
+    /// High-priority reserve / one update.
+    pub(crate) reserve: f64,
+    /// Settle / one update.
+    pub(crate) settle: f64,
+}
+
+/// The rows; returns the size rows for the chart.
+pub(crate) async fn rows(
+    server: &TestServer,
+    db_name: &str,
+    n: usize,
+) -> Result<Vec<SizeRow>, Error> {
     let commands = Arc::new(AtomicU64::new(0));
     let mut options = ClientOptions::parse(server.uri()).await?;
     let counter = commands.clone();
@@ -49,6 +66,7 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
     // reservations granted and never settled (a worker fleet's calls in flight, or dead
     // workers'), the sizes a service meets; each sample's own grants are settled with none made,
     // so the limiter keeps exactly that load.
+    let mut measured = Vec::new();
     let sizes: [(u32, usize); 7] = [
         (10, 0),
         (1_000, 0),
@@ -110,6 +128,14 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
             }
         }
         let base = stats(base);
+        let (high, settle) = (stats(high), stats(settle));
+        let ratio = |s: &crate::Stats| s.median.as_secs_f64() / base.median.as_secs_f64();
+        measured.push(SizeRow {
+            calls,
+            outstanding,
+            reserve: ratio(&high),
+            settle: ratio(&settle),
+        });
         let row = |label: String, s: &crate::Stats, trips: String| {
             println!(
                 "{:<46} {:>10.1} {:>10.1} {:>13.2}x {:>12}",
@@ -124,7 +150,7 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
         let size = format!("N {calls}, {outstanding} outstanding");
         row(
             format!("reserve, high priority ({size})"),
-            &stats(high),
+            &high,
             format!("{:.2}", sent as f64 / n as f64),
         );
         row(
@@ -132,7 +158,7 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
             &stats(bulk),
             String::new(),
         );
-        row(format!("settle ({size})"), &stats(settle), String::new());
+        row(format!("settle ({size})"), &settle, String::new());
         if outstanding > 0 {
             println!(
                 "  (granting the {outstanding} outstanding reservations took {:.1} s)",
@@ -179,7 +205,80 @@ pub(crate) async fn rows(server: &TestServer, db_name: &str, n: usize) -> Result
         per_second(theirs),
         per_second(ours) / per_second(theirs).max(f64::MIN_POSITIVE)
     );
+    utilisation(&limits).await?;
     db.drop().await?;
+    Ok(measured)
+}
+
+/// Steady-state utilisation: workers keep a limiter busy, each reserving a few calls and making
+/// a random part of them (a call that fails early, a batch cut short); unused calls go back at
+/// once. What counts is how many calls were made per window against the N the limit allows: the
+/// slots count a call until the end of its slot is a window old, so the limiter may grant a
+/// little less than N in some windows.
+async fn utilisation(limits: &RateLimits) -> Result<(), Error> {
+    const CALLS: u32 = 100;
+    const WINDOW: Duration = Duration::from_secs(1);
+    const WARM: Duration = Duration::from_secs(2);
+    const MEASURED: Duration = Duration::from_secs(8);
+    limits.define("steady", Limit::new(CALLS, WINDOW)).await?;
+    // When each made call was granted, by this process's clock.
+    let made: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    let start = Instant::now();
+    let until = start + WARM + MEASURED;
+    let mut tasks = Vec::new();
+    for worker in 0..16_u64 {
+        let (limits, made) = (limits.clone(), Arc::clone(&made));
+        tasks.push(tokio::spawn(async move {
+            // A small deterministic generator per worker (xorshift): the bench wants no extra
+            // crate for a handful of random numbers.
+            let mut x = 0x9E37_79B9_7F4A_7C15_u64 ^ (worker + 1);
+            let mut next = move |below: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % below
+            };
+            while Instant::now() < until {
+                let want = 1 + next(4) as u32;
+                let r = limits.reserve(&["steady"], want, Priority::Bulk).await?;
+                let granted = Instant::now();
+                let used = next(u64::from(want) + 1) as u32;
+                tokio::time::sleep(Duration::from_millis(2 + next(6))).await;
+                limits.settle(&r, used).await?;
+                if let Ok(mut made) = made.lock() {
+                    made.extend(std::iter::repeat_n(granted, used as usize));
+                }
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let made = made.lock().map(|m| m.clone()).unwrap_or_default();
+    let from = start + WARM;
+    let in_run = made.iter().filter(|t| **t >= from && **t < until).count();
+    let windows = MEASURED.as_secs_f64() / WINDOW.as_secs_f64();
+    let mean = in_run as f64 / windows / f64::from(CALLS);
+    // The fullest and the emptiest window of the measured part, in 100 ms steps.
+    let mut sorted = made.clone();
+    sorted.sort_unstable();
+    let (mut fullest, mut emptiest) = (0_usize, usize::MAX);
+    let mut at = from;
+    while at + WINDOW <= until {
+        let lo = sorted.partition_point(|t| *t < at);
+        let hi = sorted.partition_point(|t| *t < at + WINDOW);
+        fullest = fullest.max(hi - lo);
+        emptiest = emptiest.min(hi - lo);
+        at += Duration::from_millis(100);
+    }
+    println!(
+        "steady state, {CALLS} calls per {WINDOW:?}, 16 workers reserving 1-4 and making a random part: \
+         {:.1} % of N made per window on average (emptiest window {:.1} %, fullest {:.1} %, by this process's clock)",
+        mean * 100.0,
+        emptiest as f64 * 100.0 / f64::from(CALLS),
+        fullest as f64 * 100.0 / f64::from(CALLS),
+    );
     Ok(())
 }
 

@@ -1,6 +1,5 @@
-//! Scale rows: what a query costs next to held documents, how fast one GC runner clears a
-//! backlog of expired transactions, and commit latency up to 256 documents, each next to the raw
-//! driver measured in the same run.
+//! Scale rows: what a query costs next to held documents, and commit latency up to 256
+//! documents, each next to the raw driver measured in the same run (GC throughput is `gc`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,10 +11,9 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
-use mongotx::testkit::failpoint::{self, CrashAt, Failpoint};
 use mongotx::{
     Adjust, CollectionSpec, Finish, Gc, GcOptions, Query, Repository, Store, Transactions,
-    TxnError, TxnOptions,
+    TxnOptions,
 };
 
 use crate::{stats, Account};
@@ -131,8 +129,6 @@ pub(crate) struct QueryRow {
 #[derive(Default)]
 pub(crate) struct ScaleRun {
     pub(crate) queries: Vec<QueryRow>,
-    /// (expired transactions, transactions per second).
-    pub(crate) gc: Vec<(usize, f64)>,
     /// (k, commit / one update).
     pub(crate) commits: Vec<(usize, f64)>,
 }
@@ -145,7 +141,6 @@ pub(crate) async fn rows(uri: &str, db_name: &str, samples: usize) -> Result<Sca
     let store = Store::new(db.clone());
     let mut run = ScaleRun::default();
     queries(&store, &db, &counter, samples * 2, &mut run).await?;
-    gc_backlog(&store, &db, &mut run).await?;
     commits(&store, &db, samples, &mut run).await?;
     modes(uri, &db, samples).await?;
     Ok(run)
@@ -264,93 +259,6 @@ async fn queries(
     let (round, commands) = counter.count(gc.run_round()).await;
     round?;
     println!("an idle GC round next to 10,000 pending holds: {commands} commands");
-    Ok(())
-}
-
-/// One GC runner clearing N expired 4-document transactions, N = 10 .. 10,000.
-async fn gc_backlog(store: &Store, db: &Database, run: &mut ScaleRun) -> Result<()> {
-    let raw: Collection<Document> = db.collection("scale_raw");
-    raw.insert_one(doc! { "_id": 0, "n": 0_i64 }).await?;
-    let one_update = median(200, || async {
-        Ok(raw
-            .update_one(doc! { "_id": 0 }, doc! { "$inc": { "n": 1_i64 } })
-            .await?)
-    })
-    .await?;
-    println!("\nGC throughput: one runner, N expired transactions of 4 documents each (committed by their applies, coordinators gone), default page of {}", GcOptions::default().batch_size);
-    println!(
-        "| N expired | round | transactions/s | per transaction / one update ({:.3} ms) |",
-        ms(one_update)
-    );
-    println!("| ---: | ---: | ---: | ---: |");
-    for n in [10_usize, 100, 1_000, 10_000] {
-        let repo: Repository<Account> = store.repository(spec(&format!("scale_gc_{n}"))?).await?;
-        let docs: Vec<Document> = (0..4 * n)
-            .map(|i| stored(format!("g{i:06}"), "gc", 100))
-            .collect();
-        db.collection::<Document>(&format!("scale_gc_{n}"))
-            .insert_many(docs)
-            .await?;
-        let timeout = Duration::from_secs(2);
-        // A coordinator that dies stops for good: one per transaction.
-        let dying = || {
-            Transactions::with_options(
-                store,
-                TxnOptions::default()
-                    .timeout(timeout)
-                    .finish(Finish::BeforeReturning)
-                    .fault_injector(Arc::new(CrashAt(Failpoint {
-                        name: failpoint::COMMIT_AFTER,
-                        step: 0,
-                    }))),
-            )
-        };
-        futures::stream::iter(0..n)
-            .map(|i| {
-                let (txns, repo) = (dying(), &repo);
-                async move {
-                    let tx = txns.begin();
-                    for j in 0..4 {
-                        let id = format!("g{:06}", 4 * i + j);
-                        tx.adjust(repo, id.as_str(), 1, &Adjust::new().by("balance", 1_i64))
-                            .await?;
-                    }
-                    match tx.commit().await {
-                        Err(TxnError::Crashed { .. }) => Ok(()),
-                        Err(e) => Err(e.into()),
-                        Ok(_) => Err("the coordinator should have stopped".into()),
-                    }
-                }
-            })
-            .buffer_unordered(32)
-            .collect::<Vec<Result<()>>>()
-            .await
-            .into_iter()
-            .collect::<Result<Vec<()>>>()?;
-        // The last one's deadline has passed too.
-        tokio::time::sleep(timeout + Duration::from_millis(300)).await;
-        let gc = Gc::with_store(store, GcOptions::default());
-        let t = Instant::now();
-        let mut finished = 0;
-        while finished < n {
-            let round = gc.run_round().await?;
-            if round.finished == 0 {
-                break;
-            }
-            finished += round.finished;
-        }
-        let took = t.elapsed();
-        if finished != n {
-            return Err(format!("the GC finished {finished} of {n}").into());
-        }
-        println!(
-            "| {n} | {:.0} ms | {:.0} | {:.1}x |",
-            ms(took),
-            n as f64 / took.as_secs_f64(),
-            took.as_secs_f64() / n as f64 / one_update.as_secs_f64(),
-        );
-        run.gc.push((n, n as f64 / took.as_secs_f64()));
-    }
     Ok(())
 }
 

@@ -196,6 +196,97 @@ pub(crate) async fn decide(
     }
 }
 
+/// Decides the staging transactions `txns` all as `to` in one write (each only if still staging,
+/// and on `extra`),
+/// then reads what their records say in one more command: a transaction without a record reads as
+/// [`TxnStatus::Absent`]. For a resolver with a page of expired transactions whose outcome it has
+/// settled (every participant applied, or one fenced).
+pub(crate) async fn decide_many(
+    store: &Store,
+    txns: &[ObjectId],
+    to: TxnState,
+    extra: Document,
+) -> Result<std::collections::HashMap<ObjectId, TxnStatus>, HoldError> {
+    let mut statuses: std::collections::HashMap<ObjectId, TxnStatus> =
+        txns.iter().map(|t| (*t, TxnStatus::Absent)).collect();
+    if txns.is_empty() {
+        return Ok(statuses);
+    }
+    records(store)
+        .await?
+        .update_many(
+            {
+                let mut filter =
+                    doc! { "_id": { "$in": txns.to_vec() }, STATE: TxnState::Staging.as_str() };
+                filter.extend(extra);
+                filter
+            },
+            doc! { "$set": { STATE: to.as_str() } },
+        )
+        .await
+        .map_err(|e| HoldError::database("deciding transactions", e))?;
+    for found in load_many(store, txns).await? {
+        if let Ok(txn) = found.get_object_id("_id") {
+            statuses.insert(txn, status_of(&found).map_err(HoldError::new)?);
+        }
+    }
+    Ok(statuses)
+}
+
+/// For many transactions found without a record at once: writes an `aborted` record (deadline
+/// from `missing`, created at `now`, no participants) for each, in one command, and returns those
+/// this call wrote. One whose record exists by now (a late copy arrived, or another resolver wrote
+/// one) is left out, for the caller to read; see [`fence_record`].
+pub(crate) async fn fence_records(
+    store: &Store,
+    missing: &[(ObjectId, DateTime)],
+    now: DateTime,
+) -> Result<std::collections::HashSet<ObjectId>, HoldError> {
+    let mut written: std::collections::HashSet<ObjectId> =
+        missing.iter().map(|(txn, _)| *txn).collect();
+    if missing.is_empty() {
+        return Ok(written);
+    }
+    let aborted: Vec<Document> = missing
+        .iter()
+        .map(|(txn, deadline)| {
+            doc! {
+                "_id": txn,
+                STATE: TxnState::Aborted.as_str(),
+                "created": now,
+                DEADLINE: deadline,
+                ENTRIES: [],
+            }
+        })
+        .collect();
+    match records(store)
+        .await?
+        .insert_many(aborted)
+        .ordered(false)
+        .await
+    {
+        Ok(_) => Ok(written),
+        Err(e) => match *e.kind {
+            mongodb::error::ErrorKind::InsertMany(mongodb::error::InsertManyError {
+                write_errors: Some(ref failed),
+                write_concern_error: None,
+                ..
+            }) => {
+                for failure in failed {
+                    if let Some((txn, _)) = missing.get(failure.index) {
+                        written.remove(txn);
+                    }
+                }
+                Ok(written)
+            }
+            _ => Err(HoldError::database(
+                "writing aborted records in place of missing ones",
+                e,
+            )),
+        },
+    }
+}
+
 /// Makes sure transaction `txn` has a record, writing an `aborted` one (deadline `deadline`,
 /// no participants) if it has none, so that no copy of its record still on its way can arrive as
 /// `staging`; then returns what the record says.

@@ -103,16 +103,11 @@ pub(crate) async fn read_statuses(
     if staging.is_empty() {
         return Ok(statuses);
     }
-    let looked = join_all(
-        by_coll
-            .iter()
-            .map(|(coll, wanted)| missing_among(store, coll, wanted)),
-    )
-    .await;
-    let mut missing: HashSet<ObjectId> = HashSet::new();
-    for found in looked {
-        missing.extend(found?);
-    }
+    let missing: HashSet<ObjectId> = not_applied(store, &by_coll)
+        .await?
+        .into_iter()
+        .map(|(txn, _, _)| txn)
+        .collect();
     for txn in &staging {
         if !missing.contains(txn) {
             statuses.insert(*txn, TxnStatus::Committed);
@@ -143,13 +138,75 @@ pub(crate) async fn read_statuses(
     Ok(statuses)
 }
 
-/// Reads the participants `wanted` of collection `coll` in one command and returns the
-/// transactions with a participant there that is not held by their own apply.
+/// For each staging record of `found`, the index of its first participant (in lock order) not
+/// held by its own apply, or `None` when every one is: read in one command per collection they
+/// live in, however many records there are. A transaction whose participants are all applied is
+/// committed whoever decides it (a fence needs a free document, and an applied one stays held
+/// until its transaction is decided), so a resolver may decide such transactions together.
+/// Records that are not staging, or unreadable, are left out.
+pub(crate) async fn first_missing(
+    store: &Store,
+    found: &[&Document],
+) -> Result<HashMap<ObjectId, Option<usize>>, HoldError> {
+    let mut staging: Vec<(ObjectId, Vec<Participant>)> = Vec::new();
+    let mut by_coll: HashMap<String, Vec<(ObjectId, Bson)>> = HashMap::new();
+    for record in found {
+        let Ok(txn) = record.get_object_id("_id") else {
+            continue;
+        };
+        if !matches!(status_of(record), Ok(TxnStatus::Pending { .. })) {
+            continue;
+        }
+        let Ok(all) = participants(record) else {
+            continue;
+        };
+        for p in &all {
+            by_coll
+                .entry(p.coll.clone())
+                .or_default()
+                .push((txn, p.id.clone()));
+        }
+        staging.push((txn, all));
+    }
+    let missing = not_applied(store, &by_coll).await?;
+    Ok(staging
+        .into_iter()
+        .map(|(txn, all)| {
+            let first = all
+                .iter()
+                .position(|p| missing.contains(&(txn, p.coll.clone(), ids::key(&p.id))));
+            (txn, first)
+        })
+        .collect())
+}
+
+/// The participants in `by_coll` (collection -> (transaction, id)) not held by their own
+/// transaction's apply, as (transaction, collection, id key): one command per collection, all at
+/// once.
+async fn not_applied(
+    store: &Store,
+    by_coll: &HashMap<String, Vec<(ObjectId, Bson)>>,
+) -> Result<HashSet<(ObjectId, String, String)>, HoldError> {
+    let looked = join_all(
+        by_coll
+            .iter()
+            .map(|(coll, wanted)| missing_among(store, coll, wanted)),
+    )
+    .await;
+    let mut missing = HashSet::new();
+    for found in looked {
+        missing.extend(found?);
+    }
+    Ok(missing)
+}
+
+/// Reads the participants `wanted` of collection `coll` in one command and returns those not
+/// held by their own transaction's apply, as (transaction, collection, id key).
 async fn missing_among(
     store: &Store,
     coll: &str,
     wanted: &[(ObjectId, Bson)],
-) -> Result<HashSet<ObjectId>, HoldError> {
+) -> Result<HashSet<(ObjectId, String, String)>, HoldError> {
     let ids: Vec<Bson> = wanted.iter().map(|(_, id)| id.clone()).collect();
     let held: Vec<Document> = store
         .protocol_collection(coll)
@@ -173,8 +230,9 @@ async fn missing_among(
         .collect();
     Ok(wanted
         .iter()
-        .filter(|(txn, id)| applied.get(&ids::key(id)) != Some(txn))
-        .map(|(txn, _)| *txn)
+        .map(|(txn, id)| (*txn, ids::key(id)))
+        .filter(|(txn, key)| applied.get(key) != Some(txn))
+        .map(|(txn, key)| (txn, coll.to_string(), key))
         .collect())
 }
 
@@ -404,7 +462,7 @@ async fn shut_out(
 
 /// Puts `txn`'s fence on `participant`: a fence hold on the document if it exists and is free,
 /// a placeholder if it does not exist. Returns whether a fence was put.
-async fn fence(
+pub(crate) async fn fence(
     store: &Store,
     txn: ObjectId,
     participant: &Participant,

@@ -109,7 +109,13 @@ final class AtomicCollection extends MemoryCollection {
                         positions.add(position);
                     }
                 }
-                return matchDocuments(query, positions, orderBy, skip, limit, batchSize, fieldSelector);
+                // What the index found has the `_id` asked for (equal as the matcher compares plain
+                // values): only the other conditions are left to check. Checking the `$in` again
+                // would compare each document with every listed id, a cost in the square of a
+                // page's size (a page of 2,000 ids took the matcher 4 million comparisons).
+                Document rest = new Document(query);
+                rest.remove("_id");
+                return matchDocuments(rest, positions, orderBy, skip, limit, batchSize, fieldSelector);
             }
         }
         return super.queryDocuments(query, orderBy, skip, limit, batchSize, fieldSelector);

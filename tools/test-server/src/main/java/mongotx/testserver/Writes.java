@@ -213,6 +213,22 @@ final class Writes {
         }
     }
 
+    /** Whether an operator update names a path through the positional operator ({@code a.$.b}). */
+    private static boolean positional(Document update) {
+        for (Object fields : update.values()) {
+            if (fields instanceof Document paths) {
+                for (String path : paths.keySet()) {
+                    for (String part : path.split("\\.")) {
+                        if (part.equals("$")) {
+                            return true;
+                        }
+                    }
+                }
+            }
+        }
+        return false;
+    }
+
     private static boolean isOperatorUpdate(Document update) {
         return !update.isEmpty() && update.keySet().iterator().next().startsWith("$");
     }
@@ -226,7 +242,10 @@ final class Writes {
         Document document = (Document) update;
         Document next;
         if (isOperatorUpdate(document)) {
-            Integer position = upsert ? null : new DefaultQueryMatcher().matchPosition(old, filter);
+            // Only the positional operator (`a.$`) uses where the filter matched an array; working
+            // it out re-runs the whole filter on the document.
+            Integer position = upsert || !positional(document) ? null
+                    : new DefaultQueryMatcher().matchPosition(old, filter);
             next = OperatorUpdates.apply(old, variables.inOperatorUpdate(document), statement, position, upsert,
                     profile.acceptsEmptyOperands());
         } else {
