@@ -72,28 +72,6 @@ pub(crate) async fn resolve_expired_many(
         }
     }
     let (together, staging) = decide_together(env, staging).await?;
-    for (mut txn, status) in together {
-        let status = match status {
-            Ok(status) => status,
-            Err(e) => {
-                out.push((txn.id, Err(e)));
-                continue;
-            }
-        };
-        match status {
-            TxnStatus::Committed => {
-                txn.state = TxnState::Committed;
-                committed.push(txn);
-            }
-            // Decided by someone else meanwhile: acted on as the record says.
-            TxnStatus::Aborted => {
-                txn.state = TxnState::Aborted;
-                aborted.push(txn);
-            }
-            TxnStatus::Absent => out.push((txn.id, Ok(Resolution::Gone))),
-            TxnStatus::Pending { .. } => out.push((txn.id, Ok(Resolution::NotExpired))),
-        }
-    }
     let decided: Vec<_> = futures::stream::iter(staging)
         .map(|(txn, record)| async move {
             let decided = decide_staging(env, txn.id, &record).await;
@@ -102,7 +80,9 @@ pub(crate) async fn resolve_expired_many(
         .buffer_unordered(parallel.max(1))
         .collect()
         .await;
-    for (mut txn, decided) in decided {
+    // Decided together or alone, each is acted on as its record says (someone else may have
+    // decided it meanwhile).
+    for (mut txn, decided) in together.into_iter().chain(decided) {
         match decided {
             Ok(TxnStatus::Committed) => {
                 txn.state = TxnState::Committed;
@@ -214,10 +194,14 @@ async fn decide_together(
     }
     // An abort waits for the records' clock to pass the deadline: only then can no late copy of
     // an apply take effect, nor a late copy of the record be created staging.
-    let past_deadline = doc! { "$expr": { "$gt": ["$$NOW", format!("${}", record::DEADLINE)] } };
     let (committed, aborted) = futures::join!(
         record::decide_many(&env.store, &commit_ids, TxnState::Committed, doc! {}),
-        record::decide_many(&env.store, &abort_ids, TxnState::Aborted, past_deadline),
+        record::decide_many(
+            &env.store,
+            &abort_ids,
+            TxnState::Aborted,
+            record::past_deadline()
+        ),
     );
     let (committed, aborted) = match (committed, aborted) {
         (Ok(c), Ok(a)) => (c, a),

@@ -532,10 +532,7 @@ async fn delete_records(
         .await?;
     let mut filter = doc! { "_id": { "$in": ts.to_vec() } };
     if deletion == Deletion::AfterDeadline {
-        filter.insert(
-            "$expr",
-            doc! { "$gt": ["$$NOW", format!("${}", record::DEADLINE)] },
-        );
+        filter.extend(record::past_deadline());
     }
     retry_transient("delete the records", || async {
         if ts.len() == 1 {

@@ -61,6 +61,12 @@ pub(crate) async fn leave_staging(
     Ok(result.matched_count == 1)
 }
 
+/// The condition, added to a record's filter, that the records' own clock has passed its
+/// deadline: what an abort waits for (no late copy of an apply or of the record can land after).
+pub(crate) fn past_deadline() -> Document {
+    doc! { "$expr": { "$gt": ["$$NOW", format!("${DEADLINE}")] } }
+}
+
 /// Reads the status of a stored record (a staging record reads as undecided; whether its
 /// participants are in place is `staging`'s question).
 pub(crate) fn status_of(found: &Document) -> Result<TxnStatus, String> {

@@ -315,9 +315,7 @@ pub(crate) async fn decide_expired<E>(
     // An abort waits for the server's clock to pass the deadline: only then can no late copy of
     // an apply take effect, nor a late copy of the record be created staging.
     let extra = match to {
-        TxnState::Aborted => {
-            doc! { "$expr": { "$gt": ["$$NOW", format!("${}", record::DEADLINE)] } }
-        }
+        TxnState::Aborted => record::past_deadline(),
         _ => doc! {},
     };
     let decided = decide(store, txn, to, extra).await.map_err(hold_error)?;
