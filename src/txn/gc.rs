@@ -140,6 +140,12 @@ pub struct RoundSummary {
     pub purged: u64,
 }
 
+/// How many pages of expired records a runner resolves at once.
+const PAGES_AT_ONCE: usize = 2;
+
+/// How many pages of holders the sweep lists, to take one page of them at random.
+const SWEEP_CANDIDATES: i64 = 8;
+
 /// How long a runner's claim on a page of expired records keeps other runners off it.
 pub const CLAIM_LEASE: Duration = Duration::from_secs(60);
 
@@ -270,6 +276,9 @@ impl Gc {
             .map_err(|e| TxnError::database(None, "read the records' clock", e))?;
         let expiry = records_now.map_or(now, |records_now| records_now.max(now));
         let mut after: Option<(DateTime, ObjectId)> = None;
+        // While one page is being resolved the next is listed and claimed (and resolved): the
+        // steps of one page wait on each other's replies, and the server is idle meanwhile.
+        let mut in_flight = futures::stream::FuturesUnordered::new();
         while !stop.load(Ordering::SeqCst) {
             let mut filter = doc! { "deadline": { "$lte": expiry } };
             if let Some((deadline, id)) = after {
@@ -306,37 +315,58 @@ impl Gc {
             };
             let full = page.len() == page_size;
             let page = self.claim(&records, page, now).await?;
-            let resolved =
-                expired::resolve_expired_many(&self.env, page, expiry, PARALLEL_DECISIONS).await?;
-            // Records that stay (undecidable yet, an aborted one before its deadline, a failure)
-            // are let go at once, for whoever comes next; only a runner that dies keeps its
-            // claims until they run out.
-            let mut left: Vec<ObjectId> = Vec::new();
-            for (t, resolution) in resolved {
-                match resolution {
-                    Ok(Resolution::Finished) => summary.finished += 1,
-                    Ok(Resolution::RolledBack) => summary.rolled_back += 1,
-                    Ok(Resolution::Gone) => {}
-                    Ok(Resolution::NotExpired) => left.push(t),
-                    Err(e) => {
-                        tracing::warn!(txn = %t, error = %e, "GC could not resolve transaction; retrying next round");
-                        summary.skipped += 1;
-                        left.push(t);
-                    }
+            in_flight.push(expired::resolve_expired_many(
+                &self.env,
+                page,
+                expiry,
+                PARALLEL_DECISIONS,
+            ));
+            while in_flight.len() >= PAGES_AT_ONCE {
+                if let Some(resolved) = in_flight.next().await {
+                    self.account(&records, resolved?, summary).await?;
                 }
-            }
-            if !left.is_empty() {
-                records
-                    .update_many(
-                        doc! { "_id": { "$in": left }, CLAIM_BY: self.runner },
-                        doc! { "$unset": { CLAIM: "" } },
-                    )
-                    .await
-                    .map_err(|e| TxnError::database(None, "let go of claims", e))?;
             }
             if !full {
                 break;
             }
+        }
+        while let Some(resolved) = in_flight.next().await {
+            self.account(&records, resolved?, summary).await?;
+        }
+        Ok(())
+    }
+
+    /// Counts a resolved page in `summary` and lets go at once of the records that stay
+    /// (undecidable yet, an aborted one before its deadline, a failure), for whoever comes next;
+    /// only a runner that dies keeps its claims until they run out.
+    async fn account(
+        &self,
+        records: &mongodb::Collection<Document>,
+        resolved: Vec<(ObjectId, Result<Resolution, TxnError>)>,
+        summary: &mut RoundSummary,
+    ) -> Result<(), TxnError> {
+        let mut left: Vec<ObjectId> = Vec::new();
+        for (t, resolution) in resolved {
+            match resolution {
+                Ok(Resolution::Finished) => summary.finished += 1,
+                Ok(Resolution::RolledBack) => summary.rolled_back += 1,
+                Ok(Resolution::Gone) => {}
+                Ok(Resolution::NotExpired) => left.push(t),
+                Err(e) => {
+                    tracing::warn!(txn = %t, error = %e, "GC could not resolve transaction; retrying next round");
+                    summary.skipped += 1;
+                    left.push(t);
+                }
+            }
+        }
+        if !left.is_empty() {
+            records
+                .update_many(
+                    doc! { "_id": { "$in": left }, CLAIM_BY: self.runner },
+                    doc! { "$unset": { CLAIM: "" } },
+                )
+                .await
+                .map_err(|e| TxnError::database(None, "let go of claims", e))?;
         }
         Ok(())
     }
@@ -395,11 +425,11 @@ impl Gc {
     ) -> Result<(), TxnError> {
         let limit = i64::try_from(self.options.batch_size.max(1)).unwrap_or(i64::MAX);
         let coll = self.env.collection(None, collection).await?;
-        let holders: Vec<ObjectId> = coll
+        let mut holders: Vec<ObjectId> = coll
             .aggregate(vec![
                 doc! { "$match": { fields::ACTIVE_TXN: { "$exists": true } } },
                 doc! { "$group": { "_id": format!("${}", fields::ACTIVE_TXN) } },
-                doc! { "$limit": limit },
+                doc! { "$limit": limit.saturating_mul(SWEEP_CANDIDATES) },
             ])
             .await
             .map_err(|e| TxnError::database(None, "list the holders of held documents", e))?
@@ -411,6 +441,14 @@ impl Gc {
             .collect();
         if holders.is_empty() {
             return Ok(());
+        }
+        // Runners sharing a backlog would all list the same holders first and do each other's
+        // work (a holder carries no claim of its own): each takes its page at random among the
+        // candidates, so two runners on a large backlog mostly take different holders.
+        if holders.len() > self.options.batch_size.max(1) {
+            use rand::seq::SliceRandom;
+            holders.shuffle(&mut rand::rng());
+            holders.truncate(self.options.batch_size.max(1));
         }
         let store = &self.env.store;
         let statuses = store
@@ -426,6 +464,14 @@ impl Gc {
         // aborted one put in place of a missing record (it lists no entries). Holders are
         // resolved `PARALLEL_DECISIONS` at a time, each one's documents in turn (the first
         // settles the holder's record, which the others then only read).
+        let decided: Vec<ObjectId> = holders
+            .into_iter()
+            .filter(|h| !matches!(statuses.get(h), Some(TxnStatus::Pending { .. })))
+            .collect();
+        if decided.is_empty() {
+            return Ok(());
+        }
+        let holders = self.unclaimed(decided, now).await?;
         let holders = self
             .undo_together(&coll, collection, holders, now, &statuses, limit, summary)
             .await?;
@@ -448,6 +494,37 @@ impl Gc {
             summary.skipped += skipped;
         }
         Ok(())
+    }
+
+    /// `holders` less those whose record another runner has claimed (its claim not run out): that
+    /// runner's record pass is resolving them at this moment, together, and sweeping them here as
+    /// well only repeats its writes one by one. A runner that dies leaves its claims to run out.
+    async fn unclaimed(
+        &self,
+        holders: Vec<ObjectId>,
+        now: DateTime,
+    ) -> Result<Vec<ObjectId>, TxnError> {
+        let fail = |e| TxnError::database(None, "read the claims on held documents' records", e);
+        let records = self.env.records(None).await?;
+        let claimed: HashSet<ObjectId> = records
+            .find(doc! {
+                "_id": { "$in": holders.clone() },
+                CLAIM_UNTIL: { "$gt": now },
+                CLAIM_BY: { "$ne": self.runner },
+            })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(fail)?
+            .try_collect::<Vec<Document>>()
+            .await
+            .map_err(fail)?
+            .iter()
+            .filter_map(|d| d.get_object_id("_id").ok())
+            .collect();
+        Ok(holders
+            .into_iter()
+            .filter(|h| !claimed.contains(h))
+            .collect())
     }
 
     /// Undoes together the holds in `collection` of the holders whose transaction did not commit

@@ -1985,3 +1985,122 @@ async fn id_lists_and_the_positional_operator_match_as_the_manual_says() {
         .unwrap_err();
     assert_eq!(code_of(&refused), Some(2), "{refused}");
 }
+
+/// Aggregations that start by matching, as the GC's and the records' clock's reads do: a leading
+/// `$match` with `$sort` and `$limit` yields the first documents in sort order (ties in the order
+/// of the later keys), a `$limit` before a `$sort` sorts only the documents it let through, and a
+/// `$sort` without a limit sorts every match. Manual:
+/// <https://www.mongodb.com/docs/manual/core/aggregation-pipeline-optimization/> ($sort + $limit
+/// coalescence changes the plan, never the result) and
+/// <https://www.mongodb.com/docs/manual/reference/operator/aggregation/limit/>.
+#[tokio::test]
+async fn a_leading_match_sort_and_limit_answer_as_the_stages_in_turn() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("match_sort_limit");
+    let docs: Vec<Document> = (0..40)
+        .map(|i| doc! { "_id": i, "group": i % 2, "rank": i % 5 })
+        .collect();
+    coll.insert_many(docs).await.unwrap();
+    let run = |pipeline: Vec<Document>| {
+        let coll = coll.clone();
+        async move {
+            coll.aggregate(pipeline)
+                .await
+                .unwrap()
+                .try_collect::<Vec<Document>>()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|d| d.get("_id").cloned().unwrap_or(Bson::Null))
+                .collect::<Vec<Bson>>()
+        }
+    };
+    let int = |v: &[i32]| v.iter().map(|i| Bson::Int32(*i)).collect::<Vec<Bson>>();
+    // Even ids whose rank is 4 are 4, 14, 24, 34; then rank 3: 8, 18, ...
+    let top = run(vec![
+        doc! { "$match": { "group": 0 } },
+        doc! { "$sort": { "rank": -1, "_id": 1 } },
+        doc! { "$limit": 5 },
+    ])
+    .await;
+    assert_eq!(top, int(&[4, 14, 24, 34, 8]), "$match, $sort, $limit");
+    let first_two_sorted = run(vec![
+        doc! { "$match": { "group": 1 } },
+        doc! { "$sort": { "_id": 1 } },
+        doc! { "$limit": 2 },
+        doc! { "$sort": { "_id": -1 } },
+    ])
+    .await;
+    assert_eq!(
+        first_two_sorted,
+        int(&[3, 1]),
+        "$limit, then $sort of those"
+    );
+    let all_sorted = run(vec![
+        doc! { "$match": { "rank": 0 } },
+        doc! { "$sort": { "_id": -1 } },
+    ])
+    .await;
+    assert_eq!(
+        all_sorted,
+        int(&[35, 30, 25, 20, 15, 10, 5, 0]),
+        "$sort without a limit"
+    );
+    let one = coll
+        .aggregate(vec![
+            doc! { "$match": {} },
+            doc! { "$limit": 1 },
+            doc! { "$project": { "_id": 0, "now": "$$NOW" } },
+        ])
+        .await
+        .unwrap()
+        .try_collect::<Vec<Document>>()
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1, "$limit 1: {one:?}");
+    assert!(one[0].get_datetime("now").is_ok(), "{one:?}");
+}
+
+/// A replacement (whole-document update) leaves the document with the replacement's fields only,
+/// keeps its `_id`, and is refused with code 11000 when it would repeat a unique index's key,
+/// changing nothing. Manual:
+/// <https://www.mongodb.com/docs/manual/reference/method/db.collection.replaceOne/> and
+/// <https://www.mongodb.com/docs/manual/core/index-unique/>.
+#[tokio::test]
+async fn a_replacement_keeps_only_its_fields_and_its_unique_keys_are_checked() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("replacements");
+    command(
+        &t.db,
+        doc! { "createIndexes": "replacements", "indexes": [
+            { "key": { "email": 1 }, "name": "email_1", "unique": true }
+        ] },
+    )
+    .await;
+    coll.insert_many(vec![
+        doc! { "_id": 1, "email": "a@x", "note": "first", "n": 1 },
+        doc! { "_id": 2, "email": "b@x", "note": "second" },
+    ])
+    .await
+    .unwrap();
+    let replaced = coll
+        .replace_one(doc! { "_id": 1 }, doc! { "email": "c@x", "n": 2 })
+        .await
+        .unwrap();
+    assert_eq!((replaced.matched_count, replaced.modified_count), (1, 1));
+    let one = coll.find_one(doc! { "_id": 1 }).await.unwrap().unwrap();
+    assert_eq!(one, doc! { "_id": 1, "email": "c@x", "n": 2 });
+    // The old key is free again, the new one taken.
+    coll.insert_one(doc! { "_id": 3, "email": "a@x" })
+        .await
+        .unwrap();
+    let refused = coll
+        .replace_one(doc! { "_id": 2 }, doc! { "email": "c@x" })
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&refused), Some(11000), "{refused}");
+    let two = coll.find_one(doc! { "_id": 2 }).await.unwrap().unwrap();
+    assert_eq!(two, doc! { "_id": 2, "email": "b@x", "note": "second" });
+    let by_email = ids(&coll, doc! { "email": "c@x" }, doc! { "_id": 1 }).await;
+    assert_eq!(by_email, vec![Bson::Int32(1)]);
+}

@@ -231,7 +231,19 @@ pub(crate) async fn decide_many(
         )
         .await
         .map_err(|e| HoldError::database("deciding transactions", e))?;
-    for found in load_many(store, txns).await? {
+    // What `status_of` reads, not the records' entries: a page's records are most of its bytes.
+    let fail = |e| HoldError::database("reading transaction records", e);
+    let found: Vec<Document> = records(store)
+        .await?
+        .find(doc! { "_id": { "$in": txns.to_vec() } })
+        .projection(doc! { STATE: 1, DEADLINE: 1 })
+        .batch_size(u32::try_from(txns.len()).unwrap_or(u32::MAX))
+        .await
+        .map_err(fail)?
+        .try_collect()
+        .await
+        .map_err(fail)?;
+    for found in found {
         if let Ok(txn) = found.get_object_id("_id") {
             statuses.insert(txn, status_of(&found).map_err(HoldError::new)?);
         }

@@ -12,12 +12,18 @@ import de.bwaldvogel.mongo.backend.ArrayFilters;
 import de.bwaldvogel.mongo.backend.CollectionOptions;
 import de.bwaldvogel.mongo.backend.CursorRegistry;
 import de.bwaldvogel.mongo.backend.Index;
+import de.bwaldvogel.mongo.backend.Utils;
 import de.bwaldvogel.mongo.backend.QueryParameters;
 import de.bwaldvogel.mongo.backend.QueryResult;
 import de.bwaldvogel.mongo.backend.memory.MemoryCollection;
 import de.bwaldvogel.mongo.bson.Document;
 import de.bwaldvogel.mongo.bson.ObjectId;
+import de.bwaldvogel.mongo.exception.ImmutableFieldException;
+import de.bwaldvogel.mongo.exception.MongoServerException;
 import de.bwaldvogel.mongo.oplog.NoopOplog;
+import de.bwaldvogel.mongo.wire.bson.BsonEncoder;
+import io.netty.buffer.ByteBuf;
+import io.netty.buffer.Unpooled;
 
 /**
  * A collection of mongo-java-server's in-memory backend whose documents never leave it while an
@@ -150,11 +156,108 @@ final class AtomicCollection extends MemoryCollection {
     }
 
     /**
-     * Replaces the stored document whose {@code _id} is {@code id} (the stored value itself) by
-     * {@code replacement}, through the server's own update path, so that every index checks it.
+     * The stored documents themselves (no copies) matching {@code filter}, for a write that holds
+     * this collection's lock until it is done with them: it computes each change on a copy of its
+     * own, replaces the stored document through {@link #replace}, and copies what it answers with
+     * before the lock goes. Copying them here as well was a tenth of the server's time in a GC run.
      */
-    synchronized void replace(Object id, Document replacement) {
-        updateDocuments(new Document("_id", id), replacement, ArrayFilters.empty(), false, false, NoopOplog.get());
+    synchronized List<Document> stored(Document filter, Document sort, int limit) {
+        Document selector = new Document("$query", filter);
+        if (sort != null && !sort.isEmpty()) {
+            selector.put("$orderby", sort);
+        }
+        List<Document> found = new ArrayList<>();
+        for (Document document : super.handleQuery(new QueryParameters(selector, 0, limit))) {
+            found.add(document);
+        }
+        return found;
+    }
+
+    /**
+     * Replaces the stored document whose {@code _id} is {@code id} (the stored value itself) by
+     * {@code replacement}; {@code old} is that stored document (or a copy of it), found by the
+     * caller under this collection's lock, which it still holds. Every index checks the change
+     * first, as the stock update path does; unlike that path, the document is not looked up,
+     * copied and encoded (twice) again, three steps that were a fifth of the server's time in a GC
+     * run.
+     */
+    synchronized void replace(Object id, Document old, Document replacement) {
+        Integer position = positionOf(id);
+        if (position == null) {
+            updateDocuments(new Document("_id", id), replacement, ArrayFilters.empty(), false, false,
+                    NoopOplog.get());
+            return;
+        }
+        Object newId = replacement.get("_id");
+        if (newId != null && !JsonSchema.equal(id, newId)) {
+            throw new ImmutableFieldException(
+                    "After applying the update, the (immutable) field '_id' was found to have been altered to _id: "
+                            + newId);
+        }
+        Document next = new Document();
+        next.put("_id", id);
+        next.putAll(replacement);
+        Utils.validateFieldNames(next);
+        for (String key : next.keySet()) {
+            if (key.contains(".")) {
+                throw new MongoServerException("illegal field name: " + key);
+            }
+        }
+        for (Index<Integer> index : getIndexes()) {
+            index.checkUpdate(old, next, this);
+        }
+        for (Index<Integer> index : getIndexes()) {
+            index.updateInPlace(old, next, position, this);
+        }
+        // The stored document keeps no part of the replacement, which the caller still hands out
+        // (a post-image) after the lock is released.
+        Document stored = getDocument(position);
+        stored.keySet().retainAll(next.keySet());
+        next.cloneInto(stored);
+    }
+
+    /** Where the document whose {@code _id} is {@code id} is stored, by the {@code _id} index; null without one. */
+    private Integer positionOf(Object id) {
+        Index<Integer> byId = idIndex();
+        if (byId == null) {
+            return null;
+        }
+        Integer found = null;
+        for (Integer position : byId.getPositions(new Document("_id", id))) {
+            if (found != null) {
+                return null;
+            }
+            found = position;
+        }
+        return found;
+    }
+
+    /**
+     * Sizes are summed when asked (collStats, dbStats) instead of kept up to date: keeping them
+     * encoded every document twice per update and once per insert and delete, for a number only
+     * statistics read.
+     */
+    @Override
+    protected boolean tracksDataSize() {
+        return false;
+    }
+
+    @Override
+    protected synchronized int getDataSize() {
+        long total = streamAllDocumentsWithPosition()
+                .mapToLong(entry -> bsonSize(entry.getDocument()))
+                .sum();
+        return (int) Math.min(Integer.MAX_VALUE, total);
+    }
+
+    private static int bsonSize(Document document) {
+        ByteBuf buffer = Unpooled.buffer();
+        try {
+            BsonEncoder.encodeDocument(document, buffer);
+            return buffer.writerIndex();
+        } finally {
+            buffer.release();
+        }
     }
 
     /** The index called {@code name}, or null. */

@@ -118,8 +118,30 @@ final class AtomicDatabase extends MemoryDatabase {
         if (collection == null) {
             return null;
         }
-        List<Document> matched = collection.matching(match, null, 0);
-        Aggregation rest = Aggregation.fromPipeline((Object) new ArrayList<>(stages.subList(1, stages.size())),
+        // A $sort and a $limit right after the match are the query's own sort and limit, as MongoDB
+        // pushes them down: a pipeline that wants the first document of a large collection then
+        // copies one document, not the collection.
+        int next = 1;
+        Document sort = null;
+        if (next < stages.size() && stages.get(next) instanceof Document d && d.get("$sort") instanceof Document s
+                && !s.isEmpty()) {
+            sort = s;
+            next++;
+        }
+        int limit = 0;
+        if (next < stages.size() && stages.get(next) instanceof Document d
+                && d.get("$limit") instanceof Number n && n.longValue() > 0 && n.longValue() <= Integer.MAX_VALUE
+                && n.doubleValue() == n.longValue()) {
+            limit = n.intValue();
+            next++;
+        }
+        if (sort != null && limit == 0) {
+            // A sort alone stays a stage: the query's sort is only applied together with a limit here.
+            sort = null;
+            next = 1;
+        }
+        List<Document> matched = collection.matching(match, sort, limit);
+        Aggregation rest = Aggregation.fromPipeline((Object) new ArrayList<>(stages.subList(next, stages.size())),
                 resolver, this, collection, oplog);
         List<Document> result = rest.runStages(matched.stream());
         Document cursor = new Document("firstBatch", result);

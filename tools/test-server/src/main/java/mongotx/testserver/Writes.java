@@ -168,7 +168,7 @@ final class Writes {
             return;
         }
         synchronized (collection) {
-            List<Document> found = collection.matching(filter, null, multi ? 0 : 1);
+            List<Document> found = collection.stored(filter, null, multi ? 0 : 1);
             for (Document old : found) {
                 outcome.oldDocument = old;
                 Document next = compute(collection, old, update, statement, filter, variables, false, resolver, oplog);
@@ -176,7 +176,7 @@ final class Writes {
                 outcome.matched += 1;
                 if (!next.equals(old)) {
                     validate(collection, next, old, bypass);
-                    collection.replace(old.get("_id"), next);
+                    collection.replace(old.get("_id"), old, next);
                     outcome.modified += 1;
                 }
             }
@@ -368,24 +368,27 @@ final class Writes {
         try {
             if (collection != null) {
                 synchronized (collection) {
-                    List<Document> found = collection.matching(filter, sort, 1);
+                    List<Document> found = collection.stored(filter, sort, 1);
                     if (!found.isEmpty()) {
                         Document old = found.get(0);
                         if (remove) {
+                            value = old.cloneDeeply();
                             collection.deleteDocuments(new Document("$query", new Document("_id", old.get("_id"))), 1,
                                     oplog);
                             lastError = new Document("n", 1);
-                            value = old;
                         } else {
                             Document next = compute(collection, old, update, command, filter, variables, false,
                                     resolver, oplog);
                             candidate = next;
+                            // The pre-image is copied before the stored document changes; a
+                            // post-image is the computed document, which nothing stored shares.
+                            Document before = returnNew ? null : old.cloneDeeply();
                             if (!next.equals(old)) {
                                 validate(collection, next, old, bypass);
-                                collection.replace(old.get("_id"), next);
+                                collection.replace(old.get("_id"), old, next);
                             }
                             lastError = new Document("n", 1).append("updatedExisting", Boolean.TRUE);
-                            value = returnNew ? next : old;
+                            value = returnNew ? next : before;
                         }
                     } else if (upsert) {
                         Document created = upsert(collection, filter, update, command, variables, resolver, oplog);
@@ -394,14 +397,11 @@ final class Writes {
                         collection.addDocument(created);
                         lastError = new Document("n", 1).append("updatedExisting", Boolean.FALSE)
                                 .append("upserted", created.get("_id"));
-                        value = returnNew ? created : null;
-                    }
-                    // The copy is taken before the lock goes: an upserted document is the stored
-                    // object itself, which the next update changes in place, so a copy taken after
-                    // could answer with another caller's write (two increments of a counter both
-                    // answered with the second's value).
-                    if (value != null) {
-                        value = value.cloneDeeply();
+                        // The copy is taken before the lock goes: an upserted document is the
+                        // stored object itself, which the next update changes in place, so a copy
+                        // taken after could answer with another caller's write (two increments of
+                        // a counter both answered with the second's value).
+                        value = returnNew ? created.cloneDeeply() : null;
                     }
                 }
             }
@@ -426,11 +426,12 @@ final class Writes {
         if (validator == null || bypass || !validator.enabled()) {
             return;
         }
-        if (original != null && validator.skipsInvalidOriginals() && validator.explain(original) != null) {
-            return;
-        }
+        // The candidate first: most writes pass, and then the original's validity does not matter.
         Document details = validator.explain(candidate);
         if (details == null || validator.warnsOnly()) {
+            return;
+        }
+        if (original != null && validator.skipsInvalidOriginals() && validator.explain(original) != null) {
             return;
         }
         throw new ValidationFailure(candidate.get("_id"), details);
