@@ -22,6 +22,7 @@ use crate::repo::meta;
 use crate::repo::outcome::TxnStatus;
 use crate::repo::store::{Store, TRANSACTIONS_COLLECTION};
 use crate::server::clock::{self, Durability};
+use crate::txn::claims::Claims;
 use crate::txn::error::TxnError;
 use crate::txn::expired::{self, Resolution};
 use crate::txn::failpoint::{self, FaultInjector, Faults};
@@ -146,14 +147,6 @@ const PAGES_AT_ONCE: usize = 2;
 /// How many pages of holders the sweep lists, to take one page of them at random.
 const SWEEP_CANDIDATES: i64 = 8;
 
-/// How long a runner's claim on a page of expired records keeps other runners off it.
-pub const CLAIM_LEASE: Duration = Duration::from_secs(60);
-
-/// Record fields of a GC runner's claim: who, and until when (server time).
-const CLAIM: &str = "gc";
-const CLAIM_BY: &str = "gc.by";
-const CLAIM_UNTIL: &str = "gc.until";
-
 /// How many expired staging transactions a GC round decides at once (each decision reads its
 /// participants and may fence one).
 const PARALLEL_DECISIONS: usize = 32;
@@ -163,8 +156,8 @@ const PARALLEL_DECISIONS: usize = 32;
 pub struct Gc {
     env: Env,
     options: GcOptions,
-    /// This runner's name in the claims it puts on pages of expired records.
-    runner: ObjectId,
+    /// This runner's claims on pages of expired records.
+    claims: Claims,
 }
 
 impl Gc {
@@ -190,7 +183,7 @@ impl Gc {
                 faults: Faults::new(options.faults.clone()),
             },
             options,
-            runner: ObjectId::new(),
+            claims: Claims::new(),
         }
     }
 
@@ -314,7 +307,7 @@ impl Gc {
                 }
             };
             let full = page.len() == page_size;
-            let page = self.claim(&records, page, now).await?;
+            let page = self.claims.take(&self.env, &records, page, now).await?;
             in_flight.push(expired::resolve_expired_many(
                 &self.env,
                 page,
@@ -359,56 +352,7 @@ impl Gc {
                 }
             }
         }
-        if !left.is_empty() {
-            records
-                .update_many(
-                    doc! { "_id": { "$in": left }, CLAIM_BY: self.runner },
-                    doc! { "$unset": { CLAIM: "" } },
-                )
-                .await
-                .map_err(|e| TxnError::database(None, "let go of claims", e))?;
-        }
-        Ok(())
-    }
-
-    /// Claims for this runner the records of `page` that no other runner has claimed (or whose
-    /// claim has run out) and returns those, read again: several runners then share a backlog
-    /// instead of each resolving all of it. A claim only saves work: every write of a resolution
-    /// is conditional, so two runners on one record still change each document once; a runner
-    /// that dies leaves its claims to run out after [`CLAIM_LEASE`].
-    async fn claim(
-        &self,
-        records: &mongodb::Collection<Document>,
-        page: Vec<Document>,
-        now: DateTime,
-    ) -> Result<Vec<Document>, TxnError> {
-        let ids: Vec<Bson> = page.iter().filter_map(|d| d.get("_id").cloned()).collect();
-        // The lease runs from the server's real time even in a round run as if it were later
-        // (tools and tests): a claim is about this runner's work, not about the deadlines.
-        let until = clock::plus(self.env.now(None).await?, CLAIM_LEASE);
-        let fail = |e| TxnError::database(None, "claim expired transactions", e);
-        records
-            .update_many(
-                doc! {
-                    "_id": { "$in": ids.clone() },
-                    "$or": [
-                        { CLAIM_UNTIL: { "$exists": false } },
-                        { CLAIM_UNTIL: { "$lte": now } },
-                        { CLAIM_BY: self.runner },
-                    ],
-                },
-                doc! { "$set": { CLAIM_BY: self.runner, CLAIM_UNTIL: until } },
-            )
-            .await
-            .map_err(fail)?;
-        records
-            .find(doc! { "_id": { "$in": ids }, CLAIM_BY: self.runner })
-            .batch_size(u32::try_from(page.len()).unwrap_or(u32::MAX))
-            .await
-            .map_err(fail)?
-            .try_collect()
-            .await
-            .map_err(fail)
+        self.claims.let_go(records, left).await
     }
 
     /// Resolves the held documents of `collection` whose transaction is decided or has no record:
@@ -471,7 +415,7 @@ impl Gc {
         if decided.is_empty() {
             return Ok(());
         }
-        let holders = self.unclaimed(decided, now).await?;
+        let holders = self.claims.others_left_out(&self.env, decided, now).await?;
         let holders = self
             .undo_together(&coll, collection, holders, now, &statuses, limit, summary)
             .await?;
@@ -494,37 +438,6 @@ impl Gc {
             summary.skipped += skipped;
         }
         Ok(())
-    }
-
-    /// `holders` less those whose record another runner has claimed (its claim not run out): that
-    /// runner's record pass is resolving them at this moment, together, and sweeping them here as
-    /// well only repeats its writes one by one. A runner that dies leaves its claims to run out.
-    async fn unclaimed(
-        &self,
-        holders: Vec<ObjectId>,
-        now: DateTime,
-    ) -> Result<Vec<ObjectId>, TxnError> {
-        let fail = |e| TxnError::database(None, "read the claims on held documents' records", e);
-        let records = self.env.records(None).await?;
-        let claimed: HashSet<ObjectId> = records
-            .find(doc! {
-                "_id": { "$in": holders.clone() },
-                CLAIM_UNTIL: { "$gt": now },
-                CLAIM_BY: { "$ne": self.runner },
-            })
-            .projection(doc! { "_id": 1 })
-            .await
-            .map_err(fail)?
-            .try_collect::<Vec<Document>>()
-            .await
-            .map_err(fail)?
-            .iter()
-            .filter_map(|d| d.get_object_id("_id").ok())
-            .collect();
-        Ok(holders
-            .into_iter()
-            .filter(|h| !claimed.contains(h))
-            .collect())
     }
 
     /// Undoes together the holds in `collection` of the holders whose transaction did not commit

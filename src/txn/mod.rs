@@ -10,6 +10,7 @@
 //! stop any party at any write. The layer stands on the repository layer (holds are defined there) and never the
 //! other way round.
 
+pub(crate) mod claims;
 pub(crate) mod committer;
 pub(crate) mod error;
 pub(crate) mod expired;
