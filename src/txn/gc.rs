@@ -141,9 +141,6 @@ pub struct RoundSummary {
     pub purged: u64,
 }
 
-/// How many pages of expired records a runner resolves at once.
-const PAGES_AT_ONCE: usize = 2;
-
 /// How many pages of holders the sweep lists, to take one page of them at random.
 const SWEEP_CANDIDATES: i64 = 8;
 
@@ -269,9 +266,6 @@ impl Gc {
             .map_err(|e| TxnError::database(None, "read the records' clock", e))?;
         let expiry = records_now.map_or(now, |records_now| records_now.max(now));
         let mut after: Option<(DateTime, ObjectId)> = None;
-        // While one page is being resolved the next is listed and claimed (and resolved): the
-        // steps of one page wait on each other's replies, and the server is idle meanwhile.
-        let mut in_flight = futures::stream::FuturesUnordered::new();
         while !stop.load(Ordering::SeqCst) {
             let mut filter = doc! { "deadline": { "$lte": expiry } };
             if let Some((deadline, id)) = after {
@@ -308,23 +302,15 @@ impl Gc {
             };
             let full = page.len() == page_size;
             let page = self.claims.take(&self.env, &records, page, now).await?;
-            in_flight.push(expired::resolve_expired_many(
-                &self.env,
-                page,
-                expiry,
-                PARALLEL_DECISIONS,
-            ));
-            while in_flight.len() >= PAGES_AT_ONCE {
-                if let Some(resolved) = in_flight.next().await {
-                    self.account(&records, resolved?, summary).await?;
-                }
-            }
+            // One page at a time: a page's resolution left unpolled beside the next page's
+            // listing kept the driver's connections it had checked out, and the listing then
+            // waited for one forever (a page has up to 32 decisions under way).
+            let resolved =
+                expired::resolve_expired_many(&self.env, page, expiry, PARALLEL_DECISIONS).await?;
+            self.account(&records, resolved, summary).await?;
             if !full {
                 break;
             }
-        }
-        while let Some(resolved) = in_flight.next().await {
-            self.account(&records, resolved?, summary).await?;
         }
         Ok(())
     }
