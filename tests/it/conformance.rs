@@ -1092,6 +1092,70 @@ async fn each_statement_of_an_unordered_update_fails_on_its_own() {
     );
 }
 
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/unset/ : the `$unset` stage
+/// removes top-level fields and embedded fields named by dotted paths, in an update pipeline and in
+/// `aggregate`, where it leaves the stored documents as they were (as does an update whose
+/// pipeline fails after it:
+/// https://www.mongodb.com/docs/manual/core/write-operations-atomicity/); and
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/set/ : a field set from
+/// another (`{b: "$a"}`) is a value of its own, which a later change of the first leaves alone.
+#[tokio::test]
+async fn the_unset_stage_removes_dotted_paths_and_copied_fields_stay_apart() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("unset_stage");
+    coll.insert_one(doc! { "_id": 1, "a": { "x": 1, "y": 2 }, "keep": [1, 2], "drop": true })
+        .await
+        .expect("insert");
+    let unset = doc! { "$unset": ["a.y", "drop"] };
+    let read: Vec<Document> = coll
+        .aggregate(vec![unset.clone()])
+        .await
+        .expect("aggregate")
+        .try_collect()
+        .await
+        .expect("read");
+    assert_eq!(
+        read,
+        vec![doc! { "_id": 1, "a": { "x": 1 }, "keep": [1, 2] }]
+    );
+    assert_eq!(
+        all(&coll).await,
+        vec![doc! { "_id": 1, "a": { "x": 1, "y": 2 }, "keep": [1, 2], "drop": true }],
+        "aggregate changed the stored document"
+    );
+    // An update whose pipeline fails after the `$unset` stage changes nothing.
+    let failed = coll
+        .update_one(
+            doc! { "_id": 1 },
+            vec![unset.clone(), doc! { "$set": { "z": { "$divide": [1, 0] } } }],
+        )
+        .await;
+    assert!(failed.is_err(), "a division by zero was accepted");
+    assert_eq!(
+        all(&coll).await,
+        vec![doc! { "_id": 1, "a": { "x": 1, "y": 2 }, "keep": [1, 2], "drop": true }],
+        "a failed pipeline update changed the stored document"
+    );
+    coll.update_one(
+        doc! { "_id": 1 },
+        vec![unset, doc! { "$set": { "b": "$a", "k": "$keep" } }],
+    )
+    .await
+    .expect("pipeline update");
+    coll.update_one(
+        doc! { "_id": 1 },
+        doc! { "$set": { "a.x": 5 }, "$push": { "keep": 3 } },
+    )
+    .await
+    .expect("operator update");
+    assert_eq!(
+        all(&coll).await,
+        vec![doc! {
+            "_id": 1, "a": { "x": 5 }, "keep": [1, 2, 3], "b": { "x": 1 }, "k": [1, 2],
+        }]
+    );
+}
+
 /// https://www.mongodb.com/docs/manual/tutorial/update-documents-with-aggregation-pipeline/ :
 /// update pipelines take `$set`, `$unset` and `$replaceWith` (4.2+), and
 /// https://www.mongodb.com/docs/manual/reference/command/update/#std-label-update-let-syntax :

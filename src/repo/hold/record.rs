@@ -152,15 +152,38 @@ pub(crate) async fn load_many(
     store: &Store,
     txns: &[ObjectId],
 ) -> Result<Vec<Document>, HoldError> {
+    find_many(store, txns, None).await
+}
+
+/// Reads what [`status_of`] needs of the records of `txns` (those that exist) in one command:
+/// their state and deadline, not their entries, which are most of a page's bytes.
+pub(crate) async fn load_states(
+    store: &Store,
+    txns: &[ObjectId],
+) -> Result<Vec<Document>, HoldError> {
+    find_many(store, txns, Some(doc! { STATE: 1, DEADLINE: 1 })).await
+}
+
+async fn find_many(
+    store: &Store,
+    txns: &[ObjectId],
+    projection: Option<Document>,
+) -> Result<Vec<Document>, HoldError> {
+    let fail = |e| HoldError::database("reading transaction records", e);
     records(store)
         .await?
         .find(doc! { "_id": { "$in": txns.to_vec() } })
-        .batch_size(u32::try_from(txns.len()).unwrap_or(u32::MAX))
+        .with_options(
+            mongodb::options::FindOptions::builder()
+                .projection(projection)
+                .batch_size(u32::try_from(txns.len()).unwrap_or(u32::MAX))
+                .build(),
+        )
         .await
-        .map_err(|e| HoldError::database("reading transaction records", e))?
+        .map_err(fail)?
         .try_collect()
         .await
-        .map_err(|e| HoldError::database("reading transaction records", e))
+        .map_err(fail)
 }
 
 /// The time on the records' collection's own clock (its `$$NOW`), read through the first record
@@ -231,18 +254,7 @@ pub(crate) async fn decide_many(
         )
         .await
         .map_err(|e| HoldError::database("deciding transactions", e))?;
-    // What `status_of` reads, not the records' entries: a page's records are most of its bytes.
-    let fail = |e| HoldError::database("reading transaction records", e);
-    let found: Vec<Document> = records(store)
-        .await?
-        .find(doc! { "_id": { "$in": txns.to_vec() } })
-        .projection(doc! { STATE: 1, DEADLINE: 1 })
-        .batch_size(u32::try_from(txns.len()).unwrap_or(u32::MAX))
-        .await
-        .map_err(fail)?
-        .try_collect()
-        .await
-        .map_err(fail)?;
+    let found = load_states(store, txns).await?;
     for found in found {
         if let Ok(txn) = found.get_object_id("_id") {
             statuses.insert(txn, status_of(&found).map_err(HoldError::new)?);

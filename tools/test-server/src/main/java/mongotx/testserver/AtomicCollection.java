@@ -3,6 +3,7 @@ package mongotx.testserver;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.List;
+import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
 import java.util.stream.Stream;
@@ -68,7 +69,7 @@ final class AtomicCollection extends MemoryCollection {
         }
         List<Document> copies = new ArrayList<>(matched.size());
         for (Document document : matched) {
-            copies.add(document == null ? null : document.cloneDeeply());
+            copies.add(document == null ? null : Copies.deep(document));
         }
         return super.createQueryResult(copies, batchSize);
     }
@@ -144,14 +145,8 @@ final class AtomicCollection extends MemoryCollection {
 
     /** Copies of the documents matching {@code filter}, in {@code sort} order (may be null), at most {@code limit} (0: all). */
     synchronized List<Document> matching(Document filter, Document sort, int limit) {
-        Document selector = new Document("$query", filter);
-        if (sort != null && !sort.isEmpty()) {
-            selector.put("$orderby", sort);
-        }
-        List<Document> found = new ArrayList<>();
-        for (Document document : handleQuery(new QueryParameters(selector, 0, limit))) {
-            found.add(document);
-        }
+        List<Document> found = stored(filter, sort, limit);
+        found.replaceAll(document -> document == null ? null : Copies.deep(document));
         return found;
     }
 
@@ -213,7 +208,9 @@ final class AtomicCollection extends MemoryCollection {
         // (a post-image) after the lock is released.
         Document stored = getDocument(position);
         stored.keySet().retainAll(next.keySet());
-        next.cloneInto(stored);
+        for (Map.Entry<String, Object> entry : next.entrySet()) {
+            stored.put(entry.getKey(), Copies.deepValue(entry.getValue()));
+        }
     }
 
     /** Where the document whose {@code _id} is {@code id} is stored, by the {@code _id} index; null without one. */

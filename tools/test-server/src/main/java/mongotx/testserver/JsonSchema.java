@@ -261,13 +261,12 @@ final class JsonSchema {
             boolean string = value instanceof String;
             boolean object = value instanceof Document;
             boolean array = value instanceof List;
-            Document specifiedAs = new Document(keyword, specified);
             switch (keyword) {
                 case "bsonType", "type" -> {
                     if (types.contains(typeName(value)) || (types.contains("number") && number)) {
                         return null;
                     }
-                    return failure(keyword, specifiedAs, "type did not match").append("consideredValue", value)
+                    return failure(keyword, as(keyword, specified), "type did not match").append("consideredValue", value)
                             .append("consideredType", typeName(value));
                 }
                 case "enum" -> {
@@ -276,7 +275,7 @@ final class JsonSchema {
                             return null;
                         }
                     }
-                    return failure(keyword, specifiedAs, "value was not found in enum").append("consideredValue", value);
+                    return failure(keyword, as(keyword, specified), "value was not found in enum").append("consideredValue", value);
                 }
                 case "minimum", "maximum" -> {
                     if (!number) {
@@ -290,6 +289,7 @@ final class JsonSchema {
                     if (ok) {
                         return null;
                     }
+                    Document specifiedAs = as(keyword, specified);
                     if (exclusive) {
                         specifiedAs.append(keyword.equals("minimum") ? "exclusiveMinimum" : "exclusiveMaximum", true);
                     }
@@ -299,7 +299,7 @@ final class JsonSchema {
                     if (!number || multipleOf((Number) value, (Number) specified)) {
                         return null;
                     }
-                    return failure(keyword, specifiedAs, "considered value is not a multiple of the specified value")
+                    return failure(keyword, as(keyword, specified), "considered value is not a multiple of the specified value")
                             .append("consideredValue", value);
                 }
                 case "minLength", "maxLength" -> {
@@ -312,14 +312,14 @@ final class JsonSchema {
                     if (keyword.equals("minLength") ? length >= bound : length <= bound) {
                         return null;
                     }
-                    return failure(keyword, specifiedAs, "specified string length was not satisfied")
+                    return failure(keyword, as(keyword, specified), "specified string length was not satisfied")
                             .append("consideredValue", value);
                 }
                 case "pattern" -> {
                     if (!string || pattern.matcher((String) value).find()) {
                         return null;
                     }
-                    return failure(keyword, specifiedAs, "regular expression did not match")
+                    return failure(keyword, as(keyword, specified), "regular expression did not match")
                             .append("consideredValue", value);
                 }
                 case "properties" -> {
@@ -351,7 +351,7 @@ final class JsonSchema {
                         }
                     }
                     return missing.isEmpty() ? null
-                            : new Document("operatorName", keyword).append("specifiedAs", specifiedAs)
+                            : new Document("operatorName", keyword).append("specifiedAs", as(keyword, specified))
                                     .append("missingProperties", missing);
                 }
                 case "additionalProperties" -> {
@@ -374,7 +374,7 @@ final class JsonSchema {
                         }
                     }
                     if (!extra.isEmpty()) {
-                        return new Document("operatorName", keyword).append("specifiedAs", specifiedAs)
+                        return new Document("operatorName", keyword).append("specifiedAs", as(keyword, specified))
                                 .append("additionalProperties", extra);
                     }
                     return failed.isEmpty() ? null
@@ -409,7 +409,7 @@ final class JsonSchema {
                     if (keyword.equals("minProperties") ? count >= bound : count <= bound) {
                         return null;
                     }
-                    return failure(keyword, specifiedAs, "specified number of properties was not satisfied")
+                    return failure(keyword, as(keyword, specified), "specified number of properties was not satisfied")
                             .append("numberOfProperties", count);
                 }
                 case "dependencies" -> {
@@ -477,7 +477,7 @@ final class JsonSchema {
                     List<?> items = (List<?>) value;
                     for (int i = itemsTuple.size(); i < items.size(); i++) {
                         if (Boolean.FALSE.equals(additionalItemsAllowed)) {
-                            return failure(keyword, specifiedAs, "found additional items")
+                            return failure(keyword, as(keyword, specified), "found additional items")
                                     .append("additionalItems", new ArrayList<>(items.subList(itemsTuple.size(), items.size())));
                         }
                         if (additionalItemsSchema != null) {
@@ -500,7 +500,7 @@ final class JsonSchema {
                     if (keyword.equals("minItems") ? count >= bound : count <= bound) {
                         return null;
                     }
-                    return failure(keyword, specifiedAs, "array did not match specified length")
+                    return failure(keyword, as(keyword, specified), "array did not match specified length")
                             .append("consideredValue", value);
                 }
                 case "uniqueItems" -> {
@@ -511,7 +511,7 @@ final class JsonSchema {
                     for (int i = 0; i < items.size(); i++) {
                         for (int j = 0; j < i; j++) {
                             if (equal(items.get(i), items.get(j))) {
-                                return failure(keyword, specifiedAs, "found a duplicate item")
+                                return failure(keyword, as(keyword, specified), "found a duplicate item")
                                         .append("consideredValue", value).append("duplicatedValue", items.get(i));
                             }
                         }
@@ -579,6 +579,11 @@ final class JsonSchema {
             entry.put("description", schema.description);
         }
         return entry.append("details", details);
+    }
+
+    /** What a failed rule says the schema specified; built only for a failure. */
+    private static Document as(String keyword, Object specified) {
+        return new Document(keyword, specified);
     }
 
     private static Document failure(String keyword, Document specifiedAs, String reason) {

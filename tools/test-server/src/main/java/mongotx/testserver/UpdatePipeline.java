@@ -41,13 +41,17 @@ final class UpdatePipeline {
         }
     }
 
-    /** The document {@code stages} make of a copy of {@code document}. */
+    /** The document {@code stages} make of {@code document}, which stays as it was. */
     static Document apply(Document document, List<?> stages, Variables variables, MongoDatabase database,
             AtomicCollection collection, DatabaseResolver resolver, Oplog oplog) {
         check(stages);
         Aggregation aggregation = Aggregation.fromPipeline((Object) variables.inPipeline(stages), resolver, database,
                 collection, oplog);
-        List<Document> out = aggregation.runStages(Stream.of(document.cloneDeeply()));
+        // No copy: no stage an update allows, nor any expression, changes the document it is given
+        // (each builds its own), and the result may share embedded values with the stored
+        // document because nothing changes a stored value in place: replacing the document
+        // stores copies of the result's values.
+        List<Document> out = aggregation.runStages(Stream.of(document));
         if (out.size() != 1) {
             throw new MongoServerError(2, "BadValue", "an update pipeline must produce exactly one document");
         }
@@ -55,7 +59,7 @@ final class UpdatePipeline {
         Object id = document.get("_id");
         if (!result.containsKey("_id")) {
             if (!document.containsKey("_id")) {
-                return result.cloneDeeply();
+                return result;
             }
         } else if (document.containsKey("_id") && !JsonSchema.equal(result.get("_id"), id)) {
             throw new MongoServerError(66, "ImmutableField",
@@ -67,6 +71,6 @@ final class UpdatePipeline {
                 ordered.put(entry.getKey(), entry.getValue());
             }
         }
-        return ordered.cloneDeeply();
+        return ordered;
     }
 }

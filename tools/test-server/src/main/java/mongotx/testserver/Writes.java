@@ -256,7 +256,7 @@ final class Writes {
             for (Map.Entry<String, Object> entry : document.entrySet()) {
                 next.put(entry.getKey(), entry.getValue());
             }
-            next = next.cloneDeeply();
+            next = Copies.deep(next);
         }
         if (old.containsKey("_id") && next.containsKey("_id") && !JsonSchema.equal(old.get("_id"), next.get("_id"))) {
             throw new MongoServerError(66, "ImmutableField",
@@ -288,7 +288,7 @@ final class Writes {
                 }
                 created.put(entry.getKey(), entry.getValue());
             }
-            created = created.cloneDeeply();
+            created = Copies.deep(created);
         } else {
             created = compute(collection, seed, update, statement, filter, variables, true, resolver, oplog);
         }
@@ -372,7 +372,7 @@ final class Writes {
                     if (!found.isEmpty()) {
                         Document old = found.get(0);
                         if (remove) {
-                            value = old.cloneDeeply();
+                            value = Copies.deep(old);
                             collection.deleteDocuments(new Document("$query", new Document("_id", old.get("_id"))), 1,
                                     oplog);
                             lastError = new Document("n", 1);
@@ -382,7 +382,7 @@ final class Writes {
                             candidate = next;
                             // The pre-image is copied before the stored document changes; a
                             // post-image is the computed document, which nothing stored shares.
-                            Document before = returnNew ? null : old.cloneDeeply();
+                            Document before = returnNew ? null : Copies.deep(old);
                             if (!next.equals(old)) {
                                 validate(collection, next, old, bypass);
                                 collection.replace(old.get("_id"), old, next);
@@ -401,7 +401,7 @@ final class Writes {
                         // stored object itself, which the next update changes in place, so a copy
                         // taken after could answer with another caller's write (two increments of
                         // a counter both answered with the second's value).
-                        value = returnNew ? created.cloneDeeply() : null;
+                        value = returnNew ? Copies.deep(created) : null;
                     }
                 }
             }

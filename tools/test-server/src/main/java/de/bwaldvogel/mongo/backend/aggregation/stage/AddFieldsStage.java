@@ -7,6 +7,7 @@ import de.bwaldvogel.mongo.backend.Missing;
 import de.bwaldvogel.mongo.backend.aggregation.Evaluation;
 import de.bwaldvogel.mongo.bson.Document;
 import de.bwaldvogel.mongo.exception.MongoServerError;
+import mongotx.testserver.Copies;
 
 /**
  * The mongotx test server's replacement for mongo-java-server's {@code $addFields} stage (and so
@@ -46,7 +47,7 @@ public class AddFieldsStage implements AggregationStage {
     }
 
     Document projectDocument(Document document) {
-        Document result = document.clone();
+        Document result = Copies.shallow(document);
         add(result, document, addFields);
         return result;
     }
@@ -72,7 +73,7 @@ public class AddFieldsStage implements AggregationStage {
     }
 
     private static void nested(Document target, Document root, String key, Document spec) {
-        Document inner = target.get(key) instanceof Document existing ? existing.clone() : new Document();
+        Document inner = target.get(key) instanceof Document existing ? Copies.shallow(existing) : new Document();
         add(inner, root, spec);
         target.put(key, inner);
     }
