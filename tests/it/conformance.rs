@@ -1127,7 +1127,10 @@ async fn the_unset_stage_removes_dotted_paths_and_copied_fields_stay_apart() {
     let failed = coll
         .update_one(
             doc! { "_id": 1 },
-            vec![unset.clone(), doc! { "$set": { "z": { "$divide": [1, 0] } } }],
+            vec![
+                unset.clone(),
+                doc! { "$set": { "z": { "$divide": [1, 0] } } },
+            ],
         )
         .await;
     assert!(failed.is_err(), "a division by zero was accepted");

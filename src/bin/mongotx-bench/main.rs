@@ -174,9 +174,10 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         core_rows(&db, &args).await?;
     }
     if run(Section::Quota) {
-        quota::rows(&server, &db, args.n)
+        let rows = quota::rows(&server, &db, args.n)
             .await
             .map_err(|e| -> Box<dyn std::error::Error> { e })?;
+        report_charts(plots::write_quota(&args.plots, args.font.as_deref(), &rows));
     }
     if run(Section::Obt) {
         obt::rows(&db, args.n)

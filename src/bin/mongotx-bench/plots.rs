@@ -304,6 +304,45 @@ pub(crate) fn write_ratelimit(
     Ok(written)
 }
 
+/// Writes the quota's chart into `dir` and returns the files written: a consume as a ratio to one
+/// conditional update of a bare counter, against the allocations live on the provider (log axis),
+/// beside the same update of a document the provider's size, and the 1.3x the issue sets.
+pub(crate) fn write_quota(
+    dir: &Path,
+    font: Option<&Path>,
+    rows: &[crate::quota::LiveRow],
+) -> Result<Vec<PathBuf>, String> {
+    prepare(dir, font)?;
+    let log = |n: usize| (n as f64).max(1.0).log10();
+    let x_max = rows.iter().map(|r| log(r.live)).fold(1.0, f64::max);
+    let chart = Chart {
+        caption: "quota consume / one conditional update, by live allocations on the provider"
+            .into(),
+        x_desc: "live allocations, log10 scale (0 drawn at 1)",
+        y_desc: "latency / one conditional update",
+        x_max,
+        log_y: true,
+        lines: vec![
+            Line {
+                label: "consume (one provider)".into(),
+                color: RGBColor(0, 114, 178),
+                points: rows.iter().map(|r| (log(r.live), r.consume)).collect(),
+            },
+            Line {
+                label: "update of a document the provider's size".into(),
+                color: RGBColor(230, 159, 0),
+                points: rows.iter().map(|r| (log(r.live), r.same_size)).collect(),
+            },
+            Line {
+                label: "target: 1.3x".into(),
+                color: GREY,
+                points: rows.iter().map(|r| (log(r.live), 1.3)).collect(),
+            },
+        ],
+    };
+    chart.render(dir, "quota_by_allocations")
+}
+
 /// A line chart.
 struct Chart {
     caption: String,

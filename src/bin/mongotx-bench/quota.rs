@@ -1,5 +1,6 @@
 //! Quota rows: consume latency next to one conditional update (on a bare counter and on a
-//! document shaped like the provider), the round trips a consume sends, a three-provider consume,
+//! document shaped like the provider) by live allocations on the provider (0 to 10,000), the
+//! round trips a consume sends, a three-provider consume,
 //! and 32 consumers on one hot provider next to raw `$inc` writers and to the algorithm of the
 //! quota's reference design (read availability and generation, write only if the generation is
 //! unchanged, otherwise read again) done with the raw driver.
@@ -27,8 +28,28 @@ const LIMIT: i64 = i64::MAX / 4;
 const TASKS: usize = 32;
 /// How long each hot-provider contender runs.
 const WINDOW: Duration = Duration::from_secs(2);
+/// Live allocations on the provider, for the latency rows and their chart.
+const LIVE: [usize; 5] = [0, 10, 100, 1_000, 10_000];
+/// At most this many samples where one consume rewrites thousands of entries: the median is
+/// stable long before, and 1,000 samples at 10,000 live allocations would take minutes.
+const LARGE_SAMPLES: usize = 200;
 
-pub(crate) async fn rows(server: &TestServer, db: &Database, n: usize) -> Result<(), Error> {
+/// One latency row, for the chart.
+pub(crate) struct LiveRow {
+    /// Allocations live on the provider.
+    pub(crate) live: usize,
+    /// Consume / one conditional update on a bare counter.
+    pub(crate) consume: f64,
+    /// A conditional update of a document the provider's size / the same on a bare counter.
+    pub(crate) same_size: f64,
+}
+
+/// The rows; returns the latency rows for the chart.
+pub(crate) async fn rows(
+    server: &TestServer,
+    db: &Database,
+    n: usize,
+) -> Result<Vec<LiveRow>, Error> {
     let commands = Arc::new(AtomicU64::new(0));
     let client = counting_client(server, Arc::clone(&commands)).await?;
     let db = client.database(db.name());
@@ -47,8 +68,14 @@ pub(crate) async fn rows(server: &TestServer, db: &Database, n: usize) -> Result
         "/ same-size update",
         "round trips"
     );
-    for live in [0, 32, 256] {
-        latency_row(&quota, &db, &raw, &commands, live, n).await?;
+    let mut live_rows = Vec::new();
+    for live in LIVE {
+        let samples = if live >= 1_000 {
+            n.min(LARGE_SAMPLES)
+        } else {
+            n
+        };
+        live_rows.push(latency_row(&quota, &db, &raw, &commands, live, samples).await?);
     }
     three_providers_row(&quota, &raw, n).await?;
     // The hot provider gets a database of its own: the test server reads `held.c` (a release's
@@ -57,7 +84,7 @@ pub(crate) async fn rows(server: &TestServer, db: &Database, n: usize) -> Result
     let hot_quota = Quota::open(&Store::new(hot_db.clone())).await?;
     let hot = hot_provider_rows(&hot_quota, &hot_db.collection("raw_providers")).await;
     hot_db.drop().await?;
-    hot
+    hot.map(|()| live_rows)
 }
 
 /// A client that counts the commands it starts.
@@ -103,16 +130,12 @@ async fn latency_row(
     commands: &AtomicU64,
     live: usize,
     n: usize,
-) -> Result<(), Error> {
+) -> Result<LiveRow, Error> {
     let provider = ProviderId::new("bench", format!("live{live}"));
     quota
         .create(NewProvider::new(provider.clone(), LIMIT))
         .await?;
-    for j in 0..live {
-        quota
-            .consume(&Request::new(format!("holder{j}")).take(provider.clone(), 1))
-            .await?;
-    }
+    fill(quota, db, &provider, live).await?;
     let (bare, shaped) = (format!("bare{live}"), format!("shaped{live}"));
     raw.insert_one(doc! { "_id": &bare, "available": LIMIT, "usage": 0_i64 })
         .await?;
@@ -175,6 +198,61 @@ async fn latency_row(
         micros(bare.p90),
         micros(shaped.median)
     );
+    Ok(LiveRow {
+        live,
+        consume: ours.median.as_secs_f64() / bare.median.as_secs_f64(),
+        same_size: shaped.median.as_secs_f64() / bare.median.as_secs_f64(),
+    })
+}
+
+/// Gives `provider` `live` allocations of one unit, each a different consumer's. Beyond a
+/// hundred they are written in one update of the shape consumes leave (filling 10,000 one
+/// consume at a time would take minutes, each rewriting everything before it); one of them is
+/// then released through the API, as a check that the provider reads as the quota's own.
+async fn fill(
+    quota: &Quota,
+    db: &Database,
+    provider: &ProviderId,
+    live: usize,
+) -> Result<(), Error> {
+    if live <= 100 {
+        for j in 0..live {
+            quota
+                .consume(&Request::new(format!("holder{j}")).take(provider.clone(), 1))
+                .await?;
+        }
+        return Ok(());
+    }
+    let entries: Vec<Document> = (0..live)
+        .map(|j| doc! { "c": format!("holder{j}"), "r": format!("fill{j}"), "n": 1_i64 })
+        .collect();
+    let amount = i64::try_from(live)?;
+    let filled = db
+        .collection::<Document>("quota_providers")
+        .update_one(
+            doc! { "_id.scope": "bench", "_id.resource": format!("live{live}") },
+            doc! {
+                "$push": { "held": { "$each": entries } },
+                "$inc": { "usage": amount, "available": -amount, "_version": 1_i64 },
+            },
+        )
+        .await?;
+    if filled.modified_count != 1 {
+        return Err(format!("provider {provider} was not filled").into());
+    }
+    quota.release("holder0").await?;
+    quota
+        .consume(&Request::new("holder0").take(provider.clone(), 1))
+        .await?;
+    let read = quota.provider(provider.clone()).await?;
+    if read.usage != amount || read.allocations.len() != live {
+        return Err(format!(
+            "provider {provider}: usage {} and {} allocations after filling {live}",
+            read.usage,
+            read.allocations.len()
+        )
+        .into());
+    }
     Ok(())
 }
 
