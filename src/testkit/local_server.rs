@@ -253,7 +253,8 @@ pub fn project_dir() -> PathBuf {
     }
 }
 
-/// Builds the server jar with Maven unless an up-to-date one exists; returns its path.
+/// Builds the server jar with Maven unless an up-to-date one exists; returns the path of a copy of
+/// it that servers run from (see `launch_copy`).
 pub fn ensure_built() -> Result<PathBuf, LocalServerError> {
     if let Some(jar) = std::env::var_os(JAR_ENV) {
         return Ok(PathBuf::from(jar));
@@ -278,12 +279,55 @@ pub fn ensure_built() -> Result<PathBuf, LocalServerError> {
     })?;
 
     let result = if is_up_to_date(&dir, &jar) {
-        Ok(jar)
+        Ok(())
     } else {
-        build(&dir).map(|()| jar)
+        build(&dir)
     };
+    let result = result.and_then(|()| launch_copy(&dir, &jar));
     let _ = lock.unlock();
     result
+}
+
+/// A copy of `jar` that no later build touches, for servers to run from. Maven rewrites the jar in
+/// place, and a server that loads a class after that reads a different file: when a source changed
+/// while a suite ran, the next test's rebuild crashed the servers other tests were using. Each
+/// build gets its own copy (named by the jar's modification time), and older copies are removed
+/// after a while (a running server keeps the file it opened).
+fn launch_copy(dir: &Path, jar: &Path) -> Result<PathBuf, LocalServerError> {
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LocalServerError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let stamp = modified(jar)
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let launch = dir.join("target/launch");
+    fs::create_dir_all(&launch).map_err(io("creating", &launch))?;
+    let copy = launch.join(format!("mongotx-test-server-{stamp}.jar"));
+    if !copy.is_file() {
+        let partial = launch.join(format!("mongotx-test-server-{stamp}.partial"));
+        fs::copy(jar, &partial).map_err(io("copying the jar to", &partial))?;
+        fs::rename(&partial, &copy).map_err(io("renaming", &partial))?;
+    }
+    // A copy replaced a moment ago may be about to start a server (its caller has just been
+    // handed its path): only copies older than that are removed.
+    let stale = |path: &Path| {
+        modified(path)
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(600))
+    };
+    if let Ok(entries) = fs::read_dir(&launch) {
+        for old in entries.flatten().map(|e| e.path()) {
+            if old != copy && stale(&old) {
+                let _ = fs::remove_file(old);
+            }
+        }
+    }
+    Ok(copy)
 }
 
 fn build(dir: &Path) -> Result<(), LocalServerError> {
