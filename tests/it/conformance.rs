@@ -1098,9 +1098,11 @@ async fn each_statement_of_an_unordered_update_fails_on_its_own() {
 /// pipeline fails after it:
 /// https://www.mongodb.com/docs/manual/core/write-operations-atomicity/); and
 /// https://www.mongodb.com/docs/manual/reference/operator/aggregation/set/ : a field set from
-/// another (`{b: "$a"}`) is a value of its own, which a later change of the first leaves alone.
+/// another (`{b: "$a"}`) is a value of its own, which a later change of the first leaves alone, and
+/// https://www.mongodb.com/docs/manual/reference/aggregation-variables/#mongodb-variable-variable.ROOT :
+/// `$$ROOT` in a stage is the document as the stage received it.
 #[tokio::test]
-async fn the_unset_stage_removes_dotted_paths_and_copied_fields_stay_apart() {
+async fn the_unset_stage_removes_dotted_paths_and_copied_fields_stay_apart_from_their_source() {
     let t = TestDb::unprobed().await;
     let coll: Collection<Document> = t.db.collection("unset_stage");
     coll.insert_one(doc! { "_id": 1, "a": { "x": 1, "y": 2 }, "keep": [1, 2], "drop": true })
@@ -1156,6 +1158,23 @@ async fn the_unset_stage_removes_dotted_paths_and_copied_fields_stay_apart() {
         vec![doc! {
             "_id": 1, "a": { "x": 5 }, "keep": [1, 2, 3], "b": { "x": 1 }, "k": [1, 2],
         }]
+    );
+    coll.update_one(
+        doc! { "_id": 1 },
+        vec![doc! { "$set": { "a": 6, "snap": "$$ROOT" } }],
+    )
+    .await
+    .expect("$$ROOT");
+    assert_eq!(
+        coll.find_one(doc! { "_id": 1 })
+            .await
+            .expect("read")
+            .expect("stored")
+            .get("snap"),
+        Some(&Bson::Document(doc! {
+            "_id": 1, "a": { "x": 5 }, "keep": [1, 2, 3], "b": { "x": 1 }, "k": [1, 2],
+        })),
+        "$$ROOT is the document before the stage"
     );
 }
 

@@ -41,17 +41,17 @@ final class UpdatePipeline {
         }
     }
 
-    /** The document {@code stages} make of {@code document}, which stays as it was. */
+    /** The document {@code stages} make of a copy of {@code document}. */
     static Document apply(Document document, List<?> stages, Variables variables, MongoDatabase database,
             AtomicCollection collection, DatabaseResolver resolver, Oplog oplog) {
         check(stages);
         Aggregation aggregation = Aggregation.fromPipeline((Object) variables.inPipeline(stages), resolver, database,
                 collection, oplog);
-        // No copy: no stage an update allows, nor any expression, changes the document it is given
-        // (each builds its own), and the result may share embedded values with the stored
-        // document because nothing changes a stored value in place: replacing the document
-        // stores copies of the result's values.
-        List<Document> out = aggregation.runStages(Stream.of(document));
+        // The stages run on a copy: `$$ROOT` is the document they are given, so a stage can put
+        // the document itself into its result ({x: "$$ROOT"}), and replacing the stored document
+        // changes that very object. What the stages make shares nothing stored, and replacing the
+        // document stores copies of it.
+        List<Document> out = aggregation.runStages(Stream.of(Copies.deep(document)));
         if (out.size() != 1) {
             throw new MongoServerError(2, "BadValue", "an update pipeline must produce exactly one document");
         }
