@@ -14,7 +14,7 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
-use mongotx::quota::{NewProvider, ProviderId, Quota, Request};
+use mongotx::quota::{NewProvider, ProviderId, Quota, Request, PROVIDERS_COLLECTION};
 use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
@@ -140,7 +140,7 @@ async fn latency_row(
     raw.insert_one(doc! { "_id": &bare, "available": LIMIT, "usage": 0_i64 })
         .await?;
     let mut copy = db
-        .collection::<Document>("quota_providers")
+        .collection::<Document>(PROVIDERS_COLLECTION)
         .find_one(doc! { "_id.scope": "bench", "_id.resource": format!("live{live}") })
         .await?
         .ok_or("the provider just created is missing")?;
@@ -228,7 +228,7 @@ async fn fill(
         .collect();
     let amount = i64::try_from(live)?;
     let filled = db
-        .collection::<Document>("quota_providers")
+        .collection::<Document>(PROVIDERS_COLLECTION)
         .update_one(
             doc! { "_id.scope": "bench", "_id.resource": format!("live{live}") },
             doc! {
