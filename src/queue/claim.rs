@@ -2,28 +2,38 @@
 //!
 //! Three documents decide whether a batch may go to the ledger: the batch (its claim, its status,
 //! its `submitted` flag) and its service's document in the services collection, which holds the
-//! service's **slot** (the one batch of the service that may be at the ledger) and the **mark**
-//! (the place in the service's order, `(created_at, header)`, of the last batch that went).
+//! service's **slot** (the one batch of the service that may be at the ledger, with the claim
+//! that took it and when that taking runs out) and the **mark** (the place in the service's
+//! order, `(created_at, header)`, of the last batch that went).
 //!
-//! A submitter takes a queued batch in five conditional writes and one count:
+//! A submitter takes a queued batch in two round trips:
 //!
-//! 1. **claim** the batch: only if it is unsettled, not with a submitter, and unclaimed or its
-//!    claim has expired. The claim carries a fresh token; every later write of the claimant
-//!    names it, so a submitter whose claim was taken over changes nothing.
-//! 2. **take the slot** of the service: only if it is free (or already this batch's: a retry of
-//!    an unknown or delayed batch) and the batch comes after the mark. A slot whose batch the
-//!    ledger has settled is freed first (its monitor may have died before freeing it).
-//! 3. **check** that no unsettled batch of the service is older. A batch added late with an
-//!    older stamp is found here; the slot is given back and the older batch goes first.
-//! 4. **mark it submitted** (`submitted`, `last_submitted_at`), only while the claim and the
-//!    batch's stamp are unchanged.
-//! 5. **move the mark** to the batch; only then is it sent.
+//! 1. **take the slot** of the service, until the claim's `until`: only if it is free, or held
+//!    by this very batch under a taking that has run out by the server's clock (a retry of an
+//!    unknown or delayed batch, or of a taker that died), and only if the batch comes after the
+//!    mark. A slot whose batch the ledger has settled is freed first, moving the mark to that
+//!    batch (its monitor may have died before doing so); a slot whose batch never went is freed
+//!    once its `until` has passed by the server's clock.
+//! 2. together: **claim** the batch and mark it submitted, only if it is unsettled, not with a
+//!    submitter, unclaimed or its claim expired, its stamp unchanged, and the server's clock
+//!    before `until`; and **count** the service's unsettled batches that are older. If the claim
+//!    failed or the count is not zero (a batch added late with an older stamp goes first), both
+//!    are given back: the claim, and the slot as it was before step 1. Otherwise the batch goes.
+//!
+//! The `until` is the fence between the two steps: nobody else frees a slot whose batch never
+//! went before the server's clock passes its `until`, and the claim lands only before it, so a
+//! claim that lands holds the slot. A taking that replaced this batch's own earlier one (whose
+//! batch may be at the ledger: only the claim says) is given back by putting the earlier one
+//! back, so a claimant working from an old reading never frees the slot of a batch in flight.
+//! The mark moves in the same write that frees the slot of a batch that went (settled): whenever
+//! the slot is free, the mark is at the last batch that went.
 //!
 //! Adding a batch runs the other half: after the insert it reads the service's slot and mark,
 //! and a batch stamped at or before either (it was stamped before a later batch was taken) is
-//! stamped again, after them. Either the adder sees the taken batch, or the taker's check sees
-//! the added one: so batches reach the ledger in the order of their final stamps, and a slot
-//! held from step 2 until the ledger settles the batch keeps one batch per service in flight.
+//! stamped again, after them. Either the adder sees the taken slot, or the taker's count (sent
+//! after the slot was taken) sees the added batch: so batches reach the ledger in the order of
+//! their final stamps, and a slot held from step 1 until the ledger settles the batch keeps one
+//! batch per service in flight.
 
 use std::time::{Duration, Instant};
 
@@ -33,7 +43,7 @@ use mongodb::options::ReturnDocument;
 
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Place};
-use crate::queue::store::{name_problem, shown, Batches};
+use crate::queue::store::{name_problem, parse_status, shown, Batches};
 use crate::server::clock::plus;
 
 /// Statuses the ledger has settled for good: the queuer leaves them out, and a slot held by
@@ -98,6 +108,9 @@ impl Batches {
     /// batch in flight, an older batch of its service must go first, or it moved on. Nothing
     /// is left taken when it answers `None`.
     ///
+    /// Two round trips (see the module's doc). The claim lands only before it runs out by the
+    /// server's clock, so a `ttl` too short to reach the server answers `None`.
+    ///
     /// A batch that does not exist is [`QueueError::UnknownBatch`]; an unusable claimant name
     /// (empty, over [`MAX_NAME`](crate::queue::MAX_NAME) bytes, with a NUL) or a `ttl` under a
     /// millisecond or over [`MAX_CLAIM`] is [`QueueError::Invalid`]; nothing is written.
@@ -136,208 +149,287 @@ impl Batches {
         let now = self.now().await?;
         let until = plus(now, ttl);
         let deadline = Instant::now() + ttl;
-        // 1. The claim.
-        let claimed = self
-            .coll
-            .find_one_and_update(
-                doc! {
-                    "_id": header,
-                    "submitted": false,
-                    "status": { "$nin": DECIDED.to_vec() },
-                    "$or": [
-                        { "claim": { "$exists": false } },
-                        { "claim.until": { "$lt": now } },
-                    ],
-                },
-                doc! { "$set": { "claim": { "token": token, "by": claimant, "until": until } } },
-            )
-            .return_document(ReturnDocument::After)
-            .await
-            .map_err(|e| self.db_error(header, "claim", e))?;
-        let Some(claimed) = claimed else {
-            // Not claimable now, or not there at all: only the latter is the caller's mistake.
-            self.stored(header).await?;
+        let place = Place::of(batch);
+        let service = batch.service_id.as_str();
+        // Round 1: the slot, which is also the claim's fence (see the module's doc).
+        let Some(replaced) = self
+            .take_slot(service, &place, token, claimant, until)
+            .await?
+        else {
+            self.after_refused_slot(header).await?;
             return Ok(None);
         };
-        let batch = self.parse(&claimed)?;
-        let content = claimed.get_str("content").unwrap_or_default().to_string();
-        let place = Place::of(&batch);
-        let service = batch.service_id.clone();
-        // 2. The slot.
-        if !self.take_slot(&service, &place, token).await? {
-            self.after_refused_slot(&batch, &place, token).await?;
-            self.unclaim(header, token).await?;
-            return Ok(None);
-        }
-        // 3. Nothing older of the service is unsettled.
-        let mut older = before(&service, &place);
+        // Round 2: the batch, claimed and marked submitted, while the service's older batches
+        // are counted. The count must come after the slot was taken (it is the taker's half of
+        // the ordering), not after the claim, so both go together.
+        let claim = self.coll.find_one_and_update(
+            doc! {
+                "_id": header,
+                "created_at": batch.created_at,
+                "submitted": false,
+                "status": { "$nin": DECIDED.to_vec() },
+                "$or": [
+                    { "claim": { "$exists": false } },
+                    { "claim.until": { "$lt": now } },
+                ],
+                // Only while the slot is surely ours: a taker frees an abandoned slot only once
+                // the server's clock has passed its `until`.
+                "$expr": { "$lt": ["$$NOW", until] },
+            },
+            // The estimate of the server's time rather than `$currentDate`: it is matched
+            // exactly later, and some servers keep more than milliseconds of the latter.
+            doc! { "$set": {
+                "claim": { "token": token, "by": claimant, "until": until },
+                "submitted": true,
+                "last_submitted_at": now,
+            } },
+        );
+        let mut older = before(service, &place);
         older.insert("status", doc! { "$nin": SETTLED.to_vec() });
-        let waiting = self
-            .coll
-            .count_documents(older)
-            .await
-            .map_err(|e| self.db_error(header, "claim", e))?;
-        if waiting > 0 {
-            tracing::debug!(header, service, waiting, "an older batch goes first");
-            self.free_slot(&service, header, Some(token)).await?;
-            self.unclaim(header, token).await?;
-            return Ok(None);
+        let (claimed, waiting) = tokio::join!(
+            async { claim.return_document(ReturnDocument::Before).await },
+            async { self.coll.count_documents(older).await }
+        );
+        let claimed = claimed.map_err(|e| self.db_error(header, "claim", e));
+        let waiting = waiting.map_err(|e| self.db_error(header, "claim", e));
+        match (claimed, waiting) {
+            (Ok(Some(before)), Ok(0)) => {
+                let mut batch = self.parse(&before)?;
+                let content = before.get_str("content").unwrap_or_default().to_string();
+                batch.submitted = true;
+                batch.last_submitted_at = Some(now);
+                Ok(Some(Claim {
+                    batch,
+                    content,
+                    token,
+                    deadline,
+                }))
+            }
+            (claimed, waiting) => {
+                if let Ok(n @ 1..) = waiting {
+                    tracing::debug!(header, service, waiting = n, "an older batch goes first");
+                }
+                // Give back what was taken. Either order leaves something the other roles
+                // clear if this process dies in between: a slot runs out at its `until`, a
+                // batch marked submitted is asked about once its claim has expired.
+                // The batch as the claim found it: its last submission and status.
+                let previous = match &claimed {
+                    Ok(Some(before)) => Some((
+                        before.get_datetime("last_submitted_at").ok().copied(),
+                        before.get_str("status").ok().and_then(parse_status),
+                    )),
+                    _ => None,
+                };
+                // A batch the ledger does not have (unknown, delayed) that an older batch must
+                // precede was never sent in order: either this very step left it marked
+                // submitted when its claimant died before giving it back, or the older batch's
+                // adder died before stamping it again while this one was away. It becomes a
+                // batch like any other, so the older one is queued and goes first (its stamp
+                // says so; this one follows it).
+                let reset = matches!(waiting, Ok(1..))
+                    && previous.is_some_and(|(_, status)| {
+                        matches!(status, Some(BatchStatus::Unknown | BatchStatus::Delayed))
+                    });
+                let (unclaimed, freed) = tokio::join!(
+                    async {
+                        match previous {
+                            Some((at, _)) => self.unclaim_submitted(header, token, at, reset).await,
+                            None => Ok(()),
+                        }
+                    },
+                    self.give_slot_back(service, header, token, replaced)
+                );
+                unclaimed?;
+                freed?;
+                match (claimed?, waiting?) {
+                    // Not claimable after all: only a batch that is not there is an error.
+                    (None, _) => {
+                        self.stored(header).await?;
+                        Ok(None)
+                    }
+                    _ => Ok(None),
+                }
+            }
         }
-        // 4. Submitted, while the claim and the stamp are still ours.
-        let marked = self
-            .coll
-            .find_one_and_update(
-                doc! {
-                    "_id": header,
-                    "claim.token": token,
-                    "created_at": batch.created_at,
-                },
-                // The estimate of the server's time rather than `$currentDate`: it is matched
-                // exactly later, and some servers keep more than milliseconds of the latter.
-                doc! { "$set": { "submitted": true, "last_submitted_at": self.now().await? } },
-            )
-            .return_document(ReturnDocument::After)
-            .await
-            .map_err(|e| self.db_error(header, "claim", e))?;
-        let Some(marked) = marked else {
-            // The claim expired and was taken over: the new claimant has the slot too.
-            return Ok(None);
-        };
-        // 5. The mark, then it may go.
-        let moved = self
-            .services
-            .update_one(
-                doc! { "_id": &service, "holder.header": header },
-                doc! { "$set": {
-                    "mark_at": batch.created_at,
-                    "mark_header": header,
-                } },
-            )
-            .await
-            .map_err(|e| self.db_error(header, "claim", e))?;
-        if moved.matched_count == 0 {
-            // Freed under us as abandoned (we were slower than our claim): it is marked
-            // submitted but was not sent, which the monitor sorts out once the claim expires.
-            tracing::debug!(
-                header,
-                service,
-                "the slot was freed before the batch was sent"
-            );
-            return Ok(None);
-        }
-        Ok(Some(Claim {
-            batch: self.parse(&marked)?,
-            content,
-            token,
-            deadline,
-        }))
     }
 
-    /// Takes `service`'s slot for the batch at `place`: free (or already its own) and after
-    /// the mark. A slot held by a batch the ledger has settled is freed once, then tried again.
+    /// Takes `service`'s slot for the batch at `place` until `until`: free, or the batch's own
+    /// and run out (a retry of an unknown or delayed batch, or of a taker that died), and after
+    /// the mark. A slot held by another batch that is done with it is freed once, then tried
+    /// again.
     async fn take_slot(
         &self,
         service: &str,
         place: &Place,
         token: ObjectId,
-    ) -> Result<bool, QueueError> {
+        claimant: &str,
+        until: DateTime,
+    ) -> Result<Option<Option<Document>>, QueueError> {
         let header = place.header.as_str();
         let at = DateTime::from_millis(place.at);
         for _ in 0..2 {
             let taken = self
                 .services
-                .update_one(
+                .find_one_and_update(
                     doc! {
                         "_id": service,
-                        "$and": [
-                            { "$or": [
-                                { "holder": { "$exists": false } },
-                                { "holder.header": header },
-                            ] },
-                            { "$or": [
-                                { "mark_at": { "$exists": false } },
-                                { "mark_at": { "$lt": at } },
-                                { "mark_at": at, "mark_header": { "$lte": header } },
-                            ] },
+                        // Strictly after the mark: the batch there went already.
+                        "$or": [
+                            { "mark_at": { "$exists": false } },
+                            { "mark_at": { "$lt": at } },
+                            { "mark_at": at, "mark_header": { "$lt": header } },
                         ],
+                        // Free, or this batch's and run out by the server's clock (a slot
+                        // without `until`, from before slots had one, has run out).
+                        "$expr": { "$or": [
+                            { "$eq": [{ "$ifNull": ["$holder", null] }, null] },
+                            { "$and": [
+                                { "$eq": ["$holder.header", header] },
+                                { "$lt": [{ "$ifNull": ["$holder.until", null] }, "$$NOW"] },
+                            ] },
+                        ] },
                     },
-                    doc! { "$set": { "holder": { "header": header, "at": at, "token": token } } },
+                    doc! { "$set": { "holder": {
+                        "header": header, "at": at, "token": token, "by": claimant, "until": until,
+                    } } },
                 )
+                .projection(doc! { "holder": 1 })
                 .await
                 .map_err(|e| self.db_error(header, "take the slot", e))?;
-            if taken.matched_count == 1 {
-                return Ok(true);
+            if let Some(before) = taken {
+                return Ok(Some(before.get_document("holder").ok().cloned()));
             }
             let current = self.service(service).await?;
             let Some(holder) = current.holder.filter(|h| h.header != header) else {
-                return Ok(false);
+                return Ok(None);
             };
             let holder_token = current.holder_token;
             // The holder is done with the slot if the ledger settled it (its monitor may have
-            // died before freeing the slot), or if it was never sent and nobody is at work on
-            // it (its taker died before sending, and it is not the next batch any more).
-            let now = self.now().await?;
-            let done = self
+            // died before freeing the slot): the slot is freed and the mark moves to it. Or if
+            // it was never sent and nobody is at work on it (its taker died before sending, or
+            // took the slot for a batch that is not there): the slot is freed once its `until`
+            // has passed by the server's clock, after which the taker can no longer claim it.
+            let stored = self
                 .coll
-                .find_one(doc! { "_id": &holder.header, "$or": [
-                    { "status": { "$in": SETTLED.to_vec() } },
-                    {
-                        "status": { "$exists": false },
-                        "submitted": false,
-                        "$nor": [{ "claim.until": { "$gte": now } }],
-                    },
-                ] })
+                .find_one(doc! { "_id": &holder.header })
+                .projection(doc! { "content": 0 })
                 .await
-                .map_err(|e| self.db_error(header, "take the slot", e))?
-                .is_some();
-            if !done {
-                return Ok(false);
+                .map_err(|e| self.db_error(header, "take the slot", e))?;
+            let now = self.now().await?;
+            let settled = stored
+                .as_ref()
+                .is_some_and(|d| d.get_str("status").is_ok_and(|s| SETTLED.contains(&s)));
+            let abandoned = match &stored {
+                None => true,
+                Some(d) => {
+                    d.get("status").is_none()
+                        && !d.get_bool("submitted").unwrap_or(true)
+                        && !d
+                            .get_document("claim")
+                            .and_then(|c| c.get_datetime("until"))
+                            .is_ok_and(|u| *u >= now)
+                }
+            };
+            if settled {
+                self.slot_done(service, &holder, holder_token).await?;
+            } else if abandoned {
+                self.slot_abandoned(service, &holder.header, holder_token)
+                    .await?;
+            } else {
+                return Ok(None);
             }
-            // Only the slot as read: a new taker of the holder would hold it with its own claim.
-            self.free_slot(service, &holder.header, holder_token)
-                .await?;
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// The slot was refused. A batch at or before the mark can never take it: its adder died
-    /// before stamping it again, so the claimant does it, under its claim.
-    async fn after_refused_slot(
-        &self,
-        batch: &Batch,
-        place: &Place,
-        token: ObjectId,
-    ) -> Result<(), QueueError> {
-        if batch.status.is_some() {
+    /// before stamping it again, so the claimant does it (only while nobody has a live claim on
+    /// it). A batch that is not there is [`QueueError::UnknownBatch`].
+    async fn after_refused_slot(&self, header: &str) -> Result<(), QueueError> {
+        let batch = self.parse(&self.stored(header).await?)?;
+        if batch.status.is_some() || batch.submitted {
             return Ok(());
         }
+        let place = Place::of(&batch);
         let service = self.service(&batch.service_id).await?;
         match service.mark {
-            Some(mark) if mark >= *place => {
+            Some(mark) if mark >= place => {
                 let at = DateTime::from_millis(mark.at.saturating_add(1).max(place.at));
                 let now = self.now().await?;
                 let at = at.max(now);
                 self.coll
                     .update_one(
                         doc! {
-                            "_id": &batch.header,
-                            "claim.token": token,
+                            "_id": header,
                             "created_at": batch.created_at,
                             "submitted": false,
                             "status": { "$exists": false },
+                            "$nor": [{ "claim.until": { "$gte": now } }],
                         },
                         doc! { "$set": { "created_at": at } },
                     )
                     .await
-                    .map_err(|e| self.db_error(&batch.header, "stamp", e))?;
+                    .map_err(|e| self.db_error(header, "stamp", e))?;
                 Ok(())
             }
             _ => Ok(()),
         }
     }
 
-    /// Frees `service`'s slot if `header` holds it (with `token`, when given).
-    pub(crate) async fn free_slot(
+    /// Frees the slot of a batch the ledger has settled, moving the mark to it in the same
+    /// write: whenever the slot is free, the mark is at the last batch that went.
+    pub(crate) async fn slot_done(
+        &self,
+        service: &str,
+        holder: &Place,
+        token: Option<ObjectId>,
+    ) -> Result<(), QueueError> {
+        let mut filter = doc! { "_id": service, "holder.header": &holder.header };
+        if let Some(token) = token {
+            filter.insert("holder.token", token);
+        }
+        self.services
+            .update_one(
+                filter,
+                doc! {
+                    "$set": {
+                        "mark_at": DateTime::from_millis(holder.at),
+                        "mark_header": &holder.header,
+                    },
+                    "$unset": { "holder": "" },
+                },
+            )
+            .await
+            .map_err(|e| self.db_error(&holder.header, "free the slot", e))?;
+        Ok(())
+    }
+
+    /// Frees the slot of a batch that never went, once its `until` has passed by the server's
+    /// clock (so its taker can no longer claim the batch), leaving the mark.
+    async fn slot_abandoned(
+        &self,
+        service: &str,
+        header: &str,
+        token: Option<ObjectId>,
+    ) -> Result<(), QueueError> {
+        let mut filter = doc! {
+            "_id": service,
+            "holder.header": header,
+            "$expr": { "$lt": [{ "$ifNull": ["$holder.until", null] }, "$$NOW"] },
+        };
+        if let Some(token) = token {
+            filter.insert("holder.token", token);
+        }
+        self.services
+            .update_one(filter, doc! { "$unset": { "holder": "" } })
+            .await
+            .map_err(|e| self.db_error(header, "free the slot", e))?;
+        Ok(())
+    }
+
+    /// Lets `header`'s slot run out now (its batch came back unknown or delayed and may be
+    /// taken again at once).
+    async fn slot_runs_out(
         &self,
         service: &str,
         header: &str,
@@ -348,9 +440,60 @@ impl Batches {
             filter.insert("holder.token", token);
         }
         self.services
-            .update_one(filter, doc! { "$unset": { "holder": "" } })
+            .update_one(
+                filter,
+                doc! { "$set": { "holder.until": DateTime::from_millis(0) } },
+            )
             .await
             .map_err(|e| self.db_error(header, "free the slot", e))?;
+        Ok(())
+    }
+
+    /// Gives back the slot taken with `token`: as it was before, when the batch's earlier
+    /// holder was replaced (the batch may be in flight under it: only the claim says, and it
+    /// was refused), free otherwise.
+    async fn give_slot_back(
+        &self,
+        service: &str,
+        header: &str,
+        token: ObjectId,
+        replaced: Option<Document>,
+    ) -> Result<(), QueueError> {
+        let filter = doc! { "_id": service, "holder.token": token };
+        let update = match replaced {
+            Some(holder) => doc! { "$set": { "holder": holder } },
+            None => doc! { "$unset": { "holder": "" } },
+        };
+        self.services
+            .update_one(filter, update)
+            .await
+            .map_err(|e| self.db_error(header, "give the slot back", e))?;
+        Ok(())
+    }
+
+    /// Gives back a claim that marked the batch submitted, before anything was sent (and takes
+    /// back what the ledger last said of it, when `reset`).
+    async fn unclaim_submitted(
+        &self,
+        header: &str,
+        token: ObjectId,
+        last_submitted_at: Option<DateTime>,
+        reset: bool,
+    ) -> Result<(), QueueError> {
+        let mut set = doc! { "submitted": false };
+        let mut unset = doc! { "claim": "" };
+        match last_submitted_at {
+            Some(at) => set.insert("last_submitted_at", at),
+            None => unset.insert("last_submitted_at", ""),
+        };
+        if reset {
+            unset.insert("status", "");
+        }
+        let update = doc! { "$set": set, "$unset": unset };
+        self.coll
+            .update_one(doc! { "_id": header, "claim.token": token }, update)
+            .await
+            .map_err(|e| self.db_error(header, "give the claim back", e))?;
         Ok(())
     }
 
@@ -399,7 +542,12 @@ impl Batches {
             .await
             .map_err(|e| self.db_error(header, "record", e))?;
         if let Some(doc) = recorded {
-            return self.parse(&doc);
+            let batch = self.parse(&doc)?;
+            if outcome == Submission::Delayed {
+                // Sent again after the delay window, by whoever takes it then.
+                self.slot_runs_out(&batch.service_id, header, None).await?;
+            }
+            return Ok(batch);
         }
         let stored = self.stored(header).await?;
         let held = stored
@@ -525,7 +673,11 @@ impl Batches {
         };
         let batch = self.parse(&written)?;
         if status.is_final() {
-            self.free_slot(&batch.service_id, header, None).await?;
+            self.slot_done(&batch.service_id, &Place::of(&batch), None)
+                .await?;
+        } else if status == BatchStatus::Unknown {
+            // To be sent again: its slot may be taken again at once.
+            self.slot_runs_out(&batch.service_id, header, None).await?;
         }
         Ok(batch)
     }

@@ -405,7 +405,7 @@ impl Batches {
     }
 }
 
-fn parse_status(s: &str) -> Option<BatchStatus> {
+pub(crate) fn parse_status(s: &str) -> Option<BatchStatus> {
     [
         BatchStatus::Pending,
         BatchStatus::Invalid,

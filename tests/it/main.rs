@@ -53,6 +53,7 @@ mod privileges;
 mod queries;
 mod query_equivalence;
 mod queue;
+mod queue_claim;
 #[cfg(feature = "cli")]
 mod queue_processes;
 mod quota;

@@ -465,13 +465,14 @@ async fn a_ledger_answer_about_an_earlier_state_is_not_recorded() {
     batches.add(&NewBatch::new("s", "b", "x")).await.unwrap();
     let queued = batches.round().await.unwrap();
     let claim = batches
-        .claim(&queued[0], "me", Duration::from_millis(1))
+        .claim(&queued[0], "me", Duration::from_millis(200))
         .await
         .unwrap()
         .unwrap();
     // A monitor reads the batch (submitted, no answer yet, claim run out) and asks the
     // ledger, which does not know it yet; meanwhile the submission lands and is recorded.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // (A claim lands only before it runs out by the server's clock, so it is not shorter.)
+    tokio::time::sleep(Duration::from_millis(250)).await;
     let seen = batches.get("b").await.unwrap();
     t.db.collection::<Document>(BATCHES_COLLECTION)
         .update_one(

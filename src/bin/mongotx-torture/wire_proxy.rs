@@ -53,6 +53,12 @@ pub trait Rules: Send + Sync + 'static {
 
     /// Sees (and may rewrite) each reply, with the command it answers.
     fn reply(&self, _command: &Document, _reply: &mut Document) {}
+
+    /// How long to hold the reply to `command` before relaying it (a slow link, without
+    /// blocking the other connections).
+    fn reply_delay(&self, _command: &Document) -> Option<Duration> {
+        None
+    }
 }
 
 /// Rules that change nothing.
@@ -222,6 +228,7 @@ async fn replies(
 ) -> std::io::Result<()> {
     loop {
         let message = read_message(&mut from_server).await?;
+        let mut delay = None;
         let out = match Msg::parse(&message) {
             Some(mut msg) => {
                 let command = {
@@ -238,6 +245,7 @@ async fn replies(
                     }
                     Some((command, false)) => {
                         rules.reply(&command, &mut msg.body);
+                        delay = rules.reply_delay(&command);
                         msg.encode()
                     }
                     None => message,
@@ -245,6 +253,9 @@ async fn replies(
             }
             None => message,
         };
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
         to_client.lock().await.write_all(&out).await?;
     }
 }
