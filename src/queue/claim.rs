@@ -34,6 +34,9 @@
 //! after the slot was taken) sees the added batch: so batches reach the ledger in the order of
 //! their final stamps, and a slot held from step 1 until the ledger settles the batch keeps one
 //! batch per service in flight.
+//!
+//! (Over 700 lines: the two steps, the slot's rules and the give-backs are one argument, and
+//! reading them apart would hide which write fences which.)
 
 use std::time::{Duration, Instant};
 
@@ -42,9 +45,10 @@ use bson::{doc, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use crate::queue::error::QueueError;
-use crate::queue::model::{Batch, BatchStatus, Place};
+use crate::queue::model::{Batch, BatchStatus, Place, Service};
 use crate::queue::store::{name_problem, parse_status, shown, Batches};
 use crate::server::clock::plus;
+use crate::server::codes;
 
 /// Statuses the ledger has settled for good: the queuer leaves them out, and a slot held by
 /// such a batch is free.
@@ -233,7 +237,10 @@ impl Batches {
                 let (unclaimed, freed) = tokio::join!(
                     async {
                         match previous {
-                            Some((at, _)) => self.unclaim_submitted(header, token, at, reset).await,
+                            Some((at, status)) => {
+                                self.unclaim_submitted(header, token, at, status, reset)
+                                    .await
+                            }
                             None => Ok(()),
                         }
                     },
@@ -273,11 +280,14 @@ impl Batches {
                 .find_one_and_update(
                     doc! {
                         "_id": service,
-                        // Strictly after the mark: the batch there went already.
+                        // After the mark, or the batch at the mark itself: versions before
+                        // 2026-11-26 moved the mark to a batch when it was sent, and such a
+                        // batch may come back unknown or delayed. (A settled batch at the mark
+                        // takes the slot for a moment only: its claim is refused.)
                         "$or": [
                             { "mark_at": { "$exists": false } },
                             { "mark_at": { "$lt": at } },
-                            { "mark_at": at, "mark_header": { "$lt": header } },
+                            { "mark_at": at, "mark_header": { "$lte": header } },
                         ],
                         // Free, or this batch's and run out by the server's clock (a slot
                         // without `until`, from before slots had one, has run out).
@@ -299,7 +309,27 @@ impl Batches {
             if let Some(before) = taken {
                 return Ok(Some(before.get_document("holder").ok().cloned()));
             }
-            let current = self.service(service).await?;
+            let Some(current) = self
+                .services
+                .find_one(doc! { "_id": service })
+                .await
+                .map_err(|e| self.db_error(header, "take the slot", e))?
+            else {
+                // The batch's adder died between its insert and the service's first write:
+                // make that write for it (the newest stamp is at least this batch's).
+                let made = self
+                    .services
+                    .update_one(doc! { "_id": service }, doc! { "$max": { "newest": at } })
+                    .upsert(true)
+                    .await;
+                match made {
+                    Ok(_) => continue,
+                    // Made by someone else meanwhile.
+                    Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => continue,
+                    Err(e) => return Err(self.db_error(header, "take the slot", e)),
+                }
+            };
+            let current = Service::parse(&current);
             let Some(holder) = current.holder.filter(|h| h.header != header) else {
                 return Ok(None);
             };
@@ -307,8 +337,24 @@ impl Batches {
             // The holder is done with the slot if the ledger settled it (its monitor may have
             // died before freeing the slot): the slot is freed and the mark moves to it. Or if
             // it was never sent and nobody is at work on it (its taker died before sending, or
-            // took the slot for a batch that is not there): the slot is freed once its `until`
-            // has passed by the server's clock, after which the taker can no longer claim it.
+            // took the slot for a batch that is not there). The latter is decided only from a
+            // reading of the batch made once the server's clock has passed the taking's
+            // `until`: its taker's claim can land only before, so the reading is final.
+            let mut taking = doc! {
+                "_id": service,
+                "holder.header": &holder.header,
+                "$expr": { "$lt": [{ "$ifNull": ["$holder.until", null] }, "$$NOW"] },
+            };
+            if let Some(token) = holder_token {
+                taking.insert("holder.token", token);
+            }
+            let ran_out = self
+                .services
+                .find_one(taking)
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(|e| self.db_error(header, "take the slot", e))?
+                .is_some();
             let stored = self
                 .coll
                 .find_one(doc! { "_id": &holder.header })
@@ -319,17 +365,18 @@ impl Batches {
             let settled = stored
                 .as_ref()
                 .is_some_and(|d| d.get_str("status").is_ok_and(|s| SETTLED.contains(&s)));
-            let abandoned = match &stored {
-                None => true,
-                Some(d) => {
-                    d.get("status").is_none()
-                        && !d.get_bool("submitted").unwrap_or(true)
-                        && !d
-                            .get_document("claim")
-                            .and_then(|c| c.get_datetime("until"))
-                            .is_ok_and(|u| *u >= now)
-                }
-            };
+            let abandoned = ran_out
+                && match &stored {
+                    None => true,
+                    Some(d) => {
+                        d.get("status").is_none()
+                            && !d.get_bool("submitted").unwrap_or(true)
+                            && !d
+                                .get_document("claim")
+                                .and_then(|c| c.get_datetime("until"))
+                                .is_ok_and(|u| *u >= now)
+                    }
+                };
             if settled {
                 self.slot_done(service, &holder, holder_token).await?;
             } else if abandoned {
@@ -478,6 +525,7 @@ impl Batches {
         header: &str,
         token: ObjectId,
         last_submitted_at: Option<DateTime>,
+        status: Option<BatchStatus>,
         reset: bool,
     ) -> Result<(), QueueError> {
         let mut set = doc! { "submitted": false };
@@ -490,8 +538,15 @@ impl Batches {
             unset.insert("status", "");
         }
         let update = doc! { "$set": set, "$unset": unset };
+        // Only over the status the claim found: a monitor that recorded the ledger's word in
+        // between keeps it (and the claim, which its next status clears).
+        let mut filter = doc! { "_id": header, "claim.token": token };
+        match status {
+            Some(status) => filter.insert("status", status.as_str()),
+            None => filter.insert("status", doc! { "$exists": false }),
+        };
         self.coll
-            .update_one(doc! { "_id": header, "claim.token": token }, update)
+            .update_one(filter, update)
             .await
             .map_err(|e| self.db_error(header, "give the claim back", e))?;
         Ok(())

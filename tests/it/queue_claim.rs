@@ -312,3 +312,128 @@ async fn a_claimant_that_died_after_finding_an_older_batch_blocks_nothing() {
     assert_eq!(ledger.committed()["s"], vec!["a", "b"]);
     assert_eq!(ledger.submissions(), 2, "each once");
 }
+
+/// Holds the reply to a read of one batch (a taker's look at the slot's holder) long enough for
+/// the holder's claimant to land its claim and for the slot's taking to run out meanwhile.
+struct SlowBatchRead(&'static str);
+
+impl Rules for SlowBatchRead {
+    fn reply_delay(&self, command: &Document) -> Option<Duration> {
+        let reads_it = command.get_str("find") == Ok(BATCHES_COLLECTION)
+            && command
+                .get_document("filter")
+                .is_ok_and(|f| f.get_str("_id") == Ok(self.0));
+        reads_it.then_some(Duration::from_millis(800))
+    }
+}
+
+/// A taker that finds the slot held by a batch nobody seems to be at work on decides it was
+/// abandoned only from a reading made after the taking ran out: a reading made before it can
+/// be overtaken by the holder's claim, and the batch would then be at the ledger with its slot
+/// free.
+#[tokio::test]
+async fn a_slot_is_judged_abandoned_only_after_its_taking_ran_out() {
+    let t = TestDb::new().await;
+    let batches = Batches::open(&t.store).await.unwrap();
+    batches.add(&NewBatch::new("s", "b", "x")).await.unwrap();
+    batches.add(&NewBatch::new("s", "c", "y")).await.unwrap();
+    let b = batches.get("b").await.unwrap();
+    let c = batches.get("c").await.unwrap();
+    // A claimant's first round trip: the slot is b's until `until`, the batch not yet claimed.
+    let until = DateTime::from_millis(DateTime::now().timestamp_millis() + 400);
+    let token = ObjectId::new();
+    t.db.collection::<Document>(SERVICES)
+        .update_one(
+            doc! { "_id": "s" },
+            doc! { "$set": { "holder": {
+                "header": "b", "at": b.created_at, "token": token, "by": "slow", "until": until,
+            } } },
+        )
+        .await
+        .unwrap();
+    // Another taker, for c, through a link that holds its reading of b.
+    let proxy = WireProxy::start(&common::server_uri(), SlowBatchRead("b")).await;
+    let store = Store::new(proxy.client().await.database(t.db.name()));
+    let via_proxy = Batches::open(&store).await.unwrap();
+    let taker = tokio::spawn(async move {
+        via_proxy
+            .claim(&c, "other", Duration::from_secs(30))
+            .await
+            .unwrap()
+    });
+    // Meanwhile b's claimant lands its second round trip before `until` (and sends b).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    t.db.collection::<Document>(BATCHES_COLLECTION)
+        .update_one(
+            doc! { "_id": "b" },
+            doc! { "$set": {
+                "claim": { "token": token, "by": "slow", "until": until },
+                "submitted": true,
+                "last_submitted_at": DateTime::now(),
+            } },
+        )
+        .await
+        .unwrap();
+    assert!(taker.await.unwrap().is_none(), "c was taken while b is out");
+    assert_eq!(
+        slot(&t, "s").await.get_str("header"),
+        Ok("b"),
+        "b is at the ledger: its slot stays"
+    );
+}
+
+/// Versions before 2026-11-26 moved the mark to a batch when it was sent; such a batch that
+/// comes back unknown still takes its slot again.
+#[tokio::test]
+async fn a_batch_at_the_mark_that_came_back_unknown_is_taken_again() {
+    let t = TestDb::new().await;
+    let batches = Batches::open(&t.store).await.unwrap();
+    batches.add(&NewBatch::new("s", "b", "x")).await.unwrap();
+    let b = batches.get("b").await.unwrap();
+    t.db.collection::<Document>(BATCHES_COLLECTION)
+        .update_one(
+            doc! { "_id": "b" },
+            doc! { "$set": { "status": "unknown", "last_submitted_at": b.created_at } },
+        )
+        .await
+        .unwrap();
+    t.db.collection::<Document>(SERVICES)
+        .update_one(
+            doc! { "_id": "s" },
+            doc! { "$set": {
+                "holder": { "header": "b", "at": b.created_at, "token": ObjectId::new() },
+                "mark_at": b.created_at,
+                "mark_header": "b",
+            } },
+        )
+        .await
+        .unwrap();
+    let queued = batches.round().await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert!(batches
+        .claim(&queued[0], "me", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_some());
+}
+
+/// An adder that died between inserting the first batch of a service and writing the service's
+/// document leaves no document to take a slot in: the claimant writes it.
+#[tokio::test]
+async fn the_first_batch_of_a_service_whose_adder_died_is_taken() {
+    let t = TestDb::new().await;
+    let batches = Batches::open(&t.store).await.unwrap();
+    batches.add(&NewBatch::new("s", "b", "x")).await.unwrap();
+    t.db.collection::<Document>(SERVICES)
+        .delete_one(doc! { "_id": "s" })
+        .await
+        .unwrap();
+    let queued = batches.round().await.unwrap();
+    assert_eq!(queued.len(), 1);
+    let claim = batches
+        .claim(&queued[0], "me", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("b is free to claim");
+    assert_eq!(slot(&t, "s").await.get_object_id("token"), Ok(claim.token));
+}
