@@ -106,6 +106,21 @@ fn before(service: &str, place: &Place) -> Document {
     }
 }
 
+/// Whether the slot's taking has run out by the server's clock (a slot without `until`, from
+/// before slots had one, has).
+fn taking_ran_out() -> Document {
+    doc! { "$lt": [{ "$ifNull": ["$holder.until", null] }, "$$NOW"] }
+}
+
+/// Filter: `service`'s slot held by `header` (under `token`, when given).
+fn held_by(service: &str, header: &str, token: Option<ObjectId>) -> Document {
+    let mut filter = doc! { "_id": service, "holder.header": header };
+    if let Some(token) = token {
+        filter.insert("holder.token", token);
+    }
+    filter
+}
+
 impl Batches {
     /// Takes `batch` (from a queuer round) for submission, for at most `ttl`. `None` when it
     /// is not this caller's to submit now: another submitter has it, its service has another
@@ -289,14 +304,10 @@ impl Batches {
                             { "mark_at": { "$lt": at } },
                             { "mark_at": at, "mark_header": { "$lte": header } },
                         ],
-                        // Free, or this batch's and run out by the server's clock (a slot
-                        // without `until`, from before slots had one, has run out).
+                        // Free, or this batch's and run out by the server's clock.
                         "$expr": { "$or": [
                             { "$eq": [{ "$ifNull": ["$holder", null] }, null] },
-                            { "$and": [
-                                { "$eq": ["$holder.header", header] },
-                                { "$lt": [{ "$ifNull": ["$holder.until", null] }, "$$NOW"] },
-                            ] },
+                            { "$and": [{ "$eq": ["$holder.header", header] }, taking_ran_out()] },
                         ] },
                     },
                     doc! { "$set": { "holder": {
@@ -340,14 +351,8 @@ impl Batches {
             // took the slot for a batch that is not there). The latter is decided only from a
             // reading of the batch made once the server's clock has passed the taking's
             // `until`: its taker's claim can land only before, so the reading is final.
-            let mut taking = doc! {
-                "_id": service,
-                "holder.header": &holder.header,
-                "$expr": { "$lt": [{ "$ifNull": ["$holder.until", null] }, "$$NOW"] },
-            };
-            if let Some(token) = holder_token {
-                taking.insert("holder.token", token);
-            }
+            let mut taking = held_by(service, &holder.header, holder_token);
+            taking.insert("$expr", taking_ran_out());
             let ran_out = self
                 .services
                 .find_one(taking)
@@ -431,13 +436,9 @@ impl Batches {
         holder: &Place,
         token: Option<ObjectId>,
     ) -> Result<(), QueueError> {
-        let mut filter = doc! { "_id": service, "holder.header": &holder.header };
-        if let Some(token) = token {
-            filter.insert("holder.token", token);
-        }
         self.services
             .update_one(
-                filter,
+                held_by(service, &holder.header, token),
                 doc! {
                     "$set": {
                         "mark_at": DateTime::from_millis(holder.at),
@@ -459,14 +460,8 @@ impl Batches {
         header: &str,
         token: Option<ObjectId>,
     ) -> Result<(), QueueError> {
-        let mut filter = doc! {
-            "_id": service,
-            "holder.header": header,
-            "$expr": { "$lt": [{ "$ifNull": ["$holder.until", null] }, "$$NOW"] },
-        };
-        if let Some(token) = token {
-            filter.insert("holder.token", token);
-        }
+        let mut filter = held_by(service, header, token);
+        filter.insert("$expr", taking_ran_out());
         self.services
             .update_one(filter, doc! { "$unset": { "holder": "" } })
             .await
@@ -476,19 +471,10 @@ impl Batches {
 
     /// Lets `header`'s slot run out now (its batch came back unknown or delayed and may be
     /// taken again at once).
-    async fn slot_runs_out(
-        &self,
-        service: &str,
-        header: &str,
-        token: Option<ObjectId>,
-    ) -> Result<(), QueueError> {
-        let mut filter = doc! { "_id": service, "holder.header": header };
-        if let Some(token) = token {
-            filter.insert("holder.token", token);
-        }
+    async fn slot_runs_out(&self, service: &str, header: &str) -> Result<(), QueueError> {
         self.services
             .update_one(
-                filter,
+                held_by(service, header, None),
                 doc! { "$set": { "holder.until": DateTime::from_millis(0) } },
             )
             .await
@@ -600,7 +586,7 @@ impl Batches {
             let batch = self.parse(&doc)?;
             if outcome == Submission::Delayed {
                 // Sent again after the delay window, by whoever takes it then.
-                self.slot_runs_out(&batch.service_id, header, None).await?;
+                self.slot_runs_out(&batch.service_id, header).await?;
             }
             return Ok(batch);
         }
@@ -732,7 +718,7 @@ impl Batches {
                 .await?;
         } else if status == BatchStatus::Unknown {
             // To be sent again: its slot may be taken again at once.
-            self.slot_runs_out(&batch.service_id, header, None).await?;
+            self.slot_runs_out(&batch.service_id, header).await?;
         }
         Ok(batch)
     }

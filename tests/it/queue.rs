@@ -17,7 +17,8 @@ use mongotx::queue::{
 };
 use mongotx::JsonSchema;
 
-async fn set(t: &TestDb, header: &str, fields: Document) {
+/// Sets `fields` on the stored batch `header`.
+pub(crate) async fn set(t: &TestDb, header: &str, fields: Document) {
     t.db.collection::<Document>(BATCHES_COLLECTION)
         .update_one(doc! { "_id": header }, doc! { "$set": fields })
         .await

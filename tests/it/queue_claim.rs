@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::common::wire_proxy::{Rules, WireProxy};
 use crate::common::TestDb;
+use crate::queue::set;
 use bson::{doc, oid::ObjectId, DateTime, Document};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
@@ -191,16 +192,15 @@ async fn a_slot_whose_taker_died_before_the_claim_runs_out_at_its_until() {
     let b1 = batches.get("b1").await.unwrap();
     // The first round trip of a claimant that died then: the slot with its taking.
     let until = DateTime::from_millis(DateTime::now().timestamp_millis() + 1_500);
-    t.db.collection::<Document>(SERVICES)
-        .update_one(
-            doc! { "_id": "s" },
-            doc! { "$set": { "holder": {
-                "header": "b1", "at": b1.created_at, "token": ObjectId::new(),
-                "by": "dead", "until": until,
-            } } },
-        )
-        .await
-        .unwrap();
+    set_service(
+        &t,
+        "s",
+        doc! { "holder": {
+            "header": "b1", "at": b1.created_at, "token": ObjectId::new(),
+            "by": "dead", "until": until,
+        } },
+    )
+    .await;
     let taken = slot(&t, "s").await;
     assert!(batches
         .claim(&b1, "early", Duration::from_secs(30))
@@ -233,6 +233,14 @@ async fn a_slot_whose_taker_died_before_the_claim_runs_out_at_its_until() {
     );
 }
 
+/// Sets `fields` on `service`'s document, as a process of the queue would have left them.
+async fn set_service(t: &TestDb, service: &str, fields: Document) {
+    t.db.collection::<Document>(SERVICES)
+        .update_one(doc! { "_id": service }, doc! { "$set": fields })
+        .await
+        .unwrap();
+}
+
 /// The slot of `service` as stored.
 async fn slot(t: &TestDb, service: &str) -> Document {
     t.db.collection::<Document>(SERVICES)
@@ -259,26 +267,24 @@ async fn a_claimant_that_died_after_finding_an_older_batch_blocks_nothing() {
     let until = DateTime::from_millis(now + 300);
     let token = ObjectId::new();
     // Both writes of its second round trip landed; the give-back never did.
-    t.db.collection::<Document>(BATCHES_COLLECTION)
-        .update_one(
-            doc! { "_id": "b" },
-            doc! { "$set": {
-                "claim": { "token": token, "by": "dead", "until": until },
-                "submitted": true,
-                "last_submitted_at": DateTime::from_millis(now),
-            } },
-        )
-        .await
-        .unwrap();
-    t.db.collection::<Document>(SERVICES)
-        .update_one(
-            doc! { "_id": "s" },
-            doc! { "$set": { "holder": {
-                "header": "b", "at": b.created_at, "token": token, "by": "dead", "until": until,
-            } } },
-        )
-        .await
-        .unwrap();
+    set(
+        &t,
+        "b",
+        doc! {
+            "claim": { "token": token, "by": "dead", "until": until },
+            "submitted": true,
+            "last_submitted_at": DateTime::from_millis(now),
+        },
+    )
+    .await;
+    set_service(
+        &t,
+        "s",
+        doc! { "holder": {
+            "header": "b", "at": b.created_at, "token": token, "by": "dead", "until": until,
+        } },
+    )
+    .await;
     let ledger = Ledger::new(Duration::from_millis(5), Faults::NONE, 7);
     let submitter = Submitter::new(
         batches.clone(),
@@ -342,15 +348,14 @@ async fn a_slot_is_judged_abandoned_only_after_its_taking_ran_out() {
     // A claimant's first round trip: the slot is b's until `until`, the batch not yet claimed.
     let until = DateTime::from_millis(DateTime::now().timestamp_millis() + 400);
     let token = ObjectId::new();
-    t.db.collection::<Document>(SERVICES)
-        .update_one(
-            doc! { "_id": "s" },
-            doc! { "$set": { "holder": {
-                "header": "b", "at": b.created_at, "token": token, "by": "slow", "until": until,
-            } } },
-        )
-        .await
-        .unwrap();
+    set_service(
+        &t,
+        "s",
+        doc! { "holder": {
+            "header": "b", "at": b.created_at, "token": token, "by": "slow", "until": until,
+        } },
+    )
+    .await;
     // Another taker, for c, through a link that holds its reading of b.
     let proxy = WireProxy::start(&common::server_uri(), SlowBatchRead("b")).await;
     let store = Store::new(proxy.client().await.database(t.db.name()));
@@ -363,17 +368,16 @@ async fn a_slot_is_judged_abandoned_only_after_its_taking_ran_out() {
     });
     // Meanwhile b's claimant lands its second round trip before `until` (and sends b).
     tokio::time::sleep(Duration::from_millis(150)).await;
-    t.db.collection::<Document>(BATCHES_COLLECTION)
-        .update_one(
-            doc! { "_id": "b" },
-            doc! { "$set": {
-                "claim": { "token": token, "by": "slow", "until": until },
-                "submitted": true,
-                "last_submitted_at": DateTime::now(),
-            } },
-        )
-        .await
-        .unwrap();
+    set(
+        &t,
+        "b",
+        doc! {
+            "claim": { "token": token, "by": "slow", "until": until },
+            "submitted": true,
+            "last_submitted_at": DateTime::now(),
+        },
+    )
+    .await;
     assert!(taker.await.unwrap().is_none(), "c was taken while b is out");
     assert_eq!(
         slot(&t, "s").await.get_str("header"),
@@ -390,24 +394,22 @@ async fn a_batch_at_the_mark_that_came_back_unknown_is_taken_again() {
     let batches = Batches::open(&t.store).await.unwrap();
     batches.add(&NewBatch::new("s", "b", "x")).await.unwrap();
     let b = batches.get("b").await.unwrap();
-    t.db.collection::<Document>(BATCHES_COLLECTION)
-        .update_one(
-            doc! { "_id": "b" },
-            doc! { "$set": { "status": "unknown", "last_submitted_at": b.created_at } },
-        )
-        .await
-        .unwrap();
-    t.db.collection::<Document>(SERVICES)
-        .update_one(
-            doc! { "_id": "s" },
-            doc! { "$set": {
-                "holder": { "header": "b", "at": b.created_at, "token": ObjectId::new() },
-                "mark_at": b.created_at,
-                "mark_header": "b",
-            } },
-        )
-        .await
-        .unwrap();
+    set(
+        &t,
+        "b",
+        doc! { "status": "unknown", "last_submitted_at": b.created_at },
+    )
+    .await;
+    set_service(
+        &t,
+        "s",
+        doc! {
+            "holder": { "header": "b", "at": b.created_at, "token": ObjectId::new() },
+            "mark_at": b.created_at,
+            "mark_header": "b",
+        },
+    )
+    .await;
     let queued = batches.round().await.unwrap();
     assert_eq!(queued.len(), 1);
     assert!(batches
