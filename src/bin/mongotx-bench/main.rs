@@ -12,10 +12,16 @@ mod quota;
 mod ratelimit;
 mod scale;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use clap::Parser;
+use mongodb::event::command::CommandEvent;
+use mongodb::event::EventHandler;
+use mongodb::options::ClientOptions;
+use mongodb::Client;
 use mongotx::testkit::test_server::TestServer;
 use mongotx::{Adjust, CollectionSpec, Store, Transactions, Update};
 use serde::{Deserialize, Serialize};
@@ -104,6 +110,22 @@ pub(crate) fn stats(mut samples: Vec<Duration>) -> Stats {
         p90: at(0.9),
         p99: at(0.99),
     }
+}
+
+/// A client that counts the commands it starts (handshakes and heartbeats are not command
+/// events; a `hello` counted is a server-clock sample, a round trip of the operation like any
+/// other).
+pub(crate) async fn counting_client(
+    server: &TestServer,
+    commands: Arc<AtomicU64>,
+) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
+    let mut options = ClientOptions::parse(server.uri()).await?;
+    options.command_event_handler = Some(EventHandler::callback(move |event| {
+        if let CommandEvent::Started(_) = event {
+            commands.fetch_add(1, Ordering::Relaxed);
+        }
+    }));
+    Ok(Client::with_options(options)?)
 }
 
 pub(crate) fn micros(d: Duration) -> f64 {

@@ -10,15 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
-use mongodb::event::command::CommandEvent;
-use mongodb::event::EventHandler;
-use mongodb::options::ClientOptions;
-use mongodb::{Client, Collection, Database};
+use mongodb::{Collection, Database};
 use mongotx::quota::{NewProvider, ProviderId, Quota, Request, PROVIDERS_COLLECTION};
 use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
-use crate::{micros, stats};
+use crate::{counting_client, micros, stats};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -85,20 +82,6 @@ pub(crate) async fn rows(
     let hot = hot_provider_rows(&hot_quota, &hot_db.collection("raw_providers")).await;
     hot_db.drop().await?;
     hot.map(|()| live_rows)
-}
-
-/// A client that counts the commands it starts.
-async fn counting_client(server: &TestServer, commands: Arc<AtomicU64>) -> Result<Client, Error> {
-    let mut options = ClientOptions::parse(server.uri()).await?;
-    options.command_event_handler = Some(EventHandler::callback(move |event| {
-        if let CommandEvent::Started(started) = event {
-            // Handshakes and heartbeats are not command events; a `hello` seen here is the
-            // server-clock sample, which is a round trip of the operation like any other.
-            let _ = started;
-            commands.fetch_add(1, Ordering::Relaxed);
-        }
-    }));
-    Ok(Client::with_options(options)?)
 }
 
 /// The conditional update a plain counter needs: take one if one is there.

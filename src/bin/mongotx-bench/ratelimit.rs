@@ -7,15 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
-use mongodb::event::command::CommandEvent;
-use mongodb::event::EventHandler;
-use mongodb::options::ClientOptions;
-use mongodb::{Client, Collection};
+use mongodb::Collection;
 use mongotx::ratelimit::{Attempt, Limit, Priority, RateLimits};
 use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
-use crate::{micros, stats};
+use crate::{counting_client, micros, stats};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -43,14 +40,7 @@ pub(crate) async fn rows(
     n: usize,
 ) -> Result<Vec<SizeRow>, Error> {
     let commands = Arc::new(AtomicU64::new(0));
-    let mut options = ClientOptions::parse(server.uri()).await?;
-    let counter = commands.clone();
-    options.command_event_handler = Some(EventHandler::callback(move |event| {
-        if let CommandEvent::Started(_) = event {
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-    }));
-    let client = Client::with_options(options)?;
+    let client = counting_client(server, Arc::clone(&commands)).await?;
     let db = client.database(&format!("{db_name}_ratelimit"));
     let limits = RateLimits::open(&Store::new(db.clone())).await?;
     let raw: Collection<Document> = db.collection("raw_counter");
