@@ -7,18 +7,36 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::quota::decide::{Docs, Write};
+use crate::quota::decide::{stripe_of, Docs, Write};
 use crate::quota::error::QuotaError;
-use crate::quota::model::{ProviderDoc, ProviderId, Request, PROVIDERS_COLLECTION};
+use crate::quota::model::{ProviderDoc, ProviderId, Request, StripeId, PROVIDERS_COLLECTION};
 use crate::quota::ops::{
     classify_repo, classify_txn, stamped_docs, stored_or_restored, update_of, Step,
 };
+use crate::quota::stripes::{hash, Layout};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::find::Query;
+use crate::txn::error::TxnError;
 
 impl Quota {
+    /// One stripe (committed values); a missing one is the provider's absence.
+    pub(super) async fn read_stripe(
+        &self,
+        id: &StripeId,
+    ) -> Result<(i64, ProviderDoc), QuotaError> {
+        match self.repo.get(id.to_bson()).await {
+            Ok(found) => Ok((found.version, found.value)),
+            Err(RepoError::NotFound { .. } | RepoError::Deleted { .. }) => {
+                Err(QuotaError::UnknownProvider {
+                    provider: id.provider(),
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub(super) async fn read_one(&self, id: &ProviderId) -> Result<(i64, ProviderDoc), QuotaError> {
         match self.repo.get(id.to_bson()).await {
             Ok(found) => Ok((found.version, found.value)),
@@ -31,21 +49,65 @@ impl Quota {
         }
     }
 
-    /// The request's providers and all their ancestors (committed values).
-    pub(super) async fn read_for(&self, request: &Request) -> Result<Docs, QuotaError> {
+    /// The stripes a request touches (committed values): for each of its providers and all their
+    /// ancestors, the stripe its hash addresses (see `stripes`). `None` when a stripe was split
+    /// while it was read: read again.
+    pub(super) async fn read_for(&self, request: &Request) -> Result<Option<Docs>, QuotaError> {
         let claimed: Vec<&ProviderId> = request.claims.iter().map(|(p, _)| p).collect();
         let mut docs = self.read_many(&claimed).await?;
         let missing: BTreeSet<ProviderId> = docs
             .values()
             .flat_map(|(_, doc)| doc.ancestors.iter())
-            .filter(|a| !docs.contains_key(*a))
+            .filter(|a| stripe_of(&docs, a).is_none())
             .cloned()
             .collect();
         if !missing.is_empty() {
             let missing: Vec<&ProviderId> = missing.iter().collect();
             docs.extend(self.read_many(&missing).await?);
         }
-        Ok(docs)
+        self.readdress(docs, hash(&request.consumer, &request.id))
+            .await
+    }
+
+    /// Replaces each striped provider's stripe 0 in `heads` with the stripe that holds hash `h`
+    /// (committed values); `None` when one was split since its layout was read.
+    pub(super) async fn readdress(&self, heads: Docs, h: u64) -> Result<Option<Docs>, QuotaError> {
+        let mut wanted = Vec::new();
+        let mut docs = Docs::new();
+        for (id, (generation, head)) in heads {
+            let layout = Layout::of(&head);
+            let provider = id.provider();
+            self.learn(&provider, layout.clone());
+            match layout.locate(h) {
+                Some((0, _)) => {
+                    docs.insert(id, (generation, head));
+                }
+                Some((stripe, bits)) => wanted.push((StripeId::new(&provider, stripe), bits)),
+                None => {
+                    return Err(self
+                        .repo
+                        .malformed(
+                            &provider.to_string(),
+                            "its stripes do not cover every request".into(),
+                        )
+                        .into())
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(Some(docs));
+        }
+        let ids: Vec<Bson> = wanted.iter().map(|(id, _)| id.to_bson()).collect();
+        let found = self.holding(doc! { "_id": { "$in": ids } }).await?;
+        for (id, bits) in wanted {
+            match found.get(&id) {
+                Some((generation, doc)) if doc.bits == bits => {
+                    docs.insert(id, (*generation, doc.clone()));
+                }
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(docs))
     }
 
     pub(super) async fn read_many(&self, ids: &[&ProviderId]) -> Result<Docs, QuotaError> {
@@ -54,11 +116,11 @@ impl Quota {
             if doc.parent.is_some() {
                 self.remember_parent(id);
             }
-            return Ok([((*id).clone(), (generation, doc))].into_iter().collect());
+            return Ok([(doc.id.clone(), (generation, doc))].into_iter().collect());
         }
         let list: Vec<Bson> = ids.iter().map(|id| id.to_bson()).collect();
         let docs = self.holding(doc! { "_id": { "$in": list } }).await?;
-        match ids.iter().find(|id| !docs.contains_key(**id)) {
+        match ids.iter().find(|id| stripe_of(&docs, id).is_none()) {
             Some(id) => Err(QuotaError::UnknownProvider {
                 provider: (*id).clone(),
             }),
@@ -148,10 +210,51 @@ impl Quota {
         }
     }
 
+    /// Writes `writes` (conditionally on their generations) and inserts `new`, in one
+    /// transaction: a split.
+    pub(super) async fn write_and_insert(
+        &self,
+        writes: Vec<Write>,
+        new: &ProviderDoc,
+    ) -> Result<Step, QuotaError> {
+        let tx = self.txns.begin();
+        for write in &writes {
+            let update = update_of(&write.doc)?;
+            if let Err(e) = tx
+                .update(
+                    &self.repo,
+                    write.doc.id.to_bson(),
+                    write.generation,
+                    &update,
+                )
+                .await
+            {
+                return classify_txn(e);
+            }
+        }
+        // A new stripe that exists already was made by another split of the same stripe,
+        // which won: read again.
+        let split_by_another = |e: &TxnError| {
+            matches!(e, TxnError::Document { source, .. }
+                if matches!(**source, RepoError::DuplicateId { .. }))
+        };
+        if let Err(e) = tx.insert(&self.repo, new).await {
+            if split_by_another(&e) {
+                return Ok(Step::Retry(e.to_string()));
+            }
+            return classify_txn(e);
+        }
+        match tx.commit().await {
+            Ok(_) => Ok(Step::Done),
+            Err(e) if split_by_another(&e) => Ok(Step::Retry(e.to_string())),
+            Err(e) => classify_txn(e),
+        }
+    }
+
     /// Waits for this process's other changes of the same providers (read again after this).
     pub(super) async fn queue<'a>(
         &self,
-        ids: impl Iterator<Item = &'a ProviderId>,
+        ids: impl Iterator<Item = &'a StripeId>,
     ) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
         use std::hash::{Hash, Hasher};
         let stripes: BTreeSet<usize> = ids

@@ -11,9 +11,10 @@ use futures::TryStreamExt;
 use crate::quota::decide::{self, Docs, Take, Write};
 use crate::quota::error::QuotaError;
 use crate::quota::model::{
-    Consumed, ProviderDoc, ProviderId, Request, Reservation, PROVIDERS_COLLECTION,
+    Consumed, ProviderDoc, ProviderId, Request, Reservation, StripeId, PROVIDERS_COLLECTION,
 };
 use crate::quota::ops::{stored_or_restored, Attempts, Step, FAST_TRIES, MAX_TTL};
+use crate::quota::stripes::{hash, STRIPE_ENTRIES};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
@@ -163,8 +164,8 @@ impl Quota {
         Ok(())
     }
 
-    /// One provider without a parent: one update whose condition is the decision itself.
-    /// `None` when the generation-checked path must decide instead.
+    /// One provider without a parent: one update of the request's stripe whose condition is the
+    /// decision itself. `None` when the generation-checked path must decide instead.
     pub(super) async fn take_fast(
         &self,
         request: &Request,
@@ -172,8 +173,7 @@ impl Quota {
         amount: i64,
         expires: Option<DateTime>,
     ) -> Result<Option<(Consumed, Option<DateTime>)>, QuotaError> {
-        let id = provider.to_bson();
-        let shown = provider.to_string();
+        let h = hash(&request.consumer, &request.id);
         let coll = self.repo.raw_collection();
         let mut writes = 0;
         let consumed = |replayed: bool, writes: u32| Consumed {
@@ -185,6 +185,11 @@ impl Quota {
         };
         let mut pace = Retry::until_deadline(self.options.retry);
         for _ in 0..FAST_TRIES {
+            let Some((stripe, bits)) = self.layout(provider).locate(h) else {
+                return Ok(None);
+            };
+            let stripe = StripeId::new(provider, stripe);
+            let shown = stripe.to_string();
             let now = self.store.now().await?;
             let deadline = plus(now, self.options.send_window);
             let mut entry = doc! { "c": &request.consumer, "r": &request.id, "n": amount };
@@ -195,7 +200,11 @@ impl Quota {
                 entry.insert("dl", deadline);
             }
             let filter = doc! {
-                "_id": id.clone(),
+                "_id": stripe.to_bson(),
+                // The stripe still holds this hash (a split bumps it) and has room for one more
+                // entry: a full one is split first.
+                "bits": if bits == 0 { Bson::Null } else { Bson::Int64(bits) },
+                format!("held.{}", STRIPE_ENTRIES - 1): { "$exists": false },
                 fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
                 fields::ACTIVE_TXN: null,
                 fields::DELETED: null,
@@ -228,11 +237,16 @@ impl Quota {
                     )
                 }
             }
-            // Nothing matched: find out why from the document itself.
-            let Some(stored) = self.repo.read_raw(&id, &shown).await? else {
-                return Err(QuotaError::UnknownProvider {
-                    provider: provider.clone(),
-                });
+            // Nothing matched: find out why from the stripe itself.
+            let stored = self.repo.read_raw(&stripe.to_bson(), &shown).await?;
+            let Some(stored) = stored else {
+                if stripe.stripe == 0 {
+                    return Err(QuotaError::UnknownProvider {
+                        provider: provider.clone(),
+                    });
+                }
+                self.read_stripes(provider).await?;
+                continue;
             };
             if stored
                 .get(fields::DELETED)
@@ -258,19 +272,34 @@ impl Quota {
             let generation = stored.get_i64(fields::VERSION).unwrap_or_default();
             let doc: ProviderDoc = bson::from_document(stored)
                 .map_err(|e| self.repo.malformed(&shown, e.to_string()))?;
-            let docs: Docs = [(provider.clone(), (generation, doc))]
-                .into_iter()
-                .collect();
-            match decide::take(request, &docs, expires, None, now)? {
-                Take::Replay { expires } => {
+            if doc.bits != bits {
+                // Split since this handle read the layout.
+                self.read_stripes(provider).await?;
+                continue;
+            }
+            let full = doc.held.len() >= STRIPE_ENTRIES;
+            let docs: Docs = [(stripe.clone(), (generation, doc))].into_iter().collect();
+            match decide::take(request, &docs, expires, None, now) {
+                Ok(Take::Replay { expires }) => {
                     if request.in_flight() {
-                        self.keep_deadline(request, provider, deadline).await?;
+                        self.keep_deadline(request, &stripe, deadline).await?;
                     }
                     return Ok(Some((consumed(true, writes), expires)));
                 }
+                Ok(Take::Apply(_)) if full => self.split_stripe(provider, stripe.stripe).await?,
                 // It changed between the write and the read, or the send arrived after its
                 // deadline: try again.
-                Take::Apply(_) => {}
+                Ok(Take::Apply(_)) => {}
+                Err(QuotaError::QuotaExceeded { .. }) if !self.layout(provider).is_single() => {
+                    if let Some(refusal) = self.borrow_into(&stripe, amount).await? {
+                        return Err(QuotaError::QuotaExceeded {
+                            consumer: request.consumer.clone(),
+                            request: request.id.clone(),
+                            refusals: vec![refusal],
+                        });
+                    }
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(None)
@@ -281,7 +310,7 @@ impl Quota {
     pub(super) async fn keep_deadline(
         &self,
         request: &Request,
-        provider: &ProviderId,
+        stripe: &StripeId,
         deadline: DateTime,
     ) -> Result<(), QuotaError> {
         let mut attempts = Attempts::new(
@@ -292,7 +321,7 @@ impl Quota {
             ),
         );
         loop {
-            let (generation, mut doc) = self.read_one(provider).await?;
+            let (generation, mut doc) = self.read_stripe(stripe).await?;
             let Some(entry) = doc.held.iter_mut().find(|e| {
                 e.is(&request.consumer, &request.id) && !e.is_tombstone() && e.dl.is_none()
             }) else {
@@ -328,12 +357,48 @@ impl Quota {
             let deadline = request
                 .in_flight()
                 .then(|| plus(now, self.options.send_window));
-            let docs = self.read_for(request).await?;
+            let Some(docs) = self.read_for(request).await? else {
+                attempts
+                    .again("a stripe was split while it was read".into())
+                    .await?;
+                continue;
+            };
             if docs.len() > 1 && guards.is_empty() {
                 guards = self.queue(docs.keys()).await;
                 continue;
             }
-            let take = decide::take(request, &docs, expires, deadline, now)?;
+            if let Some(full) = docs
+                .keys()
+                .find(|id| docs[*id].1.held.len() >= STRIPE_ENTRIES)
+            {
+                self.split_stripe(&full.provider(), full.stripe).await?;
+                continue;
+            }
+            let take = match decide::take(request, &docs, expires, deadline, now) {
+                Ok(take) => take,
+                Err(QuotaError::QuotaExceeded { refusals, .. })
+                    if refusals
+                        .iter()
+                        .all(|r| !self.layout(&r.provider).is_single()) =>
+                {
+                    let mut refused = Vec::new();
+                    for r in &refusals {
+                        if let Some((stripe, _)) = decide::stripe_of(&docs, &r.provider) {
+                            refused.extend(self.borrow_into(stripe, r.requested).await?);
+                        }
+                    }
+                    if !refused.is_empty() {
+                        return Err(QuotaError::QuotaExceeded {
+                            consumer: request.consumer.clone(),
+                            request: request.id.clone(),
+                            refusals: refused,
+                        });
+                    }
+                    attempts.again("share moved between stripes".into()).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let writes_now = match take {
                 Take::Replay { expires } => {
                     return Ok((

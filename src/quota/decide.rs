@@ -10,10 +10,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use bson::DateTime;
 
 use crate::quota::error::{QuotaError, Refusal};
-use crate::quota::model::{Entry, NewProvider, ProviderDoc, ProviderId, Request};
+use crate::quota::model::{Entry, NewProvider, ProviderDoc, ProviderId, Request, StripeId};
 
-/// Providers as read: id -> (generation, stored value).
-pub(crate) type Docs = BTreeMap<ProviderId, (i64, ProviderDoc)>;
+/// Provider stripes as read: id -> (generation, stored value). A decision about a request gets
+/// one stripe per provider: the one that holds the request's entries (see `stripes`).
+pub(crate) type Docs = BTreeMap<StripeId, (i64, ProviderDoc)>;
+
+/// The stripe of `provider` in `docs` (a request's decision has one per provider).
+pub(crate) fn stripe_of<'a>(
+    docs: &'a Docs,
+    provider: &ProviderId,
+) -> Option<(&'a StripeId, &'a (i64, ProviderDoc))> {
+    docs.iter().find(|(id, _)| id.is(provider))
+}
 
 /// A provider's new value, to be written only if its generation is still the one read.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,9 +140,8 @@ pub(crate) fn check_request(req: &Request) -> Result<(), QuotaError> {
 pub(crate) fn needs(req: &Request, docs: &Docs) -> Result<BTreeMap<ProviderId, i64>, QuotaError> {
     let mut needs: BTreeMap<ProviderId, i64> = BTreeMap::new();
     for (provider, amount) in &req.claims {
-        let (_, doc) = docs
-            .get(provider)
-            .ok_or_else(|| QuotaError::UnknownProvider {
+        let (_, (_, doc)) =
+            stripe_of(docs, provider).ok_or_else(|| QuotaError::UnknownProvider {
                 provider: provider.clone(),
             })?;
         for id in std::iter::once(provider).chain(doc.ancestors.iter()) {
@@ -167,10 +175,13 @@ pub(crate) fn take(
 ) -> Result<Take, QuotaError> {
     let needs = needs(req, docs)?;
     let mut found = Vec::new();
+    let mut stripes = BTreeMap::new();
     for id in needs.keys() {
-        let (_, doc) = docs.get(id).ok_or_else(|| QuotaError::UnknownProvider {
-            provider: id.clone(),
-        })?;
+        let (stripe, (_, doc)) =
+            stripe_of(docs, id).ok_or_else(|| QuotaError::UnknownProvider {
+                provider: id.clone(),
+            })?;
+        stripes.insert(id, stripe);
         if let Some(entry) = doc.held.iter().find(|e| e.is(&req.consumer, &req.id)) {
             found.push((id, entry));
         }
@@ -194,7 +205,7 @@ pub(crate) fn take(
     let refusals: Vec<Refusal> = needs
         .iter()
         .filter_map(|(id, need)| {
-            let (_, doc) = &docs[id];
+            let (_, doc) = &docs[stripes[id]];
             (doc.available < *need).then(|| Refusal {
                 provider: id.clone(),
                 requested: *need,
@@ -213,7 +224,7 @@ pub(crate) fn take(
     let writes = needs
         .iter()
         .map(|(id, need)| {
-            let (generation, doc) = &docs[id];
+            let (generation, doc) = &docs[stripes[id]];
             let mut doc = doc.clone();
             prune(&mut doc.held, now);
             doc.held.push(Entry {
@@ -237,14 +248,15 @@ pub(crate) fn take(
 /// Removes the entries `pick` selects from every provider in `docs` (entries that may still
 /// have a late copy in flight stay, at 0, until their deadline); returns the writes and the
 /// amount returned to each provider. Providers with nothing picked are left alone, apart from
-/// forgetting expired tombstones where something else is written anyway.
+/// forgetting expired tombstones where something else is written anyway. What went back to the
+/// stripes of one provider is added up.
 pub(crate) fn remove(
     docs: &Docs,
     pick: impl Fn(&Entry) -> bool,
     now: DateTime,
 ) -> (Vec<Write>, Vec<(ProviderId, i64)>) {
     let mut writes = Vec::new();
-    let mut returned = Vec::new();
+    let mut returned: BTreeMap<ProviderId, i64> = BTreeMap::new();
     for (id, (generation, doc)) in docs {
         if !doc.held.iter().any(|e| !e.is_tombstone() && pick(e)) {
             continue;
@@ -271,13 +283,13 @@ pub(crate) fn remove(
         doc.held = held;
         doc.usage -= amount;
         doc.available += amount;
-        returned.push((id.clone(), amount));
+        *returned.entry(id.provider()).or_default() += amount;
         writes.push(Write {
             generation: *generation,
             doc,
         });
     }
-    (writes, returned)
+    (writes, returned.into_iter().collect())
 }
 
 /// What confirming a reservation comes to.
@@ -351,19 +363,21 @@ pub(crate) fn pruned(doc: &ProviderDoc, now: DateTime) -> Option<ProviderDoc> {
 /// A new provider's stored value.
 pub(crate) fn new_provider(new: &NewProvider, parent: Option<&ProviderDoc>) -> ProviderDoc {
     let ancestors = match parent {
-        Some(parent) => std::iter::once(parent.id.clone())
+        Some(parent) => std::iter::once(parent.id.provider())
             .chain(parent.ancestors.iter().cloned())
             .collect(),
         None => Vec::new(),
     };
     ProviderDoc {
-        id: new.id.clone(),
+        id: StripeId::new(&new.id, 0),
         limit: new.limit,
         usage: 0,
         available: new.limit,
         parent: new.parent.clone(),
         ancestors,
         held: Vec::new(),
+        bits: 0,
+        stripes: Vec::new(),
     }
 }
 
@@ -377,7 +391,7 @@ mod tests {
 
     fn provider(scope: &str, limit: i64, ancestors: &[&str]) -> ProviderDoc {
         ProviderDoc {
-            id: ProviderId::new(scope, "cores"),
+            id: StripeId::new(&ProviderId::new(scope, "cores"), 0),
             limit,
             usage: 0,
             available: limit,
@@ -387,6 +401,8 @@ mod tests {
                 .map(|a| ProviderId::new(*a, "cores"))
                 .collect(),
             held: Vec::new(),
+            bits: 0,
+            stripes: Vec::new(),
         }
     }
 
@@ -521,7 +537,7 @@ mod tests {
         let (writes, returned) = remove(&d, |e| e.c == "c", at(50));
         assert_eq!(returned, vec![(ProviderId::new("p", "cores"), 5)]);
         apply(&mut d, writes);
-        let doc = &d[&ProviderId::new("p", "cores")].1;
+        let doc = &d[&StripeId::new(&ProviderId::new("p", "cores"), 0)].1;
         assert_eq!((doc.usage, doc.available), (0, 10));
         assert_eq!(doc.held.len(), 1, "only the unsure request is remembered");
         assert!(doc.held[0].is_tombstone());
@@ -532,8 +548,11 @@ mod tests {
         ));
         // Nothing left to release; past the deadline the marker is forgotten.
         assert!(remove(&d, |e| e.c == "c", at(60)).0.is_empty());
-        assert!(pruned(&d[&ProviderId::new("p", "cores")].1, at(100))
-            .is_some_and(|doc| doc.held.is_empty()));
+        assert!(pruned(
+            &d[&StripeId::new(&ProviderId::new("p", "cores"), 0)].1,
+            at(100)
+        )
+        .is_some_and(|doc| doc.held.is_empty()));
     }
 
     #[test]
@@ -571,9 +590,9 @@ mod tests {
         let w = applied(take(&req, &d, None, None, at(0)).unwrap());
         apply(&mut d, w);
         let id = ProviderId::new("p", "cores");
-        let lowered = set_limit(&d[&id].1, 5);
+        let lowered = set_limit(&d[&StripeId::new(&id, 0)].1, 5);
         assert_eq!((lowered.usage, lowered.available), (8, -3));
-        d.insert(id.clone(), (9, lowered));
+        d.insert(StripeId::new(&id, 0), (9, lowered));
         let more = Request::new("c2").take(id.clone(), 1);
         assert!(matches!(
             take(&more, &d, None, None, at(0)),
@@ -671,7 +690,7 @@ mod tests {
                         prop_assert_eq!(held, doc.usage, "{:?}", doc);
                     }
                     // An ancestor holds at least what its descendants hold.
-                    let usage = |scope: &str| d[&ProviderId::new(scope, "cores")].1.usage;
+                    let usage = |scope: &str| d[&StripeId::new(&ProviderId::new(scope, "cores"), 0)].1.usage;
                     prop_assert!(usage("org") >= usage("team") && usage("team") >= usage("project"));
                 }
             }

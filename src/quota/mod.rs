@@ -43,8 +43,9 @@ mod error;
 mod model;
 mod ops;
 mod release;
+mod stripes;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -231,6 +232,9 @@ pub struct Quota {
     /// Providers known to have a parent (parents never change), so their consumes skip the
     /// single-provider write that could not match.
     with_parent: Arc<Mutex<HashSet<ProviderId>>>,
+    /// The layouts of the striped providers this handle has met (see `stripes`); a provider
+    /// not here is addressed as one document, and a stale layout is found out by the write.
+    layouts: Arc<Mutex<HashMap<ProviderId, Arc<stripes::Layout>>>>,
     /// Generation-checked changes of one process that touch the same providers would only make
     /// each other retry (they all read a generation that the first writer then moves); they queue
     /// here instead, by stripes of provider ids taken in order. Only an optimisation: processes
@@ -257,11 +261,14 @@ impl Quota {
     /// ([`QuotaOptions::validate`]).
     pub async fn with_options(store: &Store, options: QuotaOptions) -> Result<Quota, QuotaError> {
         options.validate()?;
-        let spec = CollectionSpec::new(PROVIDERS_COLLECTION, 1, PROVIDERS_SCHEMA).map_err(|e| {
-            QuotaError::InvalidRequest {
+        // Version 2 adds stripes (`stripes`); a version 1 provider is a version 2 provider of
+        // one stripe, and the bump keeps a handle of an older release, which would see only
+        // stripe 0, from writing a striped one.
+        let spec = CollectionSpec::new(PROVIDERS_COLLECTION, 2, PROVIDERS_SCHEMA)
+            .map(|spec| spec.upgrade(1, Ok))
+            .map_err(|e| QuotaError::InvalidRequest {
                 reason: format!("the built-in provider schema is unusable: {e}"),
-            }
-        })?;
+            })?;
         let repo = store.repository::<ProviderDoc>(spec).await?;
         // Providers are hot documents, shared by every consumer: returning before the finish
         // gains nothing there (the next consumer would meet the hold and finish it itself), and
@@ -278,6 +285,7 @@ impl Quota {
             repo,
             options,
             with_parent: Arc::new(Mutex::new(HashSet::new())),
+            layouts: Arc::new(Mutex::new(HashMap::new())),
             stripes: Arc::new(
                 (0..STRIPES)
                     .map(|_| Arc::new(tokio::sync::Mutex::new(())))

@@ -56,11 +56,72 @@ impl<S: Into<String>, R: Into<String>> From<(S, R)> for ProviderId {
     }
 }
 
-/// A provider as stored (system fields aside).
+/// Which document holds a part of a provider: stripe 0 is the provider's own document, the only
+/// one until its allocations outgrow it (see `stripes`); the others are `_id: {scope, resource,
+/// stripe}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct StripeId {
+    pub(crate) scope: String,
+    pub(crate) resource: String,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) stripe: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+impl StripeId {
+    pub(crate) fn new(provider: &ProviderId, stripe: i64) -> StripeId {
+        StripeId {
+            scope: provider.scope.clone(),
+            resource: provider.resource.clone(),
+            stripe,
+        }
+    }
+
+    /// The provider this is a part of.
+    pub(crate) fn provider(&self) -> ProviderId {
+        ProviderId::new(self.scope.clone(), self.resource.clone())
+    }
+
+    pub(crate) fn is(&self, provider: &ProviderId) -> bool {
+        self.scope == provider.scope && self.resource == provider.resource
+    }
+
+    /// The stored `_id` (fields in a fixed order, see [`ProviderId::to_bson`]).
+    pub(crate) fn to_bson(&self) -> bson::Bson {
+        let mut id = bson::doc! { "scope": &self.scope, "resource": &self.resource };
+        if self.stripe != 0 {
+            id.insert("stripe", self.stripe);
+        }
+        bson::Bson::Document(id)
+    }
+}
+
+impl fmt::Display for StripeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.stripe {
+            0 => write!(f, "{}:{}", self.scope, self.resource),
+            s => write!(f, "{}:{}#{s}", self.scope, self.resource),
+        }
+    }
+}
+
+/// One stripe of a provider's layout: its number and how many bits of a request's hash it
+/// is addressed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Part {
+    pub(crate) s: i64,
+    pub(crate) bits: i64,
+}
+
+/// A provider's stripe as stored (system fields aside): the whole provider while it has one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct ProviderDoc {
     #[serde(rename = "_id")]
-    pub(crate) id: ProviderId,
+    pub(crate) id: StripeId,
+    /// This stripe's share of the provider's limit (the whole limit while it has one stripe).
     pub(crate) limit: i64,
     /// Sum of `n` over `held`; kept so that reads and conditions need no aggregation.
     pub(crate) usage: i64,
@@ -74,6 +135,12 @@ pub(crate) struct ProviderDoc {
     pub(crate) ancestors: Vec<ProviderId>,
     #[serde(default)]
     pub(crate) held: Vec<Entry>,
+    /// The stripe holds the requests whose hash's low `bits` bits are its number.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) bits: i64,
+    /// On stripe 0 of a provider with several: every stripe (the layout readers address by).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) stripes: Vec<Part>,
 }
 
 /// One (consumer, request)'s share of one provider.
@@ -144,32 +211,40 @@ pub struct Allocation {
 }
 
 impl Provider {
-    pub(crate) fn from_stored(doc: ProviderDoc, generation: i64) -> Provider {
-        let allocations: Vec<Allocation> = doc
-            .held
-            .into_iter()
-            .filter(|e| !e.is_tombstone())
-            .map(|e| Allocation {
-                consumer: e.c,
-                request: e.r,
-                amount: e.n,
-                expires: e.exp,
-            })
-            .collect();
-        Provider {
+    /// The provider made of `stripes` (stripe 0 first, each with its version). Its generation
+    /// is the sum of their versions: every change bumps one of them, so it still only grows.
+    pub(crate) fn from_stored(stripes: Vec<(i64, ProviderDoc)>) -> Option<Provider> {
+        let (_, head) = stripes.first()?;
+        let (id, parent) = (head.id.provider(), head.parent.clone());
+        let (mut limit, mut usage, mut generation) = (0_i64, 0_i64, 0_i64);
+        let mut allocations = Vec::new();
+        for (version, doc) in stripes {
+            limit = limit.saturating_add(doc.limit);
+            usage = usage.saturating_add(doc.usage);
+            generation = generation.saturating_add(version);
+            allocations.extend(doc.held.into_iter().filter(|e| !e.is_tombstone()).map(|e| {
+                Allocation {
+                    consumer: e.c,
+                    request: e.r,
+                    amount: e.n,
+                    expires: e.exp,
+                }
+            }));
+        }
+        Some(Provider {
             reserved: allocations
                 .iter()
                 .filter(|a| a.expires.is_some())
                 .map(|a| a.amount)
                 .sum(),
-            id: doc.id,
-            limit: doc.limit,
-            usage: doc.usage,
-            available: doc.available,
+            id,
+            limit,
+            usage,
+            available: limit.saturating_sub(usage),
             generation,
-            parent: doc.parent,
+            parent,
             allocations,
-        }
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 //! provider operations; consuming and reserving are in `consume`, giving back in `release`,
 //! reading providers and writing decisions in `access`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bson::{doc, Document};
@@ -11,6 +12,7 @@ use mongodb::IndexModel;
 use crate::quota::decide::{self, Docs, Write};
 use crate::quota::error::QuotaError;
 use crate::quota::model::{NewProvider, Provider, ProviderDoc, ProviderId, PROVIDERS_COLLECTION};
+use crate::quota::stripes::share;
 use crate::quota::Quota;
 use crate::repo::changes::Update;
 use crate::repo::error::RepoError;
@@ -86,11 +88,23 @@ pub(super) fn update_of(doc: &ProviderDoc) -> Result<Update, QuotaError> {
         collection: PROVIDERS_COLLECTION.to_string(),
         reason: e.to_string(),
     })?;
-    Ok(Update::new()
+    let mut update = Update::new()
         .set("limit", doc.limit)
         .set("usage", doc.usage)
         .set("available", doc.available)
-        .set("held", held))
+        .set("held", held);
+    // Set only once a provider is striped, so a provider of one stripe stays as before.
+    if doc.bits != 0 {
+        update = update.set("bits", doc.bits);
+    }
+    if !doc.stripes.is_empty() {
+        let stripes = bson::to_bson(&doc.stripes).map_err(|e| RepoError::Encode {
+            collection: PROVIDERS_COLLECTION.to_string(),
+            reason: e.to_string(),
+        })?;
+        update = update.set("stripes", stripes);
+    }
+    Ok(update)
 }
 
 pub(super) fn classify_repo(error: RepoError) -> Result<Step, QuotaError> {
@@ -153,12 +167,13 @@ impl Quota {
         self.provider(new.id).await
     }
 
-    /// Reads a provider: limit, usage, generation and who holds what.
+    /// Reads a provider: limit, usage, generation and who holds what, all of one moment.
     pub async fn provider(&self, id: impl Into<ProviderId>) -> Result<Provider, QuotaError> {
         let id = id.into();
         decide::check_provider(&id)?;
-        let (generation, doc) = self.read_one(&id).await?;
-        Ok(Provider::from_stored(doc, generation))
+        let last = self.read_at_once(&id).await?;
+        Provider::from_stored(last.into_values().collect())
+            .ok_or(QuotaError::UnknownProvider { provider: id })
     }
 
     /// Sets a provider's limit. Lowering it below the usage is allowed: nothing is taken back,
@@ -173,12 +188,20 @@ impl Quota {
         decide::check_limit(&id, limit)?;
         let mut attempts = Attempts::new(self.options.retry, format!("set limit of {id}"));
         loop {
-            let (generation, doc) = self.read_one(&id).await?;
-            let write = Write {
-                generation,
-                doc: decide::set_limit(&doc, limit),
+            // Every stripe is written, each conditionally on the version read, so the shares
+            // are of one moment and add up to the new limit.
+            let all = self.read_stripes(&id).await?;
+            let writes = match all.values().collect::<Vec<_>>()[..] {
+                [(generation, doc)] => vec![Write {
+                    generation: *generation,
+                    doc: decide::set_limit(doc, limit),
+                }],
+                _ => share(&all, limit),
             };
-            match self.write(vec![write]).await? {
+            if writes.is_empty() {
+                return self.provider(id).await;
+            }
+            match self.write(writes).await? {
                 Step::Done => return self.provider(id).await,
                 Step::Retry(reason) | Step::Ambiguous(reason) => attempts.again(reason).await?,
             }
@@ -198,10 +221,25 @@ impl Quota {
                     .sort(doc! { "_id.resource": 1 }),
             )
             .await?;
-        Ok(found
-            .into_iter()
-            .map(|s| Provider::from_stored(s.value, s.version))
-            .collect())
+        // A striped provider's stripes share its scope: each provider is made of its own.
+        let mut by_provider: BTreeMap<ProviderId, Vec<(i64, ProviderDoc)>> = BTreeMap::new();
+        for s in found {
+            by_provider
+                .entry(s.value.id.provider())
+                .or_default()
+                .push((s.version, s.value));
+        }
+        let mut providers = Vec::with_capacity(by_provider.len());
+        for (id, mut stripes) in by_provider {
+            // One query reads a striped provider's stripes at different moments: read it whole.
+            if stripes.len() > 1 {
+                providers.push(self.provider(id).await?);
+                continue;
+            }
+            stripes.sort_by_key(|(_, d)| d.id.stripe);
+            providers.extend(Provider::from_stored(stripes));
+        }
+        Ok(providers)
     }
 }
 

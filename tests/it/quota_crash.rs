@@ -37,9 +37,10 @@ async fn hierarchy(quota: &Quota, limit: i64) {
 
 /// Checks the stored providers: usage = sum of entries, domain = sum of projects, every request
 /// on all six of its providers or on none, nothing held, no transaction record left.
-async fn assert_consistent(t: &TestDb) -> BTreeSet<String> {
+async fn assert_consistent(t: &TestDb, limit: i64) -> BTreeSet<String> {
     let docs = raw_snapshot(&t.db, PROVIDERS_COLLECTION).await;
     let mut usage: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut limits: BTreeMap<(String, String), i64> = BTreeMap::new();
     let mut places: BTreeMap<(String, String), usize> = BTreeMap::new();
     for doc in &docs {
         assert!(!doc.contains_key("_txn"), "left held: {doc}");
@@ -63,11 +64,20 @@ async fn assert_consistent(t: &TestDb) -> BTreeSet<String> {
             }
         }
         assert_eq!(doc.get_i64("usage").unwrap(), sum, "usage = entries: {doc}");
+        // A provider may be spread over several stripes, each within its share of the limit.
         assert!(
             sum <= doc.get_i64("limit").unwrap(),
             "over the limit: {doc}"
         );
-        usage.insert(key, sum);
+        *limits.entry(key.clone()).or_default() += doc.get_i64("limit").unwrap();
+        *usage.entry(key).or_default() += sum;
+    }
+    for ((scope, resource), shares) in &limits {
+        let configured = if scope == "domain" { 2 * limit } else { limit };
+        assert_eq!(
+            *shares, configured,
+            "{scope}:{resource}: the stripes' shares add up to the limit"
+        );
     }
     for resource in RESOURCES {
         let children: i64 = PROJECTS
@@ -136,7 +146,7 @@ async fn a_consumer_killed_between_reserve_and_confirm_gets_its_quota_back_from_
             assert_eq!(quota.provider((scope, resource)).await.unwrap().usage, 0);
         }
     }
-    assert!(assert_consistent(&t).await.is_empty());
+    assert!(assert_consistent(&t, 100).await.is_empty());
 }
 
 #[tokio::test]
@@ -173,7 +183,7 @@ async fn a_coordinator_dying_at_any_step_of_a_multi_provider_consume_leaves_all_
             }
             tokio::time::sleep(Duration::from_millis(350)).await;
             collect(&t, &quota).await;
-            let holders = assert_consistent(&t).await;
+            let holders = assert_consistent(&t, 1_000_000).await;
             // Retrying the same request completes it, exactly once.
             let retried = quota.consume(&request).await.unwrap();
             if holders.contains(&consumer) {
@@ -195,7 +205,7 @@ async fn a_coordinator_dying_at_any_step_of_a_multi_provider_consume_leaves_all_
             );
         }
     }
-    assert_consistent(&t).await;
+    assert_consistent(&t, 1_000_000).await;
     println!("crashed at {crashed} points; {committed} had passed the commit point");
     assert!(crashed >= 20, "only {crashed} crashes");
     assert!(committed > 0 && committed < crashed);
@@ -328,9 +338,17 @@ async fn worker_processes_killed_mid_consume_leave_usage_equal_to_allocations() 
     // Past every transaction's deadline; then the GC settles what the dead left.
     tokio::time::sleep(Duration::from_millis(700)).await;
     collect(&t, &quota).await;
-    let holders = assert_consistent(&t).await;
+    let holders = assert_consistent(&t, 400).await;
+    let stripes = raw_snapshot(&t.db, PROVIDERS_COLLECTION)
+        .await
+        .iter()
+        .filter(|d| {
+            d.get_document("_id")
+                .is_ok_and(|id| id.contains_key("stripe"))
+        })
+        .count();
     println!(
-        "{kills} kills; {} consumers hold quota afterwards",
+        "{kills} kills; {} consumers hold quota afterwards; {stripes} stripes beyond the providers' own documents",
         holders.len()
     );
     assert!(!holders.is_empty(), "the workers consumed something");

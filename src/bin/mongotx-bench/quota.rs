@@ -118,7 +118,7 @@ async fn latency_row(
     quota
         .create(NewProvider::new(provider.clone(), LIMIT))
         .await?;
-    fill(quota, db, &provider, live).await?;
+    fill(quota, &provider, live).await?;
     let (bare, shaped) = (format!("bare{live}"), format!("shaped{live}"));
     raw.insert_one(doc! { "_id": &bare, "available": LIMIT, "usage": 0_i64 })
         .await?;
@@ -188,46 +188,17 @@ async fn latency_row(
     })
 }
 
-/// Gives `provider` `live` allocations of one unit, each a different consumer's. Beyond a
-/// hundred they are written in one update of the shape consumes leave (filling 10,000 one
-/// consume at a time would take minutes, each rewriting everything before it); one of them is
-/// then released through the API, as a check that the provider reads as the quota's own.
-async fn fill(
-    quota: &Quota,
-    db: &Database,
-    provider: &ProviderId,
-    live: usize,
-) -> Result<(), Error> {
-    if live <= 100 {
-        for j in 0..live {
-            quota
-                .consume(&Request::new(format!("holder{j}")).take(provider.clone(), 1))
-                .await?;
-        }
-        return Ok(());
+/// Gives `provider` `live` allocations of one unit, each a different consumer's, made by
+/// `consume` (so the provider is striped as its consumers would leave it), then checks it reads
+/// back whole.
+async fn fill(quota: &Quota, provider: &ProviderId, live: usize) -> Result<(), Error> {
+    for j in 0..live {
+        quota
+            .consume(&Request::new(format!("holder{j}")).take(provider.clone(), 1))
+            .await?;
     }
-    let entries: Vec<Document> = (0..live)
-        .map(|j| doc! { "c": format!("holder{j}"), "r": format!("fill{j}"), "n": 1_i64 })
-        .collect();
-    let amount = i64::try_from(live)?;
-    let filled = db
-        .collection::<Document>(PROVIDERS_COLLECTION)
-        .update_one(
-            doc! { "_id.scope": "bench", "_id.resource": format!("live{live}") },
-            doc! {
-                "$push": { "held": { "$each": entries } },
-                "$inc": { "usage": amount, "available": -amount, "_version": 1_i64 },
-            },
-        )
-        .await?;
-    if filled.modified_count != 1 {
-        return Err(format!("provider {provider} was not filled").into());
-    }
-    quota.release("holder0").await?;
-    quota
-        .consume(&Request::new("holder0").take(provider.clone(), 1))
-        .await?;
     let read = quota.provider(provider.clone()).await?;
+    let amount = i64::try_from(live)?;
     if read.usage != amount || read.allocations.len() != live {
         return Err(format!(
             "provider {provider}: usage {} and {} allocations after filling {live}",
