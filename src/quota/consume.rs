@@ -209,6 +209,7 @@ impl Quota {
                 fields::ACTIVE_TXN: null,
                 fields::DELETED: null,
                 "parent": null,
+                "over": { "$ne": true },
                 "available": { "$gte": amount },
                 "held": { "$not": { "$elemMatch": { "c": &request.consumer, "r": &request.id } } },
                 "$expr": { "$lte": ["$$NOW", deadline] },
@@ -277,7 +278,7 @@ impl Quota {
                 self.read_stripes(provider).await?;
                 continue;
             }
-            let full = doc.held.len() >= STRIPE_ENTRIES;
+            let (full, striped) = (doc.held.len() >= STRIPE_ENTRIES, doc.bits != 0);
             let docs: Docs = [(stripe.clone(), (generation, doc))].into_iter().collect();
             match decide::take(request, &docs, expires, None, now) {
                 Ok(Take::Replay { expires }) => {
@@ -290,7 +291,9 @@ impl Quota {
                 // It changed between the write and the read, or the send arrived after its
                 // deadline: try again.
                 Ok(Take::Apply(_)) => {}
-                Err(QuotaError::QuotaExceeded { .. }) if !self.layout(provider).is_single() => {
+                // A striped provider's refusal is its stripe's: borrow, and refuse with the
+                // provider's own numbers only when the whole of it lacks room.
+                Err(QuotaError::QuotaExceeded { .. }) if striped => {
                     if let Some(refusal) = self.borrow_into(&stripe, amount).await? {
                         return Err(QuotaError::QuotaExceeded {
                             consumer: request.consumer.clone(),
@@ -372,19 +375,21 @@ impl Quota {
                 .find(|id| docs[*id].1.held.len() >= STRIPE_ENTRIES)
             {
                 self.split_stripe(&full.provider(), full.stripe).await?;
+                attempts.again(format!("{full} was full")).await?;
                 continue;
             }
             let take = match decide::take(request, &docs, expires, deadline, now) {
                 Ok(take) => take,
-                Err(QuotaError::QuotaExceeded { refusals, .. })
-                    if refusals
-                        .iter()
-                        .all(|r| !self.layout(&r.provider).is_single()) =>
-                {
+                Err(QuotaError::QuotaExceeded { refusals, .. }) => {
+                    // A striped provider's refusal is its stripe's: borrow, and refuse with the
+                    // provider's own numbers only when the whole of it lacks room.
                     let mut refused = Vec::new();
-                    for r in &refusals {
-                        if let Some((stripe, _)) = decide::stripe_of(&docs, &r.provider) {
-                            refused.extend(self.borrow_into(stripe, r.requested).await?);
+                    for r in refusals {
+                        match decide::stripe_of(&docs, &r.provider) {
+                            Some((stripe, (_, doc))) if doc.bits != 0 => {
+                                refused.extend(self.borrow_into(stripe, r.requested).await?)
+                            }
+                            _ => refused.push(r),
                         }
                     }
                     if !refused.is_empty() {

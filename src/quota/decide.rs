@@ -206,7 +206,7 @@ pub(crate) fn take(
         .iter()
         .filter_map(|(id, need)| {
             let (_, doc) = &docs[stripes[id]];
-            (doc.available < *need).then(|| Refusal {
+            (doc.available < *need || doc.over).then(|| Refusal {
                 provider: id.clone(),
                 requested: *need,
                 available: doc.available,
@@ -378,6 +378,7 @@ pub(crate) fn new_provider(new: &NewProvider, parent: Option<&ProviderDoc>) -> P
         held: Vec::new(),
         bits: 0,
         stripes: Vec::new(),
+        over: false,
     }
 }
 
@@ -403,6 +404,7 @@ mod tests {
             held: Vec::new(),
             bits: 0,
             stripes: Vec::new(),
+            over: false,
         }
     }
 

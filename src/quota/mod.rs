@@ -5,8 +5,10 @@
 //!
 //! A provider (scope, resource) is one document in [`PROVIDERS_COLLECTION`] holding its limit,
 //! its usage, `available = limit - usage`, and one entry per (consumer, request) that holds part
-//! of it. Its document version is its *generation*: every change bumps it, so a reader that sees
-//! the same generation twice knows nothing changed. This is the generation id of the reference
+//! of it; once those entries outgrow one document it is spread over several, each with a share
+//! of the limit (`stripes`, whose doc says how). Its document version (the sum of its documents'
+//! versions) is its *generation*: every change bumps it, so a reader that sees the same
+//! generation twice knows nothing changed. This is the generation id of the reference
 //! design, a proposal for ordering concurrent quota consumptions with a per-provider counter that
 //! only grows.
 //!

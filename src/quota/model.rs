@@ -1,8 +1,9 @@
 //! What the quota module stores and what it hands to callers.
 //!
-//! A provider is one document in [`PROVIDERS_COLLECTION`]. Its allocations live inside it, one
-//! entry per (consumer, request), so that taking quota from a single provider and recording who
-//! took it is one atomic write. A child provider's entries are mirrored in every ancestor, which
+//! A provider is one document in [`PROVIDERS_COLLECTION`], or several once its allocations
+//! outgrow one (stripes, see `stripes`). Its allocations live inside them, one entry per
+//! (consumer, request), so that taking quota from a single provider and recording who took it is
+//! one atomic write. A child provider's entries are mirrored in every ancestor, which
 //! is how an ancestor's usage always equals its own allocations plus its descendants'.
 
 use std::fmt;
@@ -141,6 +142,15 @@ pub(crate) struct ProviderDoc {
     /// On stripe 0 of a provider with several: every stripe (the layout readers address by).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) stripes: Vec<Part>,
+    /// On every stripe of a striped provider whose limit was lowered below its usage: a stripe's
+    /// own room says nothing then (another stripe holds the excess), so its consumes look at the
+    /// whole provider.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) over: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One (consumer, request)'s share of one provider.
@@ -398,6 +408,7 @@ impl Reservation {
 pub struct SweepSummary {
     /// Expired reservations returned.
     pub expired: u64,
-    /// Providers whose remembered released requests were forgotten.
+    /// Provider documents (a striped provider has several) whose remembered released requests
+    /// were forgotten.
     pub pruned: u64,
 }

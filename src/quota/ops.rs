@@ -97,6 +97,11 @@ pub(super) fn update_of(doc: &ProviderDoc) -> Result<Update, QuotaError> {
     if doc.bits != 0 {
         update = update.set("bits", doc.bits);
     }
+    if doc.over {
+        update = update.set("over", true);
+    } else if doc.bits != 0 {
+        update = update.unset("over");
+    }
     if !doc.stripes.is_empty() {
         let stripes = bson::to_bson(&doc.stripes).map_err(|e| RepoError::Encode {
             collection: PROVIDERS_COLLECTION.to_string(),
@@ -232,7 +237,7 @@ impl Quota {
         let mut providers = Vec::with_capacity(by_provider.len());
         for (id, mut stripes) in by_provider {
             // One query reads a striped provider's stripes at different moments: read it whole.
-            if stripes.len() > 1 {
+            if stripes.len() > 1 || stripes.iter().any(|(_, d)| d.bits != 0) {
                 providers.push(self.provider(id).await?);
                 continue;
             }

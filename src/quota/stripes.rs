@@ -173,6 +173,7 @@ pub(crate) fn split(
         held: moved,
         bits,
         stripes: Vec::new(),
+        over: old.over,
     };
     old.limit -= new_limit;
     old.usage -= moved_usage;
@@ -226,6 +227,10 @@ pub(crate) fn borrow(all: &Docs, target: &StripeId, need: i64) -> Result<Vec<Wri
             limit,
         });
     }
+    // Usage fell back under a lowered limit: share it out afresh, which also lifts `over`.
+    if all.values().any(|(_, d)| d.over) {
+        return Ok(share(all, limit));
+    }
     let count = i64::try_from(all.len()).unwrap_or(i64::MAX).max(1);
     let mut wanted = (need - to.available).max(0) + (available - need) / count;
     let mut donors: Vec<(&StripeId, &(i64, ProviderDoc))> = all
@@ -262,10 +267,13 @@ pub(crate) fn borrow(all: &Docs, target: &StripeId, need: i64) -> Result<Vec<Wri
 }
 
 /// Plans giving a striped provider the limit `limit`: each stripe keeps a share covering its
-/// usage while the limit allows, and the rest is spread evenly. Every stripe is written, so that
+/// usage while the limit allows, and the rest is spread evenly. Below the provider's usage every
+/// stripe is marked `over`: a release would otherwise give a stripe room while the provider as
+/// a whole is still over its limit. Every stripe is written, so that
 /// the writes (each conditional on the version read) also prove the shares were read at once.
 pub(crate) fn share(all: &Docs, limit: i64) -> Vec<Write> {
     let count = i64::try_from(all.len()).unwrap_or(i64::MAX).max(1);
+    let over = all.values().map(|(_, d)| d.usage).sum::<i64>() > limit;
     let mut left = limit;
     let mut shares: Vec<i64> = all
         .values()
@@ -285,6 +293,7 @@ pub(crate) fn share(all: &Docs, limit: i64) -> Vec<Write> {
             let mut doc = d.clone();
             doc.limit = share;
             doc.available = share - doc.usage;
+            doc.over = over;
             Write {
                 generation: *generation,
                 doc,
@@ -304,12 +313,18 @@ impl Quota {
     }
 
     /// Remembers a provider's layout (only striped ones are kept: the default is one stripe).
+    /// Stripes only split, so a layout with fewer stripes than the one known is an older
+    /// reading (another task's, landing late) and is not kept.
     pub(super) fn learn(&self, provider: &ProviderId, layout: Layout) {
+        if layout.is_single() {
+            return;
+        }
         if let Ok(mut known) = self.layouts.lock() {
-            if layout.is_single() {
-                known.remove(provider);
-            } else {
-                known.insert(provider.clone(), Arc::new(layout));
+            match known.get(provider) {
+                Some(old) if old.0.len() > layout.0.len() => {}
+                _ => {
+                    known.insert(provider.clone(), Arc::new(layout));
+                }
             }
         }
     }
@@ -441,6 +456,7 @@ mod tests {
             held: Vec::new(),
             bits: 0,
             stripes: Vec::new(),
+            over: false,
         }
     }
 
@@ -557,6 +573,164 @@ mod tests {
             assert!(after
                 .values()
                 .all(|(_, d)| d.available == d.limit - d.usage));
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use crate::quota::decide::{remove, take, Take};
+        use crate::quota::error::QuotaError;
+        use crate::quota::model::Request;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            /// Consumer `c` takes `n` under request id `r` (the same pair again is a retry).
+            Consume { c: u8, r: u8, n: i64 },
+            /// Consumer `c` gives back everything it holds.
+            Release { c: u8 },
+            /// The limit becomes `limit`.
+            SetLimit { limit: i64 },
+        }
+
+        fn steps() -> impl Strategy<Value = Vec<Step>> {
+            prop::collection::vec(
+                prop_oneof![
+                    12 => (0..60_u8, 0..2_u8, 1..5_i64)
+                        .prop_map(|(c, r, n)| Step::Consume { c, r, n }),
+                    3 => (0..60_u8).prop_map(|c| Step::Release { c }),
+                    1 => (0..400_i64).prop_map(|limit| Step::SetLimit { limit }),
+                ],
+                1..160,
+            )
+        }
+
+        fn apply(all: &mut Docs, writes: Vec<Write>) {
+            for w in writes {
+                all.insert(w.doc.id.clone(), (w.generation + 1, w.doc));
+            }
+        }
+
+        /// Consumes as the handle does, single-threaded: split a full stripe, borrow when the
+        /// stripe lacks room, refuse only when the provider does. `Ok(true)` when it was taken
+        /// now, `Ok(false)` for a replay.
+        fn consume(all: &mut Docs, request: &Request, n: i64) -> Result<bool, QuotaError> {
+            let provider = ProviderId::new("p", "units");
+            let head_id = StripeId::new(&provider, 0);
+            let h = hash(&request.consumer, &request.id);
+            for _ in 0..64 {
+                let layout = Layout::of(&all[&head_id].1);
+                let (stripe, _) = layout.locate(h).expect("the layout covers every hash");
+                let id = StripeId::new(&provider, stripe);
+                let (generation, doc) = all[&id].clone();
+                if doc.held.len() >= STRIPE_ENTRIES {
+                    let head = (stripe != 0).then(|| all[&head_id].clone());
+                    match split(head.as_ref(), (generation, &doc), DateTime::from_millis(0)) {
+                        Full::Divide { writes, new } => {
+                            apply(all, writes);
+                            all.insert(new.id.clone(), (1, new));
+                            continue;
+                        }
+                        Full::Prune(write) => {
+                            apply(all, vec![write]);
+                            continue;
+                        }
+                        Full::Keep => {}
+                    }
+                }
+                let one: Docs = [(id.clone(), (generation, doc))].into_iter().collect();
+                match take(request, &one, None, None, DateTime::from_millis(0)) {
+                    Ok(Take::Replay { .. }) => return Ok(false),
+                    Ok(Take::Apply(writes)) => {
+                        apply(all, writes);
+                        return Ok(true);
+                    }
+                    Err(QuotaError::QuotaExceeded { .. }) => match borrow(all, &id, n) {
+                        Ok(writes) => apply(all, writes),
+                        Err(refusal) => {
+                            return Err(QuotaError::QuotaExceeded {
+                                consumer: request.consumer.clone(),
+                                request: request.id.clone(),
+                                refusals: vec![refusal],
+                            })
+                        }
+                    },
+                    Err(e) => return Err(e),
+                }
+            }
+            panic!("a consume did not settle in 64 splits and borrows");
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever the consumes, retries, releases and new limits, the stripes' shares add
+            /// up to the limit, each stripe's usage is its entries, every entry is where its
+            /// hash points, no stripe outgrows its bound, a consume is granted exactly when the
+            /// provider has room, and a retry counts once.
+            #[test]
+            fn stripes_keep_the_provider_whole(first in 1..400_i64, steps in steps()) {
+                let provider = ProviderId::new("p", "units");
+                let mut head = super::provider(first);
+                head.id = StripeId::new(&provider, 0);
+                let mut all: Docs = [(head.id.clone(), (1, head))].into_iter().collect();
+                let mut limit = first;
+                let mut held: BTreeMap<(u8, u8), i64> = BTreeMap::new();
+                for step in steps {
+                    let usage: i64 = held.values().sum();
+                    match step {
+                        Step::Consume { c, r, n } => {
+                            let request = Request::with_id(format!("c{c}"), format!("r{r}"))
+                                .take(provider.clone(), n);
+                            match (consume(&mut all, &request, n), held.get(&(c, r))) {
+                                (Ok(true), None) => {
+                                    prop_assert!(usage + n <= limit);
+                                    held.insert((c, r), n);
+                                }
+                                (Ok(false), Some(_)) => {}
+                                (Err(QuotaError::QuotaExceeded { refusals, .. }), None) => {
+                                    prop_assert!(usage + n > limit, "refused with room");
+                                    prop_assert_eq!(refusals[0].available, limit - usage);
+                                    prop_assert_eq!(refusals[0].limit, limit);
+                                }
+                                (Err(QuotaError::RequestReused { .. }), Some(m)) => {
+                                    prop_assert_ne!(*m, n);
+                                }
+                                (outcome, before) => {
+                                    prop_assert!(false, "{outcome:?} with {before:?} held");
+                                }
+                            }
+                        }
+                        Step::Release { c } => {
+                            let (writes, _) =
+                                remove(&all, |e| e.c == format!("c{c}"), DateTime::from_millis(0));
+                            apply(&mut all, writes);
+                            held.retain(|(holder, _), _| *holder != c);
+                        }
+                        Step::SetLimit { limit: new } => {
+                            let writes = share(&all, new);
+                            apply(&mut all, writes);
+                            limit = new;
+                        }
+                    }
+                    let layout = Layout::of(&all[&StripeId::new(&provider, 0)].1);
+                    prop_assert_eq!(layout.stripes().count(), all.len());
+                    let mut shares = 0;
+                    for (id, (_, doc)) in &all {
+                        prop_assert!(doc.held.len() <= STRIPE_ENTRIES);
+                        prop_assert_eq!(doc.usage, doc.held.iter().map(|e| e.n).sum::<i64>());
+                        prop_assert_eq!(doc.available, doc.limit - doc.usage);
+                        prop_assert!(doc.limit >= 0);
+                        for e in &doc.held {
+                            prop_assert_eq!(layout.locate(hash(&e.c, &e.r)), Some((id.stripe, doc.bits)));
+                        }
+                        shares += doc.limit;
+                    }
+                    prop_assert_eq!(shares, limit);
+                    let stored: i64 = all.values().map(|(_, d)| d.usage).sum();
+                    prop_assert_eq!(stored, held.values().sum::<i64>());
+                }
+            }
         }
     }
 }

@@ -383,3 +383,54 @@ async fn a_split_whose_coordinator_dies_at_any_step_leaves_the_provider_whole() 
     assert!(crashed >= 10, "only {crashed} crashes");
     assert!(split > 0 && split < crashed);
 }
+
+/// A limit lowered below usage holds for the whole provider: releases give room back to their
+/// own stripes, yet nothing is granted until the provider as a whole is under its limit again.
+#[tokio::test]
+async fn a_limit_lowered_below_usage_holds_across_stripes_until_usage_falls_under_it() {
+    let t = TestDb::new().await;
+    let quota = Quota::open(&t.store).await.unwrap();
+    quota
+        .create(NewProvider::new(units("low"), 200))
+        .await
+        .unwrap();
+    for i in 0..100 {
+        quota
+            .consume(&Request::new(format!("c{i}")).take(units("low"), 1))
+            .await
+            .unwrap();
+    }
+    assert!(check_stripes(&t, "low", 200).await >= 4);
+    quota.set_limit(units("low"), 50).await.unwrap();
+    for i in 0..30 {
+        quota.release(&format!("c{i}")).await.unwrap();
+    }
+    for i in 0..20 {
+        match quota
+            .consume(&Request::new(format!("n{i}")).take(units("low"), 1))
+            .await
+        {
+            Err(QuotaError::QuotaExceeded { refusals, .. }) => {
+                assert_eq!((refusals[0].available, refusals[0].limit), (-20, 50));
+            }
+            other => panic!("granted over a lowered limit: {other:?}"),
+        }
+    }
+    for i in 30..55 {
+        quota.release(&format!("c{i}")).await.unwrap();
+    }
+    let mut granted = 0;
+    for i in 0..10 {
+        if quota
+            .consume(&Request::new(format!("m{i}")).take(units("low"), 1))
+            .await
+            .is_ok()
+        {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 5, "exactly the room under the lowered limit");
+    let p = quota.provider(units("low")).await.unwrap();
+    assert_eq!((p.limit, p.usage, p.available), (50, 50, 0));
+    check_stripes(&t, "low", 50).await;
+}
