@@ -2190,3 +2190,80 @@ async fn a_replacement_keeps_only_its_fields_and_its_unique_keys_are_checked() {
     let by_email = ids(&coll, doc! { "email": "c@x" }, doc! { "_id": 1 }).await;
     assert_eq!(by_email, vec![Bson::Int32(1)]);
 }
+
+/// https://www.mongodb.com/docs/manual/tutorial/query-embedded-documents/ : an equality match on
+/// a whole embedded document requires the exact document, field order included. mongotx's quota
+/// providers have such ids and every conditional write names one beside other conditions (and a
+/// striped provider is read with an `$in` of them), which the local server answers from the `_id`
+/// index: the answer must be the matcher's.
+#[tokio::test]
+async fn an_embedded_document_id_matches_exactly_beside_other_conditions_and_in_a_list() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("embedded_ids");
+    let id = |scope: &str, stripe: Option<i64>| {
+        let mut id = doc! { "scope": scope, "resource": "cores" };
+        if let Some(s) = stripe {
+            id.insert("stripe", s);
+        }
+        id
+    };
+    for (scope, stripe, n) in [
+        ("a", None, 1),
+        ("a", Some(1), 2),
+        ("b", None, 3),
+        ("b", Some(1), 4),
+    ] {
+        coll.insert_one(doc! { "_id": id(scope, stripe), "n": n })
+            .await
+            .unwrap();
+    }
+    let by = |filter: Document| {
+        let coll = coll.clone();
+        async move { ids(&coll, filter, doc! { "n": 1 }).await }
+    };
+    assert_eq!(
+        by(doc! { "_id": id("a", Some(1)), "n": { "$gte": 2 } })
+            .await
+            .len(),
+        1
+    );
+    assert!(by(doc! { "_id": id("a", Some(1)), "n": { "$gte": 3 } })
+        .await
+        .is_empty());
+    // The same fields in another order are another document.
+    let permuted = doc! { "resource": "cores", "scope": "a" };
+    assert!(by(doc! { "_id": &permuted, "n": { "$gte": 0 } })
+        .await
+        .is_empty());
+    assert!(by(doc! { "_id": { "$in": [&permuted] }, "n": 1 })
+        .await
+        .is_empty());
+    let listed = by(doc! {
+        "_id": { "$in": [id("a", None), id("b", Some(1)), id("c", None), &permuted] },
+        "n": { "$gte": 0 },
+    })
+    .await;
+    assert_eq!(
+        listed,
+        vec![
+            Bson::Document(id("a", None)),
+            Bson::Document(id("b", Some(1)))
+        ]
+    );
+    let updated = coll
+        .update_one(
+            doc! { "_id": id("b", None), "n": 3 },
+            doc! { "$inc": { "n": 10 } },
+        )
+        .await
+        .unwrap();
+    assert_eq!((updated.matched_count, updated.modified_count), (1, 1));
+    let missed = coll
+        .update_one(
+            doc! { "_id": &permuted, "n": 1 },
+            doc! { "$inc": { "n": 10 } },
+        )
+        .await
+        .unwrap();
+    assert_eq!(missed.matched_count, 0);
+}

@@ -90,8 +90,8 @@ final class AtomicCollection extends MemoryCollection {
 
     /**
      * Looks a filter with an {@code _id} equality and other conditions, or an {@code _id} {@code $in}
-     * list, up in the {@code _id} index, then checks the whole filter on the documents found, as
-     * MongoDB's planner does. The stock
+     * list, up in the {@code _id} index (ids that are plain values or embedded documents of them),
+     * then checks the whole filter on the documents found, as MongoDB's planner does. The stock
      * collection uses an index only when the filter names exactly its keys, so every conditional
      * write by id (all of mongotx's) scanned the whole collection: a cost that grew with the
      * collection, which MongoDB does not have.
@@ -101,16 +101,18 @@ final class AtomicCollection extends MemoryCollection {
             Document fieldSelector) {
         Object id = query.get("_id");
         List<Object> wanted = null;
-        if (query.size() > 1 && plain(id)) {
+        if (query.size() > 1 && key(id)) {
             wanted = List.of(id);
         } else if (id instanceof Document in && in.size() == 1 && in.get("$in") instanceof List<?> values
-                && values.stream().allMatch(AtomicCollection::plain)) {
+                && values.stream().allMatch(AtomicCollection::key)) {
             wanted = new ArrayList<>(values);
         }
         if (wanted != null) {
             Index<Integer> byId = idIndex();
             if (byId != null) {
                 Set<Integer> positions = new TreeSet<>();
+                // The index compares embedded documents field by field in order, as MongoDB does,
+                // and numbers by value, as the matcher does.
                 for (Object value : wanted) {
                     for (Integer position : byId.getPositions(new Document("_id", value))) {
                         positions.add(position);
@@ -131,6 +133,16 @@ final class AtomicCollection extends MemoryCollection {
     /** A value the {@code _id} index can look up by equality. */
     private static boolean plain(Object value) {
         return value instanceof String || value instanceof Number || value instanceof ObjectId;
+    }
+
+    /**
+     * A value the {@code _id} index can find candidates for: a plain one, or an embedded document
+     * of plain values (no operators), such as mongotx's quota provider ids.
+     */
+    private static boolean key(Object value) {
+        return plain(value) || value instanceof Document document && !document.isEmpty()
+                && document.keySet().stream().noneMatch(k -> k.startsWith("$"))
+                && document.values().stream().allMatch(AtomicCollection::key);
     }
 
     private Index<Integer> idIndex() {
