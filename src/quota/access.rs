@@ -7,13 +7,13 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::quota::decide::{stripe_of, Docs, Write};
+use crate::quota::decide::{Docs, Write};
 use crate::quota::error::QuotaError;
 use crate::quota::model::{ProviderDoc, ProviderId, Request, StripeId, PROVIDERS_COLLECTION};
 use crate::quota::ops::{
     classify_repo, classify_txn, stamped_docs, stored_or_restored, update_of, Step,
 };
-use crate::quota::stripes::{hash, Layout};
+use crate::quota::stripes::{hash, stripe_of, Layout};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;

@@ -14,7 +14,7 @@ use crate::quota::model::{
     Consumed, ProviderDoc, ProviderId, Request, Reservation, StripeId, PROVIDERS_COLLECTION,
 };
 use crate::quota::ops::{stored_or_restored, Attempts, Step, FAST_TRIES, MAX_TTL};
-use crate::quota::stripes::{hash, STRIPE_ENTRIES};
+use crate::quota::stripes::{hash, stripe_of, STRIPE_ENTRIES};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
@@ -385,7 +385,7 @@ impl Quota {
                     // provider's own numbers only when the whole of it lacks room.
                     let mut refused = Vec::new();
                     for r in refusals {
-                        match decide::stripe_of(&docs, &r.provider) {
+                        match stripe_of(&docs, &r.provider) {
                             Some((stripe, (_, doc))) if doc.bits != 0 => {
                                 refused.extend(self.borrow_into(stripe, r.requested).await?)
                             }

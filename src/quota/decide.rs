@@ -11,18 +11,11 @@ use bson::DateTime;
 
 use crate::quota::error::{QuotaError, Refusal};
 use crate::quota::model::{Entry, NewProvider, ProviderDoc, ProviderId, Request, StripeId};
+use crate::quota::stripes::stripe_of;
 
-/// Provider stripes as read: id -> (generation, stored value). A decision about a request gets
-/// one stripe per provider: the one that holds the request's entries (see `stripes`).
+/// Provider stripes as read: id -> (generation, stored value); a request's decision gets one per
+/// provider, the one holding the request's entries (see `stripes`).
 pub(crate) type Docs = BTreeMap<StripeId, (i64, ProviderDoc)>;
-
-/// The stripe of `provider` in `docs` (a request's decision has one per provider).
-pub(crate) fn stripe_of<'a>(
-    docs: &'a Docs,
-    provider: &ProviderId,
-) -> Option<(&'a StripeId, &'a (i64, ProviderDoc))> {
-    docs.iter().find(|(id, _)| id.is(provider))
-}
 
 /// A provider's new value, to be written only if its generation is still the one read.
 #[derive(Debug, Clone, PartialEq)]
