@@ -1,5 +1,6 @@
 //! Reading providers (committed values, through any transaction holding them) and writing the
-//! changes a decision made, conditionally on the generations read.
+//! changes a decision made, conditionally on the generations read; for striped providers, the
+//! handle's layouts, splitting and borrowing (the plans are `stripes`', free of I/O).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -7,13 +8,14 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
+use crate::quota::decide::stripe_of;
 use crate::quota::decide::{Docs, Write};
-use crate::quota::error::QuotaError;
+use crate::quota::error::{QuotaError, Refusal};
 use crate::quota::model::{ProviderDoc, ProviderId, Request, StripeId, PROVIDERS_COLLECTION};
 use crate::quota::ops::{
-    classify_repo, classify_txn, stamped_docs, stored_or_restored, update_of, Step,
+    classify_repo, classify_txn, stamped_docs, stored_or_restored, update_of, Attempts, Step,
 };
-use crate::quota::stripes::{hash, stripe_of, Layout};
+use crate::quota::stripes::{borrow, hash, split, Full, Layout};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
@@ -281,6 +283,163 @@ impl Quota {
     pub(super) fn remember_parent(&self, id: &ProviderId) {
         if let Ok(mut known) = self.with_parent.lock() {
             known.insert(id.clone());
+        }
+    }
+}
+
+/// Striped providers (see `stripes`): the handle's layouts, reading every stripe, splitting and
+/// borrowing.
+impl Quota {
+    /// The layout this handle last saw for `provider` (a single stripe when it saw none).
+    pub(super) fn layout(&self, provider: &ProviderId) -> Arc<Layout> {
+        self.layouts
+            .lock()
+            .ok()
+            .and_then(|known| known.get(provider).cloned())
+            .unwrap_or_else(|| Arc::new(Layout::single()))
+    }
+
+    /// Remembers a provider's layout (only striped ones are kept: the default is one stripe).
+    /// Stripes only split, so a layout with fewer stripes than the one known is an older
+    /// reading (another task's, landing late) and is not kept.
+    pub(super) fn learn(&self, provider: &ProviderId, layout: Layout) {
+        if layout.is_single() {
+            return;
+        }
+        if let Ok(mut known) = self.layouts.lock() {
+            match known.get(provider) {
+                Some(old) if old.len() > layout.len() => {}
+                _ => {
+                    known.insert(provider.clone(), Arc::new(layout));
+                }
+            }
+        }
+    }
+
+    /// Reads `provider`'s layout again from stripe 0 (after a write found the cached one stale).
+    pub(super) async fn relearn(&self, provider: &ProviderId) -> Result<(), QuotaError> {
+        let (_, head) = self.read_one(provider).await?;
+        self.learn(provider, Layout::of(&head));
+        Ok(())
+    }
+
+    /// Every stripe of `provider` (committed values), stripe 0 first, each as the layout read
+    /// from stripe 0 has it: read again while a split moves it.
+    pub(super) async fn read_stripes(&self, provider: &ProviderId) -> Result<Docs, QuotaError> {
+        let mut attempts = Attempts::new(
+            self.options.retry,
+            format!("read the stripes of {provider}"),
+        );
+        loop {
+            let (generation, head) = self.read_one(provider).await?;
+            let layout = Layout::of(&head);
+            self.learn(provider, layout.clone());
+            let mut docs: Docs = [(head.id.clone(), (generation, head))]
+                .into_iter()
+                .collect();
+            if layout.is_single() {
+                return Ok(docs);
+            }
+            let others: Vec<Bson> = layout
+                .stripes()
+                .filter(|s| *s != 0)
+                .map(|s| StripeId::new(provider, s).to_bson())
+                .collect();
+            docs.extend(self.holding(doc! { "_id": { "$in": others } }).await?);
+            let consistent = layout.len() == docs.len()
+                && docs
+                    .iter()
+                    .all(|(id, (_, d))| layout.bits_of(id.stripe) == Some(d.bits));
+            if consistent {
+                return Ok(docs);
+            }
+            attempts
+                .again(format!("{provider} was split while it was read"))
+                .await?;
+        }
+    }
+
+    /// Every stripe of `provider` as of one moment: read until two reads in a row agree (versions
+    /// only grow, so then nothing moved in between).
+    pub(super) async fn read_at_once(&self, provider: &ProviderId) -> Result<Docs, QuotaError> {
+        let mut attempts =
+            Attempts::new(self.options.retry, format!("read {provider} at one moment"));
+        let mut last = self.read_stripes(provider).await?;
+        while last.len() > 1 {
+            let again = self.read_stripes(provider).await?;
+            let same = again.len() == last.len()
+                && again
+                    .iter()
+                    .all(|(k, (v, _))| last.get(k).is_some_and(|(w, _)| v == w));
+            last = again;
+            if same {
+                break;
+            }
+            attempts
+                .again(format!("{provider} changed while it was read"))
+                .await?;
+        }
+        Ok(last)
+    }
+
+    /// Splits `stripe` of `provider` if it is still full (or only prunes it). Losing a race to
+    /// another writer is fine: the caller reads again either way.
+    pub(super) async fn split_stripe(
+        &self,
+        provider: &ProviderId,
+        stripe: i64,
+    ) -> Result<(), QuotaError> {
+        let now = self.store.now().await?;
+        // The stripe and stripe 0 (whose layout the split extends), in one query: read at
+        // slightly different moments, they are still written only if neither changed since.
+        let (head_id, target_id) = (StripeId::new(provider, 0), StripeId::new(provider, stripe));
+        let ids: Vec<Bson> = [&head_id, &target_id]
+            .into_iter()
+            .map(StripeId::to_bson)
+            .collect();
+        let found = self.holding(doc! { "_id": { "$in": ids } }).await?;
+        let Some(target) = found.get(&target_id) else {
+            return Ok(());
+        };
+        let head = match found.get(&head_id) {
+            Some(head) if stripe != 0 => Some(head),
+            Some(_) => None,
+            None => return Ok(()),
+        };
+        match split(head, (target.0, &target.1), now) {
+            Full::Keep => {}
+            Full::Prune(write) => {
+                self.write(vec![write]).await?;
+            }
+            Full::Divide { writes, new } => {
+                tracing::debug!(%provider, stripe, new = new.id.stripe, "quota: splitting a full stripe");
+                self.write_and_insert(writes, &new).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves share into `stripe` so that it has `need` available; the provider's refusal when
+    /// all of it lacks that. Losing a race is fine: the caller tries its consume again.
+    pub(super) async fn borrow_into(
+        &self,
+        stripe: &StripeId,
+        need: i64,
+    ) -> Result<Option<Refusal>, QuotaError> {
+        let provider = stripe.provider();
+        let all = self.read_stripes(&provider).await?;
+        let planned = match borrow(&all, stripe, need) {
+            Ok(writes) => Ok(writes),
+            // Stripes read one after another can miss share on its way between them: a refusal
+            // stands only on a reading of one moment.
+            Err(_) => borrow(&self.read_at_once(&provider).await?, stripe, need),
+        };
+        match planned {
+            Ok(writes) => {
+                self.write(writes).await?;
+                Ok(None)
+            }
+            Err(refusal) => Ok(Some(refusal)),
         }
     }
 }

@@ -8,13 +8,14 @@ use std::time::Duration;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
+use crate::quota::decide::stripe_of;
 use crate::quota::decide::{self, Docs, Take, Write};
 use crate::quota::error::QuotaError;
 use crate::quota::model::{
     Consumed, ProviderDoc, ProviderId, Request, Reservation, StripeId, PROVIDERS_COLLECTION,
 };
 use crate::quota::ops::{stored_or_restored, Attempts, Step, FAST_TRIES, MAX_TTL};
-use crate::quota::stripes::{hash, stripe_of, STRIPE_ENTRIES};
+use crate::quota::stripes::{hash, STRIPE_ENTRIES};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
@@ -246,7 +247,7 @@ impl Quota {
                         provider: provider.clone(),
                     });
                 }
-                self.read_stripes(provider).await?;
+                self.relearn(provider).await?;
                 continue;
             };
             if stored
@@ -275,7 +276,7 @@ impl Quota {
                 .map_err(|e| self.repo.malformed(&shown, e.to_string()))?;
             if doc.bits != bits {
                 // Split since this handle read the layout.
-                self.read_stripes(provider).await?;
+                self.relearn(provider).await?;
                 continue;
             }
             let (full, striped) = (doc.held.len() >= STRIPE_ENTRIES, doc.bits != 0);

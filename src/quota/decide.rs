@@ -11,11 +11,18 @@ use bson::DateTime;
 
 use crate::quota::error::{QuotaError, Refusal};
 use crate::quota::model::{Entry, NewProvider, ProviderDoc, ProviderId, Request, StripeId};
-use crate::quota::stripes::stripe_of;
 
 /// Provider stripes as read: id -> (generation, stored value); a request's decision gets one per
 /// provider, the one holding the request's entries (see `stripes`).
 pub(crate) type Docs = BTreeMap<StripeId, (i64, ProviderDoc)>;
+
+/// The stripe of `provider` in `docs`.
+pub(crate) fn stripe_of<'a>(
+    docs: &'a Docs,
+    provider: &ProviderId,
+) -> Option<(&'a StripeId, &'a (i64, ProviderDoc))> {
+    docs.iter().find(|(id, _)| id.is(provider))
+}
 
 /// A provider's new value, to be written only if its generation is still the one read.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,9 +40,8 @@ pub(crate) enum Take {
     Apply(Vec<Write>),
 }
 
-/// The longest name (scope, resource, consumer, request id), in bytes. Names are copied into
-/// every provider a request touches (and every ancestor), whose document is hot and bounded by
-/// the server's 16 MB, so they stay short; 512 is also the rate limiter's bound.
+/// The longest name (scope, resource, consumer, request id), in bytes: names are copied into every
+/// provider (and ancestor) a request touches, hot documents, so they stay short (as in the limiter).
 pub(crate) const MAX_NAME: usize = crate::repo::names::MAX_NAME;
 
 /// Checks a name: `what` says which (`provider scope`, `provider resource`, `consumer`,

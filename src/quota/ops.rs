@@ -134,7 +134,15 @@ pub(super) fn classify_txn(error: TxnError) -> Result<Step, QuotaError> {
 impl Quota {
     pub(crate) async fn create_indexes(&self) -> Result<(), QuotaError> {
         let coll = self.repo.raw_collection();
-        for keys in [doc! { "held.c": 1, "held.r": 1 }, doc! { "held.exp": 1 }] {
+        // A release, confirm or cancel finds its entries with an `$or` of the stored ones and
+        // those a pending transaction would restore (`stored_or_restored`); MongoDB answers an
+        // `$or` from indexes only when every branch has one, so the restored copy is indexed too.
+        let restored = format!("{}.restore.held", fields::HOLD);
+        for keys in [
+            doc! { "held.c": 1, "held.r": 1 },
+            doc! { format!("{restored}.c"): 1, format!("{restored}.r"): 1 },
+            doc! { "held.exp": 1 },
+        ] {
             coll.create_index(IndexModel::builder().keys(keys).build())
                 .await
                 .map_err(|e| RepoError::database(PROVIDERS_COLLECTION, "*", "create index", e))?;

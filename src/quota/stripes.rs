@@ -29,22 +29,21 @@
 //! and the consume is tried again; when the whole provider lacks room the consume is refused
 //! with the provider's own numbers. So no capacity is lost to the striping.
 //!
+//! This file plans (no I/O); `access` reads and writes.
+//!
 //! Cost: a consume addresses its stripe from a layout the handle caches (one round trip when the
 //! cache is current, as before), and writes a document of at most [`STRIPE_ENTRIES`] entries,
 //! whatever the provider holds. A provider with few allocations keeps a single stripe and is
 //! stored exactly as before.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use bson::{doc, Bson, DateTime};
+use bson::DateTime;
 use sha2::{Digest, Sha256};
 
 use crate::quota::decide::{Docs, Write};
-use crate::quota::error::{QuotaError, Refusal};
-use crate::quota::model::{Entry, Part, ProviderDoc, ProviderId, StripeId};
-use crate::quota::ops::Attempts;
-use crate::quota::Quota;
+use crate::quota::error::Refusal;
+use crate::quota::model::{Entry, Part, ProviderDoc, StripeId};
 
 /// The most entries a stripe takes before it is split (released requests kept against late
 /// copies count too). A consume rewrites one stripe, so this bounds its cost.
@@ -68,14 +67,6 @@ pub(crate) fn hash(consumer: &str, request: &str) -> u64 {
     u64::from_le_bytes(first)
 }
 
-/// The stripe of `provider` in `docs` (a request's decision has one per provider).
-pub(crate) fn stripe_of<'a>(
-    docs: &'a Docs,
-    provider: &ProviderId,
-) -> Option<(&'a StripeId, &'a (i64, ProviderDoc))> {
-    docs.iter().find(|(id, _)| id.is(provider))
-}
-
 /// Which stripes a provider has, and how many bits address each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layout(BTreeMap<i64, i64>);
@@ -96,6 +87,16 @@ impl Layout {
 
     pub(crate) fn is_single(&self) -> bool {
         self.0.len() == 1
+    }
+
+    /// How many stripes.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The bits of stripe `stripe`, if it is one.
+    pub(crate) fn bits_of(&self, stripe: i64) -> Option<i64> {
+        self.0.get(&stripe).copied()
     }
 
     /// Every stripe number.
@@ -308,145 +309,6 @@ pub(crate) fn share(all: &Docs, limit: i64) -> Vec<Write> {
             }
         })
         .collect()
-}
-
-impl Quota {
-    /// The layout this handle last saw for `provider` (a single stripe when it saw none).
-    pub(super) fn layout(&self, provider: &ProviderId) -> Arc<Layout> {
-        self.layouts
-            .lock()
-            .ok()
-            .and_then(|known| known.get(provider).cloned())
-            .unwrap_or_else(|| Arc::new(Layout::single()))
-    }
-
-    /// Remembers a provider's layout (only striped ones are kept: the default is one stripe).
-    /// Stripes only split, so a layout with fewer stripes than the one known is an older
-    /// reading (another task's, landing late) and is not kept.
-    pub(super) fn learn(&self, provider: &ProviderId, layout: Layout) {
-        if layout.is_single() {
-            return;
-        }
-        if let Ok(mut known) = self.layouts.lock() {
-            match known.get(provider) {
-                Some(old) if old.0.len() > layout.0.len() => {}
-                _ => {
-                    known.insert(provider.clone(), Arc::new(layout));
-                }
-            }
-        }
-    }
-
-    /// Every stripe of `provider` (committed values), stripe 0 first, each as the layout read
-    /// from stripe 0 has it: read again while a split moves it.
-    pub(super) async fn read_stripes(&self, provider: &ProviderId) -> Result<Docs, QuotaError> {
-        let mut attempts = Attempts::new(
-            self.options.retry,
-            format!("read the stripes of {provider}"),
-        );
-        loop {
-            let (generation, head) = self.read_one(provider).await?;
-            let layout = Layout::of(&head);
-            self.learn(provider, layout.clone());
-            let mut docs: Docs = [(head.id.clone(), (generation, head))]
-                .into_iter()
-                .collect();
-            if layout.is_single() {
-                return Ok(docs);
-            }
-            let others: Vec<Bson> = layout
-                .stripes()
-                .filter(|s| *s != 0)
-                .map(|s| StripeId::new(provider, s).to_bson())
-                .collect();
-            docs.extend(self.holding(doc! { "_id": { "$in": others } }).await?);
-            let consistent = layout.0.len() == docs.len()
-                && docs
-                    .iter()
-                    .all(|(id, (_, d))| layout.0.get(&id.stripe) == Some(&d.bits));
-            if consistent {
-                return Ok(docs);
-            }
-            attempts
-                .again(format!("{provider} was split while it was read"))
-                .await?;
-        }
-    }
-
-    /// Every stripe of `provider` as of one moment: read until two reads in a row agree (versions
-    /// only grow, so then nothing moved in between).
-    pub(super) async fn read_at_once(&self, provider: &ProviderId) -> Result<Docs, QuotaError> {
-        let mut attempts =
-            Attempts::new(self.options.retry, format!("read {provider} at one moment"));
-        let mut last = self.read_stripes(provider).await?;
-        while last.len() > 1 {
-            let again = self.read_stripes(provider).await?;
-            let same = again.len() == last.len()
-                && again
-                    .iter()
-                    .all(|(k, (v, _))| last.get(k).is_some_and(|(w, _)| v == w));
-            last = again;
-            if same {
-                break;
-            }
-            attempts
-                .again(format!("{provider} changed while it was read"))
-                .await?;
-        }
-        Ok(last)
-    }
-
-    /// Splits `stripe` of `provider` if it is still full (or only prunes it). Losing a race to
-    /// another writer is fine: the caller reads again either way.
-    pub(super) async fn split_stripe(
-        &self,
-        provider: &ProviderId,
-        stripe: i64,
-    ) -> Result<(), QuotaError> {
-        let now = self.store.now().await?;
-        let all = self.read_stripes(provider).await?;
-        let Some(target) = all.get(&StripeId::new(provider, stripe)) else {
-            return Ok(());
-        };
-        let head = (stripe != 0)
-            .then(|| all.get(&StripeId::new(provider, 0)))
-            .flatten();
-        match split(head, (target.0, &target.1), now) {
-            Full::Keep => {}
-            Full::Prune(write) => {
-                self.write(vec![write]).await?;
-            }
-            Full::Divide { writes, new } => {
-                tracing::debug!(%provider, stripe, new = new.id.stripe, "quota: splitting a full stripe");
-                self.write_and_insert(writes, &new).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Moves share into `stripe` so that it has `need` available; the provider's refusal when
-    /// all of it lacks that. Losing a race is fine: the caller tries its consume again.
-    pub(super) async fn borrow_into(
-        &self,
-        stripe: &StripeId,
-        need: i64,
-    ) -> Result<Option<Refusal>, QuotaError> {
-        let provider = stripe.provider();
-        let all = self.read_stripes(&provider).await?;
-        let planned = match borrow(&all, stripe, need) {
-            Ok(writes) => Ok(writes),
-            // Stripes read one after another can miss share on its way between them: a refusal
-            // stands only on a reading of one moment.
-            Err(_) => borrow(&self.read_at_once(&provider).await?, stripe, need),
-        };
-        match planned {
-            Ok(writes) => {
-                self.write(writes).await?;
-                Ok(None)
-            }
-            Err(refusal) => Ok(Some(refusal)),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -780,3 +780,32 @@ async fn confirm_and_cancel_racing_on_one_reservation_exactly_one_wins() {
     println!("{confirmed} confirms won, {cancelled} cancels won");
     assert_books_balance(&t).await;
 }
+
+/// A release finds its consumer's entries with an `$or` of the stored entries and of those a
+/// pending transaction would restore; MongoDB answers an `$or` from indexes only when every
+/// clause has one, and scans the whole collection otherwise
+/// (https://www.mongodb.com/docs/manual/reference/operator/query/or/#-or-clauses-and-indexes).
+/// So both are indexed, by consumer and request.
+#[tokio::test]
+async fn every_clause_of_the_release_query_has_an_index() {
+    use futures::TryStreamExt;
+    let t = TestDb::new().await;
+    Quota::open(&t.store).await.unwrap();
+    let keys: Vec<Document> =
+        t.db.collection::<Document>(PROVIDERS_COLLECTION)
+            .list_indexes()
+            .await
+            .unwrap()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|index| index.keys)
+            .collect();
+    for wanted in [
+        bson::doc! { "held.c": 1, "held.r": 1 },
+        bson::doc! { "_hold.restore.held.c": 1, "_hold.restore.held.r": 1 },
+    ] {
+        assert!(keys.contains(&wanted), "no index {wanted} among {keys:?}");
+    }
+}

@@ -2,6 +2,7 @@
 //! property test driving them as a handle does.
 
 use super::*;
+use crate::quota::model::ProviderId;
 
 fn provider(limit: i64) -> ProviderDoc {
     ProviderDoc {
