@@ -39,16 +39,9 @@ impl Quota {
         }
     }
 
+    /// A provider's stripe 0 (committed values): the whole provider while it has one stripe.
     pub(super) async fn read_one(&self, id: &ProviderId) -> Result<(i64, ProviderDoc), QuotaError> {
-        match self.repo.get(id.to_bson()).await {
-            Ok(found) => Ok((found.version, found.value)),
-            Err(RepoError::NotFound { .. } | RepoError::Deleted { .. }) => {
-                Err(QuotaError::UnknownProvider {
-                    provider: id.clone(),
-                })
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.read_stripe(&StripeId::new(id, 0)).await
     }
 
     /// The stripes a request touches (committed values): for each of its providers and all their
@@ -191,36 +184,28 @@ impl Quota {
                 Err(e) => classify_repo(e),
             };
         }
-        let tx = self.txns.begin();
-        for write in &writes {
-            let update = update_of(&write.doc)?;
-            if let Err(e) = tx
-                .update(
-                    &self.repo,
-                    write.doc.id.to_bson(),
-                    write.generation,
-                    &update,
-                )
-                .await
-            {
-                return classify_txn(e);
-            }
-        }
-        match tx.commit().await {
-            Ok(_) => Ok(Step::Done),
-            Err(e) => classify_txn(e),
-        }
+        self.in_transaction(&writes, None).await
     }
 
-    /// Writes `writes` (conditionally on their generations) and inserts `new`, in one
-    /// transaction: a split.
-    pub(super) async fn write_and_insert(
+    /// Writes `writes` (conditionally on their generations) and inserts `new` if there is one,
+    /// in one transaction (several providers' changes, or a split).
+    pub(super) async fn in_transaction(
         &self,
-        writes: Vec<Write>,
-        new: &ProviderDoc,
+        writes: &[Write],
+        new: Option<&ProviderDoc>,
     ) -> Result<Step, QuotaError> {
+        // Only an insert can meet an existing id: a new stripe made already by another split of
+        // the same stripe, which won. Read again.
+        let step_of = |e: TxnError| match e {
+            TxnError::Document { ref source, .. }
+                if matches!(**source, RepoError::DuplicateId { .. }) =>
+            {
+                Ok(Step::Retry(e.to_string()))
+            }
+            e => classify_txn(e),
+        };
         let tx = self.txns.begin();
-        for write in &writes {
+        for write in writes {
             let update = update_of(&write.doc)?;
             if let Err(e) = tx
                 .update(
@@ -231,25 +216,17 @@ impl Quota {
                 )
                 .await
             {
-                return classify_txn(e);
+                return step_of(e);
             }
         }
-        // A new stripe that exists already was made by another split of the same stripe,
-        // which won: read again.
-        let split_by_another = |e: &TxnError| {
-            matches!(e, TxnError::Document { source, .. }
-                if matches!(**source, RepoError::DuplicateId { .. }))
-        };
-        if let Err(e) = tx.insert(&self.repo, new).await {
-            if split_by_another(&e) {
-                return Ok(Step::Retry(e.to_string()));
+        if let Some(new) = new {
+            if let Err(e) = tx.insert(&self.repo, new).await {
+                return step_of(e);
             }
-            return classify_txn(e);
         }
         match tx.commit().await {
             Ok(_) => Ok(Step::Done),
-            Err(e) if split_by_another(&e) => Ok(Step::Retry(e.to_string())),
-            Err(e) => classify_txn(e),
+            Err(e) => step_of(e),
         }
     }
 
@@ -413,7 +390,7 @@ impl Quota {
             }
             Full::Divide { writes, new } => {
                 tracing::debug!(%provider, stripe, new = new.id.stripe, "quota: splitting a full stripe");
-                self.write_and_insert(writes, &new).await?;
+                self.in_transaction(&writes, Some(&new)).await?;
             }
         }
         Ok(())

@@ -211,9 +211,6 @@ impl Quota {
                 }],
                 _ => share(&all, limit),
             };
-            if writes.is_empty() {
-                return self.provider(id).await;
-            }
             match self.write(writes).await? {
                 Step::Done => return self.provider(id).await,
                 Step::Retry(reason) | Step::Ambiguous(reason) => attempts.again(reason).await?,
@@ -243,13 +240,12 @@ impl Quota {
                 .push((s.version, s.value));
         }
         let mut providers = Vec::with_capacity(by_provider.len());
-        for (id, mut stripes) in by_provider {
+        for (id, stripes) in by_provider {
             // One query reads a striped provider's stripes at different moments: read it whole.
             if stripes.len() > 1 || stripes.iter().any(|(_, d)| d.bits != 0) {
                 providers.push(self.provider(id).await?);
                 continue;
             }
-            stripes.sort_by_key(|(_, d)| d.id.stripe);
             providers.extend(Provider::from_stored(stripes));
         }
         Ok(providers)

@@ -102,8 +102,30 @@ async fn assert_consistent(t: &TestDb, limit: i64) -> BTreeSet<String> {
     places.into_keys().map(|(c, _)| c).collect()
 }
 
+/// The transaction layer's failpoints on a coordinator's side (the GC's left out).
+pub(crate) fn coordinator_points() -> Vec<&'static str> {
+    txn_failpoint::ALL
+        .iter()
+        .copied()
+        .filter(|name| !name.starts_with("gc."))
+        .collect()
+}
+
+/// A quota handle whose transactions' coordinator dies at failpoint `name`, step `step`; they
+/// expire after 300 ms, so the GC can settle them soon after.
+pub(crate) async fn dying_at(t: &TestDb, name: &'static str, step: usize) -> Quota {
+    Quota::with_options(
+        &t.store,
+        QuotaOptions::default()
+            .txn_timeout(Duration::from_millis(300))
+            .fault_injector(Arc::new(CrashAt(Failpoint { name, step }))),
+    )
+    .await
+    .unwrap()
+}
+
 /// Runs GC rounds (transactions, then the quota sweep) until nothing is left to resolve.
-async fn collect(t: &TestDb, quota: &Quota) {
+pub(crate) async fn collect(t: &TestDb, quota: &Quota) {
     let gc = Gc::with_store(&t.store, GcOptions::default());
     for _ in 0..20 {
         let round = gc.run_round().await.unwrap();
@@ -154,23 +176,11 @@ async fn a_coordinator_dying_at_any_step_of_a_multi_provider_consume_leaves_all_
     let t = TestDb::new().await;
     let quota = Quota::open(&t.store).await.unwrap();
     hierarchy(&quota, 1_000_000).await;
-    let coordinator_points: Vec<&str> = txn_failpoint::ALL
-        .iter()
-        .copied()
-        .filter(|name| !name.starts_with("gc."))
-        .collect();
     let mut crashed = 0;
     let mut committed = 0;
-    for name in coordinator_points {
+    for name in coordinator_points() {
         for step in 0..6 {
-            let dying = Quota::with_options(
-                &t.store,
-                QuotaOptions::default()
-                    .txn_timeout(Duration::from_millis(300))
-                    .fault_injector(Arc::new(CrashAt(Failpoint { name, step }))),
-            )
-            .await
-            .unwrap();
+            let dying = dying_at(&t, name, step).await;
             let consumer = format!("{name}#{step}");
             let request = Request::new(&consumer)
                 .take(("project/a", "cores"), 1)
@@ -230,13 +240,8 @@ async fn a_release_retried_over_a_dead_coordinators_holds_returns_everything_onc
             .await
             .unwrap();
     }
-    let coordinator_points: Vec<&str> = txn_failpoint::ALL
-        .iter()
-        .copied()
-        .filter(|name| !name.starts_with("gc."))
-        .collect();
     let (mut crashed, mut committed) = (0, 0);
-    for name in coordinator_points {
+    for name in coordinator_points() {
         for step in 0..6 {
             let consumer = format!("{name}#{step}");
             quota
@@ -247,14 +252,7 @@ async fn a_release_retried_over_a_dead_coordinators_holds_returns_everything_onc
                 )
                 .await
                 .unwrap();
-            let dying = Quota::with_options(
-                &t.store,
-                QuotaOptions::default()
-                    .txn_timeout(Duration::from_millis(300))
-                    .fault_injector(Arc::new(CrashAt(Failpoint { name, step }))),
-            )
-            .await
-            .unwrap();
+            let dying = dying_at(&t, name, step).await;
             match dying.release(&consumer).await {
                 Err(QuotaError::Txn(e)) if e.to_string().contains("injected crash") => crashed += 1,
                 Ok(released) => {

@@ -9,12 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{raw_snapshot, TestDb};
+use crate::quota_crash::{collect, coordinator_points, dying_at};
 use bson::Document;
-use mongotx::quota::{
-    NewProvider, ProviderId, Quota, QuotaError, QuotaOptions, Request, PROVIDERS_COLLECTION,
-};
-use mongotx::testkit::failpoint::{self as txn_failpoint, CrashAt, Failpoint};
-use mongotx::{Gc, GcOptions, Store};
+use mongotx::quota::{NewProvider, ProviderId, Quota, QuotaError, Request, PROVIDERS_COLLECTION};
+use mongotx::Store;
 
 /// The most entries a stripe holds (the library's `STRIPE_ENTRIES`).
 const STRIPE_ENTRIES: usize = 32;
@@ -327,14 +325,8 @@ async fn concurrent_consumers_across_splits_never_exceed_the_limit() {
 async fn a_split_whose_coordinator_dies_at_any_step_leaves_the_provider_whole() {
     let t = TestDb::new().await;
     let quota = Quota::open(&t.store).await.unwrap();
-    let gc = Gc::with_store(&t.store, GcOptions::default());
-    let points: Vec<&str> = txn_failpoint::ALL
-        .iter()
-        .copied()
-        .filter(|name| !name.starts_with("gc."))
-        .collect();
     let (mut crashed, mut split) = (0, 0);
-    for (i, name) in points.into_iter().enumerate() {
+    for (i, name) in coordinator_points().into_iter().enumerate() {
         for step in 0..4 {
             let scope = format!("split{i}-{step}");
             quota
@@ -347,14 +339,7 @@ async fn a_split_whose_coordinator_dies_at_any_step_leaves_the_provider_whole() 
             for request in &fill {
                 quota.consume(request).await.unwrap();
             }
-            let dying = Quota::with_options(
-                &t.store,
-                QuotaOptions::default()
-                    .txn_timeout(Duration::from_millis(300))
-                    .fault_injector(Arc::new(CrashAt(Failpoint { name, step }))),
-            )
-            .await
-            .unwrap();
+            let dying = dying_at(&t, name, step).await;
             let last = Request::with_id(format!("{scope}/last"), "r").take(units(&scope), 1);
             match dying.consume(&last).await {
                 Err(QuotaError::Txn(e)) if e.to_string().contains("injected crash") => crashed += 1,
@@ -362,12 +347,7 @@ async fn a_split_whose_coordinator_dies_at_any_step_leaves_the_provider_whole() 
                 Err(other) => panic!("{scope}: {other}"),
             }
             tokio::time::sleep(Duration::from_millis(350)).await;
-            for _ in 0..10 {
-                let round = gc.run_round().await.unwrap();
-                if round.finished + round.rolled_back + round.swept == 0 {
-                    break;
-                }
-            }
+            collect(&t, &quota).await;
             let stripes = check_stripes(&t, &scope, 10_000).await;
             split += usize::from(stripes > 1);
             for request in &fill {
