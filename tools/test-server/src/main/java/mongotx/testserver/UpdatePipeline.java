@@ -49,9 +49,13 @@ final class UpdatePipeline {
                 collection, oplog);
         // The stages run on a copy: `$$ROOT` is the document they are given, so a stage can put
         // the document itself into its result ({x: "$$ROOT"}), and replacing the stored document
-        // changes that very object. What the stages make shares nothing stored, and replacing the
-        // document stores copies of it.
-        List<Document> out = aggregation.runStages(Stream.of(Copies.deep(document)));
+        // changes that very object. A copy of its own map is enough: no stage an update may run
+        // changes what it is given ($set, $unset and $replaceWith build their results from
+        // copies of the maps they change, $project builds or deep-copies, and no expression
+        // changes its arguments), and replacing the stored document stores copies of every value
+        // (AtomicCollection.replace), so the values the result shares with the stored document are
+        // never written through. A deep copy here was a sixth of a rate limiter's write.
+        List<Document> out = aggregation.runStages(Stream.of(Copies.shallow(document)));
         if (out.size() != 1) {
             throw new MongoServerError(2, "BadValue", "an update pipeline must produce exactly one document");
         }
