@@ -84,9 +84,20 @@ const PRUNE_AFTER_MS: i64 = 100;
 /// The server's time in milliseconds, as the first stage of every write stores it.
 const NOW_MS: &str = "$_now";
 
-/// The first stage of every write: the server's time, once, in milliseconds.
+/// The first stage of every write: the server's time, once, in milliseconds, and the first slot
+/// that counts (`_count`) and the first that is kept (`_keep`) at that time (see [`counting`]).
 fn clock_stage(reading: bool) -> Document {
-    let mut set = doc! { "_now": { "$toLong": "$$NOW" } };
+    let first = |margin_ms: i64| {
+        slot_of(Bson::Document(doc! { "$subtract": [
+            { "$toLong": "$$NOW" },
+            { "$add": ["$window_ms", ms(SLACK) + margin_ms] },
+        ] }))
+    };
+    let mut set = doc! {
+        "_now": { "$toLong": "$$NOW" },
+        "_count": first(0),
+        "_keep": first(PRUNE_AFTER_MS),
+    };
     if reading {
         // The document the write returns is a reading, with its time.
         set.insert("read_at", "$$NOW");
@@ -111,16 +122,19 @@ fn slot_of(at_ms: Bson) -> Bson {
     Bson::Document(doc! { "$toLong": { "$floor": { "$divide": [at_ms, "$slot_ms"] } } })
 }
 
-/// Whether the slot named `slot` (a variable: `$$x`, `$$this`) counts at `_now`, `margin_ms`
-/// widened.
-fn counting(slot: &str, margin_ms: i64) -> Document {
-    let last_ms = doc! { "$subtract": [
-        { "$multiply": [{ "$add": [format!("{slot}.s"), long(1)] }, "$slot_ms"] },
-        long(1),
-    ] };
-    let cutoff = doc! { "$subtract": [NOW_MS, { "$add": ["$window_ms", ms(SLACK) + margin_ms] }] };
-    doc! { "$gte": [last_ms, cutoff] }
+/// Whether the slot named `slot` (a variable: `$$x`) counts at `_now`, or is kept (`from`:
+/// `"$_count"` or `"$_keep"`, the first slot that does, set by the clock stage).
+///
+/// A slot `s` counts while its last millisecond is at most the window (and [`SLACK`]) old:
+/// `(s + 1) * slot_ms - 1 >= cut`, with `cut = now - window - SLACK`, which for whole numbers is
+/// `s >= floor(cut / slot_ms)`, the slot holding `cut`. So the clock stage works out that slot
+/// once and each slot is one comparison (it was a dozen operators per slot on every write).
+fn counting(slot: &str, from: &str) -> Document {
+    doc! { "$gte": [format!("{slot}.s"), from] }
 }
+
+/// The fields the clock stage adds, which every write drops at its end.
+const CLOCK_FIELDS: [&str; 3] = ["_now", "_count", "_keep"];
 
 /// The slots every write keeps: those that count, and those that stopped counting less than
 /// [`PRUNE_AFTER_MS`] ago (so that a reader still computing with them is not surprised).
@@ -128,30 +142,50 @@ fn kept_slots() -> Bson {
     Bson::Document(doc! { "$filter": {
         "input": array("slots"),
         "as": "x",
-        "cond": counting("$$x", PRUNE_AFTER_MS),
+        "cond": counting("$$x", "$_keep"),
     } })
 }
 
-/// The calls the slots that count hold, `{ b, h }` (bulk, high priority), in one pass.
-fn held_now() -> Bson {
-    Bson::Document(doc! { "$reduce": {
+/// The slots that count now (`_live`, set by an earlier stage, holds them; [`held`] sums them).
+fn live_slots() -> Bson {
+    Bson::Document(doc! { "$filter": {
         "input": array("slots"),
-        "initialValue": { "b": long(0), "h": long(0) },
-        "in": { "$cond": [
-            counting("$$this", 0),
-            { "b": { "$add": ["$$value.b", "$$this.b"] }, "h": { "$add": ["$$value.h", "$$this.h"] } },
-            "$$value",
-        ] },
+        "as": "x",
+        "cond": counting("$$x", "$_count"),
     } })
 }
 
-/// `slots` with `bulk` and `high` (expressions, negative to take away) added to slot `slot`,
-/// never below zero.
-fn add_to(slots: Bson, slot: Bson, bulk: Bson, high: Bson) -> Bson {
-    let floor = |v: Bson| Bson::Document(doc! { "$max": [long(0), v] });
+/// The calls of one kind (`b` bulk, `h` high priority) the slots that count hold: a sum over
+/// the field's values, not a fold building a document per slot (the fold was a tenth of a
+/// grant's evaluation on the local server).
+fn held(kind: &str) -> Bson {
+    Bson::Document(doc! { "$sum": format!("$_live.{kind}") })
+}
+
+/// Every entry's `sub` in the array `field` (empty when the field is missing).
+fn values(field: &str, sub: &str) -> Bson {
+    Bson::Document(doc! { "$ifNull": [format!("${field}.{sub}"), []] })
+}
+
+/// The slots of field `field` with `bulk` and `high` (expressions, negative to take away) added
+/// to slot `slot`, never below zero.
+fn add_to(field: &str, slot: Bson, bulk: Bson, high: Bson) -> Bson {
+    let floor = |v: Bson| match v {
+        Bson::Int64(n) => long(n.max(0)),
+        v => Bson::Document(doc! { "$max": [long(0), v] }),
+    };
+    // Adding zero to a count (never negative) leaves it as it is.
+    let plus = |count: &str, v: &Bson| {
+        if *v == long(0) {
+            Bson::from(count)
+        } else {
+            floor(Bson::Document(doc! { "$add": [count, v.clone()] }))
+        }
+    };
     let here = doc! { "$eq": ["$$x.s", slot.clone()] };
+    let slots = array(field);
     Bson::Document(doc! { "$cond": [
-        { "$gt": [{ "$size": { "$filter": { "input": slots.clone(), "as": "x", "cond": here.clone() } } }, 0] },
+        { "$in": [slot.clone(), values(field, "s")] },
         { "$map": {
             "input": slots.clone(),
             "as": "x",
@@ -159,8 +193,8 @@ fn add_to(slots: Bson, slot: Bson, bulk: Bson, high: Bson) -> Bson {
                 here,
                 {
                     "s": "$$x.s",
-                    "b": floor(Bson::Document(doc! { "$add": ["$$x.b", bulk.clone()] })),
-                    "h": floor(Bson::Document(doc! { "$add": ["$$x.h", high.clone()] })),
+                    "b": plus("$$x.b", &bulk),
+                    "h": plus("$$x.h", &high),
                 },
                 "$$x",
             ] },
@@ -179,18 +213,22 @@ fn split(n: i64, priority: Priority) -> (Bson, Bson) {
 
 /// Whether `key` is among the recent entries of `field`.
 fn remembered(field: &str, key: &str) -> Bson {
-    Bson::Document(
-        doc! { "$in": [key, { "$map": { "input": array(field), "as": "r", "in": "$$r.k" } }] },
-    )
+    Bson::Document(doc! { "$in": [key, values(field, "k")] })
 }
 
-/// `field` (given as `$$r.<field>`) of the recent grant `key`; missing if there is none.
-fn earlier(key: &str, field: &str) -> Bson {
-    Bson::Document(doc! { "$arrayElemAt": [{ "$map": {
-        "input": { "$filter": { "input": array("granted"), "as": "r", "cond": { "$eq": ["$$r.k", key] } } },
-        "as": "r",
-        "in": field,
-    } }, 0] })
+/// Where `key` is among the recent grants (-1: it is not).
+fn grant_index(key: &str) -> Bson {
+    Bson::Document(doc! { "$indexOfArray": [values("granted", "k"), key] })
+}
+
+/// Field `sub` of the recent grant at `_i` (set by an earlier stage); missing if there is none.
+fn earlier(sub: &str) -> Bson {
+    Bson::Document(doc! { "$cond": [
+        { "$gte": ["$_i", long(0)] },
+        { "$arrayElemAt": [values("granted", sub), "$_i"] },
+        // A field no limiter has: the value is missing, as the grant's is.
+        "$_absent",
+    ] })
 }
 
 /// `field`'s recent entries with `entry` added (the oldest dropped beyond [`RECENT`]).
@@ -223,14 +261,14 @@ fn ahead_expr(ticket: Option<&Ticket>) -> Bson {
     } } })
 }
 
-/// The server-side admission test for `n` calls, over `_held` (the calls the slots that count
-/// hold, set by an earlier stage).
+/// The server-side admission test for `n` calls, over `_live` (the slots that count, set by an
+/// earlier stage).
 fn fits_expr(n: u32, priority: Priority, ticket: Option<&Ticket>) -> Bson {
     let n = i64::from(n);
     Bson::Document(match priority {
-        Priority::High => doc! { "$lte": [ { "$add": ["$_held.b", "$_held.h", n] }, "$calls" ] },
+        Priority::High => doc! { "$lte": [ { "$add": [held("b"), held("h"), n] }, "$calls" ] },
         Priority::Bulk => doc! { "$lte": [
-            { "$add": ["$_held.b", { "$max": ["$reserved", "$_held.h"] }, ahead_expr(ticket), n] },
+            { "$add": [held("b"), { "$max": ["$reserved", held("h")] }, ahead_expr(ticket), n] },
             "$calls"
         ] },
     })
@@ -243,16 +281,19 @@ fn pruned_wait(leaving: Option<&str>) -> Bson {
         None => live,
         Some(key) => doc! { "$and": [live, { "$ne": ["$$x.k", key] }] },
     };
-    Bson::Document(doc! { "$arrayToObject": [ { "$filter": {
+    let pruned = doc! { "$arrayToObject": [ { "$filter": {
         "input": entries("wait"),
         "as": "x",
         "cond": keep,
-    } } ] })
+    } } ] };
+    // Most of the time nobody waits: an empty queue stays as it is.
+    Bson::Document(doc! { "$cond": [{ "$eq": ["$wait", { "$literal": {} }] }, "$wait", pruned] })
 }
 
-/// The stage that drops the temporary fields.
+/// The stage that drops the temporary fields (the clock stage's too).
 fn unset(fields: &[&str]) -> Document {
-    doc! { "$unset": fields.iter().map(|f| Bson::from(*f)).collect::<Vec<_>>() }
+    let all = CLOCK_FIELDS.iter().chain(fields);
+    doc! { "$unset": all.map(|f| Bson::from(*f)).collect::<Vec<_>>() }
 }
 
 /// The fields a new limiter of `limit` starts with (besides the limit's own).
@@ -274,7 +315,7 @@ pub(crate) fn prune_update() -> Vec<Document> {
     vec![
         clock_stage(false),
         doc! { "$set": { "slots": kept_slots(), "wait": pruned_wait(None) } },
-        unset(&["_now"]),
+        unset(&[]),
     ]
 }
 
@@ -299,14 +340,14 @@ pub(crate) fn grant_update(
         "q": { "$add": [seq(), long(1)] },
     };
     let mut effects = doc! {
-        "slots": { "$cond": ["$_ok", add_to(array("slots"), Bson::from("$_end"), bulk, high), array("slots")] },
+        "slots": { "$cond": ["$_ok", add_to("slots", Bson::from("$_end"), bulk, high), array("slots")] },
         "granted": { "$cond": ["$_ok", remember("granted", entry), array("granted")] },
         "seq": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, seq()] },
         "out": {
             "k": key,
-            "ok": { "$or": ["$_dup", "$_ok"] },
-            "s": { "$cond": ["$_ok", "$_end", earlier(key, "$$r.s")] },
-            "q": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, earlier(key, "$$r.q")] },
+            "ok": { "$or": [{ "$gte": ["$_i", long(0)] }, "$_ok"] },
+            "s": { "$cond": ["$_ok", "$_end", earlier("s")] },
+            "q": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, earlier("q")] },
         },
     };
     if leaving.is_some() {
@@ -320,13 +361,13 @@ pub(crate) fn grant_update(
         doc! { "$set": {
             "slots": kept_slots(),
             "wait": pruned_wait(None),
-            "_dup": remembered("granted", key),
+            "_i": grant_index(key),
             "_end": slot_of(Bson::Document(doc! { "$add": [NOW_MS, "$hold_ms", "$grace_ms"] })),
-            "_held": held_now(),
+            "_live": live_slots(),
         } },
-        doc! { "$set": { "_ok": { "$and": [{ "$not": ["$_dup"] }, fits_expr(n, priority, ticket)] } } },
+        doc! { "$set": { "_ok": { "$and": [{ "$lt": ["$_i", long(0)] }, fits_expr(n, priority, ticket)] } } },
         doc! { "$set": effects },
-        unset(&["_now", "_dup", "_end", "_held", "_ok"]),
+        unset(&["_i", "_end", "_live", "_ok"]),
     ]
 }
 
@@ -345,14 +386,24 @@ pub(crate) fn settle_update(
 ) -> Vec<Document> {
     let (bulk, high) = split(-i64::from(n), priority);
     let (made_bulk, made_high) = split(i64::from(made), priority);
-    let taken = add_to(array("slots"), long(grant.end), bulk, high);
+    let taken = add_to("slots", long(grant.end), bulk, high);
+    // The calls made go to the slot of the settle time, from the slots with the reservation
+    // taken out (`_t`). None made adds nothing: the filter below drops an empty slot anyway.
+    let (take, settled_slots) = if made == 0 {
+        (None, taken)
+    } else {
+        (
+            Some(doc! { "$set": { "_t": { "$cond": ["$_ok", taken, []] } } }),
+            add_to("_t", Bson::from("$_at"), made_bulk, made_high),
+        )
+    };
     let lost = if resend {
         Bson::Document(doc! { "$gte": [{ "$ifNull": ["$evicted", long(-1)] }, long(grant.seq)] })
     } else {
         Bson::Boolean(false)
     };
-    let dropped = doc! { "$arrayElemAt": [{ "$map": { "input": array("settled"), "as": "r", "in": "$$r.q" } }, 0] };
-    vec![
+    let dropped = doc! { "$arrayElemAt": [values("settled", "q"), 0] };
+    let mut stages = vec![
         clock_stage(true),
         doc! { "$set": {
             "slots": kept_slots(),
@@ -365,18 +416,17 @@ pub(crate) fn settle_update(
         doc! { "$set": {
             "_here": { "$and": [
                 { "$lte": [NOW_MS, { "$subtract": [{ "$multiply": [long(grant.end + 1), "$slot_ms"] }, long(1)] }] },
-                { "$gt": [{ "$size": { "$filter": {
-                    "input": array("slots"),
-                    "as": "x",
-                    "cond": { "$eq": ["$$x.s", long(grant.end)] },
-                } } }, 0] },
+                { "$in": [long(grant.end), values("slots", "s")] },
             ] },
         } },
         doc! { "$set": { "_ok": { "$and": [{ "$not": ["$_seen"] }, { "$not": ["$_lost"] }, "$_here"] } } },
+    ];
+    stages.extend(take);
+    stages.extend([
         doc! { "$set": {
             // A slot a settlement empties goes (its pending end's, when all its calls came back).
             "slots": { "$cond": ["$_ok", { "$filter": {
-                "input": add_to(taken, Bson::from("$_at"), made_bulk, made_high),
+                "input": settled_slots,
                 "as": "x",
                 "cond": { "$gt": [{ "$add": ["$$x.b", "$$x.h"] }, long(0)] },
             } }, array("slots")] },
@@ -389,8 +439,9 @@ pub(crate) fn settle_update(
             "seq": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, seq()] },
             "out": { "k": key, "ok": "$_ok", "seen": "$_seen", "lost": "$_lost", "here": "$_here" },
         } },
-        unset(&["_now", "_seen", "_lost", "_at", "_here", "_ok"]),
-    ]
+        unset(&["_seen", "_lost", "_at", "_here", "_ok", "_t"]),
+    ]);
+    stages
 }
 
 /// The write that moves a limiter written by an earlier version of mongotx (a `log` of

@@ -437,7 +437,7 @@ async fn a_large_bulk_request_is_not_starved_by_small_ones() {
 }
 
 /// Loses the reply of the first command matching `which`: "reserve" (the granting
-/// `findAndModify`, whose pipeline looks for its key among the recent grants, `_dup`) or
+/// `findAndModify`, whose pipeline looks for its key among the recent grants, `_i`) or
 /// "settle" (the settling one, which looks among the recent settlements, `_seen`).
 struct LoseFirst {
     which: &'static str,
@@ -463,7 +463,7 @@ impl common::wire_proxy::Rules for LoseFirst {
             return Action::Forward;
         }
         let marker = match self.which {
-            "reserve" => "_dup",
+            "reserve" => "_i",
             _ => "_seen",
         };
         let matches = pipeline_fields(command).iter().any(|f| f == marker);
