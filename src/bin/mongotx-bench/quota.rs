@@ -15,7 +15,7 @@ use mongotx::quota::{NewProvider, ProviderId, Quota, Request, PROVIDERS_COLLECTI
 use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
-use crate::{counting_client, micros, stats};
+use crate::{counting_client, micros, plain_client, stats};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -48,9 +48,12 @@ pub(crate) async fn rows(
     n: usize,
 ) -> Result<Vec<LiveRow>, Error> {
     let commands = Arc::new(AtomicU64::new(0));
-    let client = counting_client(server, Arc::clone(&commands)).await?;
+    let client = plain_client(server).await?;
     let db = client.database(db.name());
     let quota = Quota::open(&Store::new(db.clone())).await?;
+    // The same providers through a counting client: round trips are counted there, untimed.
+    let counting = counting_client(server, Arc::clone(&commands)).await?;
+    let counted = Quota::open(&Store::new(counting.database(db.name()))).await?;
     let raw = db.collection::<Document>("raw_providers");
 
     println!(
@@ -72,7 +75,8 @@ pub(crate) async fn rows(
         } else {
             n
         };
-        live_rows.push(latency_row(&quota, &db, &raw, &commands, live, samples).await?);
+        let handles = (&quota, &counted, &*commands);
+        live_rows.push(latency_row(handles, &db, &raw, live, samples).await?);
     }
     three_providers_row(&quota, &raw, n).await?;
     // The hot provider gets a database of its own: the test server reads `held.c` (a release's
@@ -107,10 +111,9 @@ async fn give_one(raw: &Collection<Document>, id: &str) -> Result<(), Error> {
 /// update of a bare counter and of a copy of the provider's document (same size, same
 /// generation check as the reference design's write).
 async fn latency_row(
-    quota: &Quota,
+    (quota, counted, commands): (&Quota, &Quota, &AtomicU64),
     db: &Database,
     raw: &Collection<Document>,
-    commands: &AtomicU64,
     live: usize,
     n: usize,
 ) -> Result<LiveRow, Error> {
@@ -137,11 +140,16 @@ async fn latency_row(
     for i in 0..n + warmup {
         let consumer = format!("c{live}-{i}");
         let request = Request::new(consumer.clone()).take(provider.clone(), 1);
-        let before = commands.load(Ordering::Relaxed);
         let t = Instant::now();
         quota.consume(&request).await?;
         let took = t.elapsed();
+        let counted_consumer = format!("k{live}-{i}");
+        let before = commands.load(Ordering::Relaxed);
+        counted
+            .consume(&Request::new(counted_consumer.clone()).take(provider.clone(), 1))
+            .await?;
         let sent = commands.load(Ordering::Relaxed) - before;
+        counted.release(&counted_consumer).await?;
 
         let t = Instant::now();
         take_one(raw, &bare).await?;

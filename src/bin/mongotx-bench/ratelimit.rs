@@ -12,7 +12,7 @@ use mongotx::ratelimit::{Attempt, Limit, Priority, RateLimits};
 use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
-use crate::{counting_client, micros, stats};
+use crate::{counting_client, micros, plain_client, stats};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -40,9 +40,12 @@ pub(crate) async fn rows(
     n: usize,
 ) -> Result<Vec<SizeRow>, Error> {
     let commands = Arc::new(AtomicU64::new(0));
-    let client = counting_client(server, Arc::clone(&commands)).await?;
+    let client = plain_client(server).await?;
     let db = client.database(&format!("{db_name}_ratelimit"));
     let limits = RateLimits::open(&Store::new(db.clone())).await?;
+    // The same limiters through a counting client: round trips are counted there, untimed.
+    let counting = counting_client(server, Arc::clone(&commands)).await?;
+    let counted = RateLimits::open(&Store::new(counting.database(db.name()))).await?;
     let raw: Collection<Document> = db.collection("raw_counter");
     raw.insert_one(doc! { "_id": "c", "available": i64::MAX / 2 })
         .await?;
@@ -87,14 +90,19 @@ pub(crate) async fn rows(
         let mut sent = 0u64;
         let warmup = (n / 5).max(20);
         for i in 0..n + warmup {
-            let before = commands.load(Ordering::Relaxed);
             let t = Instant::now();
             let granted = limits.try_reserve(&[&name], 1, Priority::High).await?;
             let reserved = t.elapsed();
-            let after = commands.load(Ordering::Relaxed);
             let Attempt::Granted(r) = granted else {
                 return Err("a reserve was refused on an idle limiter".into());
             };
+            let before = commands.load(Ordering::Relaxed);
+            let Attempt::Granted(c) = counted.try_reserve(&[&name], 1, Priority::High).await?
+            else {
+                return Err("a reserve was refused on an idle limiter".into());
+            };
+            let after = commands.load(Ordering::Relaxed);
+            counted.settle(&c, 0).await?;
             let t = Instant::now();
             limits.settle(&r, 0).await?;
             let settled = t.elapsed();
