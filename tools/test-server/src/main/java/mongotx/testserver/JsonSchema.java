@@ -303,8 +303,7 @@ final class JsonSchema {
             if (!quick) {
                 return check(value).isEmpty();
             }
-            if (types != null && !types.contains(typeName(value))
-                    && !(types.contains("number") && value instanceof Number)) {
+            if (types != null && !typed(value)) {
                 return false;
             }
             if (value instanceof Document doc) {
@@ -374,7 +373,7 @@ final class JsonSchema {
             boolean array = value instanceof List;
             switch (keyword) {
                 case "bsonType", "type" -> {
-                    if (types.contains(typeName(value)) || (types.contains("number") && number)) {
+                    if (typed(value)) {
                         return null;
                     }
                     return failure(keyword, as(keyword, specified), "type did not match").append("consideredValue", value)
@@ -477,8 +476,8 @@ final class JsonSchema {
                     if (!object) {
                         return null;
                     }
-                    List<Object> extra = new ArrayList<>(0);
-                    List<Document> failed = new ArrayList<>(0);
+                    List<Object> extra = new ArrayList<>();
+                    List<Document> failed = new ArrayList<>();
                     for (Map.Entry<String, Object> field : ((Document) value).entrySet()) {
                         if (declared(field.getKey())) {
                             continue;
@@ -674,6 +673,11 @@ final class JsonSchema {
                     return null;
                 }
             }
+        }
+
+        /** Whether {@code value} is of one of the types {@code bsonType} / {@code type} name. */
+        private boolean typed(Object value) {
+            return types.contains(typeName(value)) || (types.contains("number") && value instanceof Number);
         }
 
         private boolean declared(String name) {
