@@ -52,6 +52,16 @@ pub async fn run(store: &Store) -> TourResult {
         p.usage, p.limit, p.generation
     );
     expect(p.usage == 15, "usage 15")?;
+    let winner = ra.as_ref().or(rb.as_ref()).map_err(|e| e.to_string())?;
+    let released = quota.release_consumed(winner).await?;
+    println!(
+        "  {} gives its 3 cores back by what its consume returned: {:?}",
+        released.consumer, released.returned
+    );
+    expect(
+        quota.provider(("project/42", "cores")).await?.usage == 12,
+        "usage 12 after the winner gave its cores back",
+    )?;
 
     step("Quota: a claim on three resources that fails on one leaves the other two untouched");
     quota

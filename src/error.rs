@@ -269,6 +269,7 @@ impl QuotaError {
             E::QuotaExceeded { .. } | E::ReservationExpired { .. } => ErrorKind::Refused,
             E::UnknownProvider { .. }
             | E::UnknownConsumer { .. }
+            | E::UnknownRequest { .. }
             | E::UnknownReservation { .. } => ErrorKind::NotFound,
             E::ProviderExists { .. } => ErrorKind::AlreadyExists,
             E::InvalidAmount { .. }

@@ -183,6 +183,7 @@ impl Quota {
             replayed,
             writes,
             retries: 0,
+            claims: request.claims.clone(),
         };
         let mut pace = Retry::until_deadline(self.options.retry);
         for _ in 0..FAST_TRIES {
@@ -414,6 +415,7 @@ impl Quota {
                             replayed: true,
                             writes,
                             retries: attempts.retries(),
+                            claims: request.claims.clone(),
                         },
                         expires,
                     ))
@@ -430,6 +432,7 @@ impl Quota {
                             replayed: false,
                             writes,
                             retries: attempts.retries(),
+                            claims: request.claims.clone(),
                         },
                         expires,
                     ))

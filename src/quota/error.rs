@@ -140,6 +140,14 @@ pub enum QuotaError {
         /// The consumer.
         consumer: String,
     },
+    /// The consumer holds nothing under this request (never consumed, or already released).
+    #[error("{collection}: consumer {consumer} holds nothing under request {request}", collection = crate::quota::PROVIDERS_COLLECTION)]
+    UnknownRequest {
+        /// The consumer.
+        consumer: String,
+        /// The request id.
+        request: String,
+    },
     /// No such reservation: never made, already cancelled, or confirmed (for `cancel`).
     #[error("{collection}: consumer {consumer}: no reservation under request {request}", collection = crate::quota::PROVIDERS_COLLECTION)]
     UnknownReservation {

@@ -363,6 +363,9 @@ pub struct Consumed {
     /// Times the request was re-read and retried because a provider changed in a way that
     /// mattered (only the multi-provider path, which checks generations, has those).
     pub retries: u32,
+    /// The request's own claims, so that [`Quota::release_consumed`](crate::quota::Quota::release_consumed)
+    /// can go straight to the providers holding it.
+    pub(crate) claims: Vec<(ProviderId, i64)>,
 }
 
 /// What a release or cancel returned.

@@ -8,9 +8,11 @@ use bson::{doc, Bson, DateTime, Document};
 use crate::quota::decide::{self, Confirm, Docs, Write};
 use crate::quota::error::QuotaError;
 use crate::quota::model::{
-    Entry, ProviderId, Released, Reservation, SweepSummary, PROVIDERS_COLLECTION,
+    Consumed, Entry, ProviderId, Released, Reservation, StripeId, SweepSummary,
+    PROVIDERS_COLLECTION,
 };
 use crate::quota::ops::{check_ids, entry_filter, Attempts, Step};
+use crate::quota::stripes::hash;
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
@@ -38,6 +40,60 @@ impl Quota {
             consumer: consumer.to_string(),
             returned,
         })
+    }
+
+    /// Returns what one consume took (from its providers and their ancestors), all at once,
+    /// leaving the consumer's other requests as they are. The [`Consumed`] names the providers,
+    /// so on one provider without a parent this is a single conditional update, where
+    /// [`release`](Quota::release) first has to find what the consumer holds. Releasing the same
+    /// request again is [`QuotaError::UnknownRequest`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(quota: mongotx::quota::Quota) -> Result<(), mongotx::quota::QuotaError> {
+    /// use mongotx::quota::{ProviderId, Request};
+    ///
+    /// let slots = ProviderId::new("team-a", "upload-slots");
+    /// let taken = quota.consume(&Request::new("upload-9").take(slots, 1)).await?;
+    /// // ... the upload ends:
+    /// quota.release_consumed(&taken).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn release_consumed(&self, consumed: &Consumed) -> Result<Released, QuotaError> {
+        let (consumer, request) = (&consumed.consumer, &consumed.request);
+        check_ids(consumer, request)?;
+        let released = |returned| Released {
+            consumer: consumer.clone(),
+            returned,
+        };
+        // What a single update whose reply was lost would have returned, if it landed.
+        let mut unsure = None;
+        if let [(provider, amount)] = consumed.claims.as_slice() {
+            match self
+                .pull_known(consumer, request, provider, *amount)
+                .await?
+            {
+                Some(Step::Done) => return Ok(released(vec![(provider.clone(), *amount)])),
+                Some(Step::Ambiguous(_)) => unsure = Some(vec![(provider.clone(), *amount)]),
+                Some(Step::Retry(_)) | None => {}
+            }
+        }
+        let returned = self
+            .remove_where(
+                format!("release request {request} of consumer {consumer}"),
+                entry_filter(consumer, request),
+                |e, _| e.is(consumer, request),
+            )
+            .await?;
+        match (returned.is_empty(), unsure) {
+            (false, _) => Ok(released(returned)),
+            (true, Some(returned)) => Ok(released(returned)),
+            (true, None) => Err(QuotaError::UnknownRequest {
+                consumer: consumer.clone(),
+                request: request.clone(),
+            }),
+        }
     }
 
     /// Turns a live reservation into an allocation (released with the consumer). Confirming it
@@ -240,13 +296,57 @@ impl Quota {
         let [consumer] = consumers.into_iter().collect::<Vec<_>>()[..] else {
             return Ok(None);
         };
-        let filter = doc! {
-            "_id": id.to_bson(),
-            fields::SCHEMA_VERSION: self.repo.spec().schema_version(),
-            fields::ACTIVE_TXN: null,
-            fields::DELETED: null,
-            "$and": present,
+        self.pull(
+            &id.to_string(),
+            doc! { "_id": id.to_bson(), "$and": present },
+            consumer,
+            &requests,
+            amount,
+        )
+        .await
+    }
+
+    /// [`release_consumed`](Quota::release_consumed) on one provider without a parent: one
+    /// update of the stripe the handle's layout says holds the request, conditioned on its entry
+    /// being there as a consume leaves it (no expiry, no deadline of a copy in flight). `None`
+    /// when that condition does not hold: the stripe split since, a transaction holds it, the
+    /// entry must stay as a tombstone, or the provider has a parent; the general path decides.
+    async fn pull_known(
+        &self,
+        consumer: &str,
+        request: &str,
+        provider: &ProviderId,
+        amount: i64,
+    ) -> Result<Option<Step>, QuotaError> {
+        if self.has_parent(provider) {
+            return Ok(None);
+        }
+        let Some((stripe, _)) = self.layout(provider).locate(hash(consumer, request)) else {
+            return Ok(None);
         };
+        let stripe = StripeId::new(provider, stripe);
+        let filter = doc! {
+            "_id": stripe.to_bson(),
+            "parent": null,
+            "held": { "$elemMatch": { "c": consumer, "r": request, "n": amount, "exp": null, "dl": null } },
+        };
+        self.pull(&stripe.to_string(), filter, consumer, &[request], amount)
+            .await
+    }
+
+    /// Takes `consumer`'s entries under `requests` (together `amount`) out of the one document
+    /// `filter` names, only while no transaction holds it.
+    async fn pull(
+        &self,
+        shown: &str,
+        mut filter: Document,
+        consumer: &str,
+        requests: &[&str],
+        amount: i64,
+    ) -> Result<Option<Step>, QuotaError> {
+        filter.insert(fields::SCHEMA_VERSION, self.repo.spec().schema_version());
+        filter.insert(fields::ACTIVE_TXN, Bson::Null);
+        filter.insert(fields::DELETED, Bson::Null);
         let update = doc! {
             "$inc": { "usage": -amount, "available": amount, fields::VERSION: 1_i64 },
             "$pull": { "held": { "c": consumer, "r": { "$in": requests } } },
@@ -255,11 +355,9 @@ impl Quota {
             Ok(result) if result.matched_count == 1 => Ok(Some(Step::Done)),
             Ok(_) => Ok(None),
             Err(e) if is_transient(&e) => Ok(Some(Step::Ambiguous(format!(
-                "returning {amount} to {id}: {e}"
+                "returning {amount} to {shown}: {e}"
             )))),
-            Err(e) => {
-                Err(RepoError::database(PROVIDERS_COLLECTION, &id.to_string(), "release", e).into())
-            }
+            Err(e) => Err(RepoError::database(PROVIDERS_COLLECTION, shown, "release", e).into()),
         }
     }
 }

@@ -29,7 +29,7 @@ async fn providers(t: &TestDb) -> Vec<Document> {
 
 /// Checks every provider's stored bookkeeping: usage is the sum of its entries, available is
 /// limit - usage, nothing is held by a transaction.
-async fn assert_books_balance(t: &TestDb) {
+pub(crate) async fn assert_books_balance(t: &TestDb) {
     for doc in providers(t).await {
         let held: i64 = doc
             .get_array("held")
@@ -569,11 +569,11 @@ async fn bad_input_is_a_typed_error_and_writes_nothing() {
 
 /// Counts the quota updates a proxy lets through, so a test can lose exactly one reply.
 #[derive(Clone)]
-struct LoseNth {
-    target: &'static str,
-    nth: usize,
-    seen: Arc<AtomicUsize>,
-    action: fn() -> common::wire_proxy::Action,
+pub(crate) struct LoseNth {
+    pub(crate) target: &'static str,
+    pub(crate) nth: usize,
+    pub(crate) seen: Arc<AtomicUsize>,
+    pub(crate) action: fn() -> common::wire_proxy::Action,
 }
 
 impl common::wire_proxy::Rules for LoseNth {
@@ -609,7 +609,10 @@ impl LoseNth {
     }
 }
 
-async fn through_proxy(t: &TestDb, rules: LoseNth) -> (common::wire_proxy::WireProxy, Quota) {
+pub(crate) async fn through_proxy(
+    t: &TestDb,
+    rules: LoseNth,
+) -> (common::wire_proxy::WireProxy, Quota) {
     let proxy = common::wire_proxy::WireProxy::start(&common::server_uri(), rules).await;
     let store = Store::new(proxy.client().await.database(t.db.name()));
     let quota = Quota::open(&store).await.unwrap();
