@@ -89,6 +89,7 @@ impl Quota {
             consumer: request.consumer.clone(),
             request: request.id.clone(),
             expires: stored.unwrap_or(expires),
+            claims: request.claims.clone(),
         })
     }
 

@@ -379,7 +379,8 @@ pub struct Released {
 }
 
 /// A reservation: quota held until it is confirmed, cancelled, or expires and the GC returns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Two reservations are equal when they name the same request with the same expiry.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Reservation {
     /// The consumer.
@@ -388,7 +389,19 @@ pub struct Reservation {
     pub request: String,
     /// When it expires, in server time.
     pub expires: DateTime,
+    /// The request's claims when this handle made it (empty for one rebuilt from its ids), so
+    /// that [`Quota::cancel`](crate::quota::Quota::cancel) can go straight to its provider.
+    pub(crate) claims: Vec<(ProviderId, i64)>,
 }
+
+impl PartialEq for Reservation {
+    fn eq(&self, other: &Reservation) -> bool {
+        (&self.consumer, &self.request, self.expires)
+            == (&other.consumer, &other.request, other.expires)
+    }
+}
+
+impl Eq for Reservation {}
 
 impl Reservation {
     /// A handle on a reservation known by its ids (for a process that persisted them).
@@ -401,6 +414,7 @@ impl Reservation {
             consumer: consumer.into(),
             request: request.into(),
             expires,
+            claims: Vec::new(),
         }
     }
 }

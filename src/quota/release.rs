@@ -18,6 +18,16 @@ use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::server::is_transient;
 
+/// What the single update of a request of one claim came to.
+enum Pulled {
+    /// It landed: this went back.
+    Landed(Vec<(ProviderId, i64)>),
+    /// Its reply was lost: this went back if it landed.
+    Unsure(Vec<(ProviderId, i64)>),
+    /// It did not apply (or was not tried): the general path decides.
+    No,
+}
+
 impl Quota {
     /// Returns everything `consumer` holds (allocations and reservations, on every provider and
     /// ancestor), all at once. A consumer holding nothing is [`QuotaError::UnknownConsumer`],
@@ -67,18 +77,14 @@ impl Quota {
             consumer: consumer.clone(),
             returned,
         };
-        // What a single update whose reply was lost would have returned, if it landed.
-        let mut unsure = None;
-        if let [(provider, amount)] = consumed.claims.as_slice() {
-            match self
-                .pull_known(consumer, request, provider, *amount)
-                .await?
-            {
-                Some(Step::Done) => return Ok(released(vec![(provider.clone(), *amount)])),
-                Some(Step::Ambiguous(_)) => unsure = Some(vec![(provider.clone(), *amount)]),
-                Some(Step::Retry(_)) | None => {}
-            }
-        }
+        let unsure = match self
+            .pull_claim(consumer, request, None, &consumed.claims)
+            .await?
+        {
+            Pulled::Landed(returned) => return Ok(released(returned)),
+            Pulled::Unsure(returned) => Some(returned),
+            Pulled::No => None,
+        };
         let returned = self
             .remove_where(
                 format!("release request {request} of consumer {consumer}"),
@@ -129,10 +135,26 @@ impl Quota {
     }
 
     /// Returns a reservation that was not confirmed. Once it has expired and the GC returned it,
-    /// this is [`QuotaError::ReservationExpired`].
+    /// this is [`QuotaError::ReservationExpired`]. A reservation this handle's `reserve` returned
+    /// on one provider without a parent goes back in a single conditional update; one rebuilt
+    /// with [`Reservation::new`] is first looked up.
     pub async fn cancel(&self, reservation: &Reservation) -> Result<Released, QuotaError> {
         let (consumer, request) = (&reservation.consumer, &reservation.request);
         check_ids(consumer, request)?;
+        let exp = Some(reservation.expires);
+        let unsure = match self
+            .pull_claim(consumer, request, exp, &reservation.claims)
+            .await?
+        {
+            Pulled::Landed(returned) => {
+                return Ok(Released {
+                    consumer: consumer.clone(),
+                    returned,
+                })
+            }
+            Pulled::Unsure(returned) => Some(returned),
+            Pulled::No => None,
+        };
         let returned = self
             .remove_where(
                 format!("cancel reservation {request} of consumer {consumer}"),
@@ -140,6 +162,12 @@ impl Quota {
                 |e, _| e.is(consumer, request) && e.exp.is_some(),
             )
             .await?;
+        if let (true, Some(returned)) = (returned.is_empty(), unsure) {
+            return Ok(Released {
+                consumer: consumer.clone(),
+                returned,
+            });
+        }
         if returned.is_empty() {
             let now = self.store.now().await?;
             return Err(if reservation.expires <= now {
@@ -306,15 +334,42 @@ impl Quota {
         .await
     }
 
-    /// [`release_consumed`](Quota::release_consumed) on one provider without a parent: one
-    /// update of the stripe the handle's layout says holds the request, conditioned on its entry
-    /// being there as a consume leaves it (no expiry, no deadline of a copy in flight). `None`
+    /// [`pull_known`](Quota::pull_known) for a request of one claim, named by `claims`.
+    async fn pull_claim(
+        &self,
+        consumer: &str,
+        request: &str,
+        exp: Option<DateTime>,
+        claims: &[(ProviderId, i64)],
+    ) -> Result<Pulled, QuotaError> {
+        let [(provider, amount)] = claims else {
+            return Ok(Pulled::No);
+        };
+        let returned = || vec![(provider.clone(), *amount)];
+        Ok(
+            match self
+                .pull_known(consumer, request, exp, provider, *amount)
+                .await?
+            {
+                Some(Step::Done) => Pulled::Landed(returned()),
+                Some(Step::Ambiguous(_)) => Pulled::Unsure(returned()),
+                Some(Step::Retry(_)) | None => Pulled::No,
+            },
+        )
+    }
+
+    /// [`release_consumed`](Quota::release_consumed) or [`cancel`](Quota::cancel) on one provider
+    /// without a parent: one update of the stripe the handle's layout says holds the request,
+    /// conditioned on its entry being there as the consume or reserve left it (that expiry, or
+    /// none; no deadline of a copy in flight). A confirmed reservation has no expiry any more, so
+    /// a cancel racing a confirm matches only before it. `None`
     /// when that condition does not hold: the stripe split since, a transaction holds it, the
     /// entry must stay as a tombstone, or the provider has a parent; the general path decides.
     async fn pull_known(
         &self,
         consumer: &str,
         request: &str,
+        exp: Option<DateTime>,
         provider: &ProviderId,
         amount: i64,
     ) -> Result<Option<Step>, QuotaError> {
@@ -328,7 +383,10 @@ impl Quota {
         let filter = doc! {
             "_id": stripe.to_bson(),
             "parent": null,
-            "held": { "$elemMatch": { "c": consumer, "r": request, "n": amount, "exp": null, "dl": null } },
+            "held": { "$elemMatch": {
+                "c": consumer, "r": request, "n": amount,
+                "exp": exp.map_or(Bson::Null, Bson::DateTime), "dl": null,
+            } },
         };
         self.pull(&stripe.to_string(), filter, consumer, &[request], amount)
             .await

@@ -1,7 +1,8 @@
-//! `Quota::release_consumed`: giving back exactly what one consume took, in one conditional
-//! update on a provider without a parent, and through the general path everywhere else (a
-//! hierarchy, several providers, a stripe the handle does not know, an entry that must stay as a
-//! tombstone, a reply that was lost), with the same guarantees as `release`.
+//! `Quota::release_consumed` and `Quota::cancel`: giving back exactly what one consume or
+//! reservation took, in one conditional update on a provider without a parent, and through the
+//! general path everywhere else (a hierarchy, several providers, a stripe the handle does not
+//! know, an entry that must stay as a tombstone, a reservation rebuilt from its ids, a reply that
+//! was lost), with the same guarantees as `release`.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -358,5 +359,102 @@ async fn many_clients_consume_and_give_back_without_passing_the_limit() {
     let p = handles[0].provider(slots("hot")).await.unwrap();
     assert_eq!((p.usage, p.available), (0, LIMIT));
     assert!(p.allocations.is_empty());
+    assert_books_balance(&t).await;
+}
+
+#[tokio::test]
+async fn a_reservation_is_cancelled_in_one_update_and_never_after_its_confirmation() {
+    let t = TestDb::new().await;
+    let (quota, commands) = watched(&t).await;
+    quota
+        .create(NewProvider::new(slots("p"), 10))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(600);
+    let held = quota
+        .reserve(&Request::new("job").take(slots("p"), 4), ttl)
+        .await
+        .unwrap();
+    commands.lock().unwrap().clear();
+    let cancelled = quota.cancel(&held).await.unwrap();
+    assert_eq!(cancelled.returned, vec![(slots("p"), 4)]);
+    assert_eq!(
+        *commands.lock().unwrap(),
+        vec!["update".to_string()],
+        "one conditional update and nothing else"
+    );
+    assert!(matches!(
+        quota.cancel(&held).await,
+        Err(QuotaError::UnknownReservation { .. })
+    ));
+
+    // Confirmed first: the single update finds no entry with that expiry and changes nothing.
+    let confirmed = quota
+        .reserve(&Request::new("job").take(slots("p"), 3), ttl)
+        .await
+        .unwrap();
+    quota.confirm(&confirmed).await.unwrap();
+    let before = raw_snapshot(&t.db, PROVIDERS_COLLECTION).await;
+    assert!(matches!(
+        quota.cancel(&confirmed).await,
+        Err(QuotaError::UnknownReservation { .. })
+    ));
+    assert_eq!(raw_snapshot(&t.db, PROVIDERS_COLLECTION).await, before);
+    assert_eq!(quota.provider(slots("p")).await.unwrap().usage, 3);
+
+    // Rebuilt from its ids (another process): looked up, then given back.
+    let kept = quota
+        .reserve(&Request::new("job").take(slots("p"), 2), ttl)
+        .await
+        .unwrap();
+    let rebuilt = mongotx::quota::Reservation::new("job", kept.request.clone(), kept.expires);
+    assert_eq!(rebuilt, kept, "equal: the same request and expiry");
+    commands.lock().unwrap().clear();
+    assert_eq!(
+        quota.cancel(&rebuilt).await.unwrap().returned,
+        vec![(slots("p"), 2)]
+    );
+    assert_eq!(
+        *commands.lock().unwrap(),
+        vec!["find".to_string(), "update".to_string()]
+    );
+    assert_eq!(quota.provider(slots("p")).await.unwrap().usage, 3);
+    assert_books_balance(&t).await;
+}
+
+#[tokio::test]
+async fn a_cancel_whose_reply_is_lost_returns_once() {
+    let t = TestDb::new().await;
+    let direct = Quota::open(&t.store).await.unwrap();
+    direct
+        .create(NewProvider::new(slots("p"), 10))
+        .await
+        .unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let (_proxy, quota) = through_proxy(
+        &t,
+        LoseNth {
+            target: "release",
+            nth: 1,
+            seen: Arc::clone(&seen),
+            action: || common::wire_proxy::Action::LoseReply,
+        },
+    )
+    .await;
+    let held = quota
+        .reserve(
+            &Request::new("vm").take(slots("p"), 4),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    let cancelled = quota.cancel(&held).await.unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "the reply was lost");
+    assert_eq!(cancelled.returned, vec![(slots("p"), 4)]);
+    assert!(matches!(
+        quota.cancel(&held).await,
+        Err(QuotaError::UnknownReservation { .. })
+    ));
+    assert_eq!(direct.provider(slots("p")).await.unwrap().usage, 0);
     assert_books_balance(&t).await;
 }
