@@ -1,11 +1,12 @@
 //! A quota worker process: consumes three resources from random projects of a two-level
-//! hierarchy and releases them, until it is killed. Tests kill it at random moments and then
+//! hierarchy and releases them (by consumer, or by what the consume returned), until it is
+//! killed. Tests kill it at random moments and then
 //! check that usage still equals the allocations everywhere.
 
 use std::time::Duration;
 
 use clap::Args;
-use mongotx::quota::{Quota, QuotaError, QuotaOptions, Request};
+use mongotx::quota::{Consumed, Quota, QuotaError, QuotaOptions, Request};
 use mongotx::Store;
 use rand::Rng;
 
@@ -40,7 +41,7 @@ pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
     .await
     .map_err(|e| format!("open quota: {e}"))?;
     let me = std::process::id();
-    let mut held: Vec<String> = Vec::new();
+    let mut held: Vec<Consumed> = Vec::new();
     for n in 0_u64.. {
         let (project, amounts, release) = {
             let mut rng = rand::rng();
@@ -53,10 +54,17 @@ pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
             (project, amounts, rng.random_bool(0.45))
         };
         if release && !held.is_empty() {
-            let consumer = held.remove(0);
-            match quota.release(&consumer).await {
-                Ok(_) | Err(QuotaError::UnknownConsumer { .. }) => {}
-                Err(e) => tracing::warn!(%consumer, error = %e, "release failed"),
+            // Half by consumer name, half by what the consume returned.
+            let taken = held.remove(0);
+            let released = if n % 2 == 0 {
+                quota.release(&taken.consumer).await
+            } else {
+                quota.release_consumed(&taken).await
+            };
+            match released {
+                Ok(_)
+                | Err(QuotaError::UnknownConsumer { .. } | QuotaError::UnknownRequest { .. }) => {}
+                Err(e) => tracing::warn!(consumer = %taken.consumer, error = %e, "release failed"),
             }
             continue;
         }
@@ -66,7 +74,7 @@ pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
             request = request.take((project.as_str(), resource.as_str()), amount);
         }
         match quota.consume(&request).await {
-            Ok(_) => held.push(consumer),
+            Ok(taken) => held.push(taken),
             Err(e) => tracing::debug!(%consumer, error = %e, "consume refused"),
         }
         if n % 100 == 99 {
