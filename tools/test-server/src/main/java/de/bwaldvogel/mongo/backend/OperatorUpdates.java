@@ -6,6 +6,7 @@ import java.util.Map;
 
 import de.bwaldvogel.mongo.bson.Document;
 import de.bwaldvogel.mongo.exception.MongoServerError;
+import mongotx.testserver.Copies;
 
 /**
  * The mongotx test server's bridge to mongo-java-server's update operators, which are package
@@ -72,7 +73,9 @@ public final class OperatorUpdates {
         checkOverflow(document, update, "$inc");
         checkOverflow(document, update, "$mul");
 
-        Document result = document.cloneDeeply();
+        // The same copy as cloneDeeply (nothing shared with the stored document), built in one pass
+        // instead of three maps per level: it was half the cost of applying a quota consume.
+        Document result = Copies.deep(document);
         ArrayFilters arrayFilters = ArrayFilters.parse(statement, update);
         for (String operator : update.keySet()) {
             Document change = (Document) update.get(operator);
