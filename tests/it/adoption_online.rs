@@ -273,16 +273,36 @@ async fn the_adopt_command_killed_at_random_moments_resumes_to_the_end() {
         .env_remove("MONGODB_URI");
         c
     };
+    let accounts = t.db.collection::<Document>("accounts");
     let mut kills = 0;
     let mut stamped_after_kills = Vec::new();
-    for _ in 0..6 {
+    for run in 0..6 {
         let mut child = command()
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start mongotx-adopt");
-        let wait = rand::rng().random_range(150..1_500);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+        // Killed once it has stamped this many more documents (the first run after its first
+        // batch, the others anywhere in what is left): a kill timed by the clock alone missed
+        // whole runs once the adoption got fast enough to finish before it.
+        let before = stamped_after_kills.last().copied().unwrap_or(0) as u64;
+        let target = before
+            + if run == 0 {
+                1
+            } else {
+                rand::rng().random_range(1..19_600_u64.saturating_sub(before).max(2))
+            };
+        let give_up = Instant::now() + Duration::from_secs(120);
+        while child.try_wait().unwrap().is_none() && Instant::now() < give_up {
+            let stamped = accounts
+                .count_documents(doc! { fields::VERSION: { "$exists": true } })
+                .await
+                .unwrap();
+            if stamped >= target {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         if child.try_wait().unwrap().is_none() {
             child.kill().unwrap(); // SIGKILL
             kills += 1;
@@ -308,6 +328,10 @@ async fn the_adopt_command_killed_at_random_moments_resumes_to_the_end() {
         19_600
     );
     assert!(kills >= 1, "no run was killed: {stamped_after_kills:?}");
+    assert!(
+        stamped_after_kills[0] < 19_600,
+        "the first run was killed mid-way: {stamped_after_kills:?}"
+    );
     println!(
         "killed {kills} runs; stamped after each: {stamped_after_kills:?}; last run: {stdout}"
     );
