@@ -5,7 +5,7 @@
 use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{raw_snapshot, TestDb};
@@ -132,10 +132,9 @@ async fn providers_limits_generations_and_usage_by_scope() {
     assert_books_balance(&t).await;
 }
 
-#[tokio::test]
-async fn a_single_provider_consume_is_one_command_on_the_wire() {
-    let t = TestDb::new().await;
-    let commands = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+/// A quota handle whose client records the name of every command it sends.
+pub(crate) async fn watched(t: &TestDb) -> (Quota, Arc<Mutex<Vec<String>>>) {
+    let commands = Arc::new(Mutex::new(Vec::<String>::new()));
     let seen = Arc::clone(&commands);
     let mut options = ClientOptions::parse(common::server_uri()).await.unwrap();
     options.command_event_handler = Some(EventHandler::callback(move |event| {
@@ -149,8 +148,16 @@ async fn a_single_provider_consume_is_one_command_on_the_wire() {
         }
     }));
     let client = Client::with_options(options).unwrap();
-    let store = Store::new(client.database(t.db.name()));
-    let quota = Quota::open(&store).await.unwrap();
+    let quota = Quota::open(&Store::new(client.database(t.db.name())))
+        .await
+        .unwrap();
+    (quota, commands)
+}
+
+#[tokio::test]
+async fn a_single_provider_consume_is_one_command_on_the_wire() {
+    let t = TestDb::new().await;
+    let (quota, commands) = watched(&t).await;
     quota
         .create(NewProvider::new(cores("p"), 100))
         .await
@@ -569,11 +576,11 @@ async fn bad_input_is_a_typed_error_and_writes_nothing() {
 
 /// Counts the quota updates a proxy lets through, so a test can lose exactly one reply.
 #[derive(Clone)]
-pub(crate) struct LoseNth {
-    pub(crate) target: &'static str,
-    pub(crate) nth: usize,
-    pub(crate) seen: Arc<AtomicUsize>,
-    pub(crate) action: fn() -> common::wire_proxy::Action,
+struct LoseNth {
+    target: &'static str,
+    nth: usize,
+    seen: Arc<AtomicUsize>,
+    action: fn() -> common::wire_proxy::Action,
 }
 
 impl common::wire_proxy::Rules for LoseNth {
@@ -609,14 +616,25 @@ impl LoseNth {
     }
 }
 
+/// A quota handle whose client goes through a wire proxy that applies `action` to the first
+/// quota update of kind `target` ("consume", or "release" for a pull or rewrite); the count of
+/// such updates seen.
 pub(crate) async fn through_proxy(
     t: &TestDb,
-    rules: LoseNth,
-) -> (common::wire_proxy::WireProxy, Quota) {
+    target: &'static str,
+    action: fn() -> common::wire_proxy::Action,
+) -> (common::wire_proxy::WireProxy, Quota, Arc<AtomicUsize>) {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let rules = LoseNth {
+        target,
+        nth: 1,
+        seen: Arc::clone(&seen),
+        action,
+    };
     let proxy = common::wire_proxy::WireProxy::start(&common::server_uri(), rules).await;
     let store = Store::new(proxy.client().await.database(t.db.name()));
     let quota = Quota::open(&store).await.unwrap();
-    (proxy, quota)
+    (proxy, quota, seen)
 }
 
 #[tokio::test]
@@ -627,17 +645,8 @@ async fn a_consume_whose_reply_is_lost_counts_once() {
         .create(NewProvider::new(cores("p"), 10))
         .await
         .unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let (_proxy, quota) = through_proxy(
-        &t,
-        LoseNth {
-            target: "consume",
-            nth: 1,
-            seen: Arc::clone(&seen),
-            action: || common::wire_proxy::Action::LoseReply,
-        },
-    )
-    .await;
+    let (_proxy, quota, seen) =
+        through_proxy(&t, "consume", || common::wire_proxy::Action::LoseReply).await;
     let request = Request::new("vm").take(cores("p"), 4);
     let consumed = quota.consume(&request).await.unwrap();
     assert!(
@@ -667,17 +676,8 @@ async fn a_release_whose_reply_is_lost_returns_once() {
         .consume(&Request::new("other").take(cores("p"), 3))
         .await
         .unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let (_proxy, quota) = through_proxy(
-        &t,
-        LoseNth {
-            target: "release",
-            nth: 1,
-            seen: Arc::clone(&seen),
-            action: || common::wire_proxy::Action::LoseReply,
-        },
-    )
-    .await;
+    let (_proxy, quota, seen) =
+        through_proxy(&t, "release", || common::wire_proxy::Action::LoseReply).await;
     let released = quota.release("vm").await.unwrap();
     assert_eq!(
         seen.load(Ordering::SeqCst),
@@ -701,16 +701,9 @@ async fn a_consume_delivered_late_after_its_release_changes_nothing() {
         .create(NewProvider::new(cores("p"), 10))
         .await
         .unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let (_proxy, quota) = through_proxy(
-        &t,
-        LoseNth {
-            target: "consume",
-            nth: 1,
-            seen: Arc::clone(&seen),
-            action: || common::wire_proxy::Action::DeliverLate(Duration::from_millis(2_000)),
-        },
-    )
+    let (_proxy, quota, seen) = through_proxy(&t, "consume", || {
+        common::wire_proxy::Action::DeliverLate(Duration::from_millis(2_000))
+    })
     .await;
     let request = Request::new("vm").take(cores("p"), 4);
     let consumed = quota.consume(&request).await.unwrap();

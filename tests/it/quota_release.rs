@@ -4,43 +4,17 @@
 //! know, an entry that must stay as a tombstone, a reservation rebuilt from its ids, a reply that
 //! was lost), with the same guarantees as `release`.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{self, raw_snapshot, TestDb};
-use crate::quota::{assert_books_balance, through_proxy, LoseNth};
-use mongodb::event::command::CommandEvent;
-use mongodb::event::EventHandler;
-use mongodb::options::ClientOptions;
-use mongodb::Client;
+use crate::quota::{assert_books_balance, through_proxy, watched};
 use mongotx::quota::{NewProvider, ProviderId, Quota, QuotaError, Request, PROVIDERS_COLLECTION};
 use mongotx::Store;
 
 fn slots(scope: &str) -> ProviderId {
     ProviderId::new(scope, "slots")
-}
-
-/// A quota handle whose client records the name of every command it sends.
-async fn watched(t: &TestDb) -> (Quota, Arc<Mutex<Vec<String>>>) {
-    let commands = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = Arc::clone(&commands);
-    let mut options = ClientOptions::parse(common::server_uri()).await.unwrap();
-    options.command_event_handler = Some(EventHandler::callback(move |event| {
-        if let CommandEvent::Started(started) = event {
-            if !matches!(
-                started.command_name.as_str(),
-                "hello" | "isMaster" | "ismaster"
-            ) {
-                seen.lock().unwrap().push(started.command_name.clone());
-            }
-        }
-    }));
-    let client = Client::with_options(options).unwrap();
-    let quota = Quota::open(&Store::new(client.database(t.db.name())))
-        .await
-        .unwrap();
-    (quota, commands)
 }
 
 #[tokio::test]
@@ -202,17 +176,8 @@ async fn a_release_whose_reply_is_lost_returns_once() {
         .create(NewProvider::new(slots("p"), 10))
         .await
         .unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let (_proxy, quota) = through_proxy(
-        &t,
-        LoseNth {
-            target: "release",
-            nth: 1,
-            seen: Arc::clone(&seen),
-            action: || common::wire_proxy::Action::LoseReply,
-        },
-    )
-    .await;
+    let (_proxy, quota, seen) =
+        through_proxy(&t, "release", || common::wire_proxy::Action::LoseReply).await;
     let taken = quota
         .consume(&Request::new("vm").take(slots("p"), 4))
         .await
@@ -243,16 +208,9 @@ async fn a_consume_delivered_late_after_release_consumed_changes_nothing() {
         .create(NewProvider::new(slots("p"), 10))
         .await
         .unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let (_proxy, quota) = through_proxy(
-        &t,
-        LoseNth {
-            target: "consume",
-            nth: 1,
-            seen: Arc::clone(&seen),
-            action: || common::wire_proxy::Action::DeliverLate(Duration::from_millis(2_000)),
-        },
-    )
+    let (_proxy, quota, seen) = through_proxy(&t, "consume", || {
+        common::wire_proxy::Action::DeliverLate(Duration::from_millis(2_000))
+    })
     .await;
     let taken = quota
         .consume(&Request::new("vm").take(slots("p"), 4))
@@ -430,17 +388,8 @@ async fn a_cancel_whose_reply_is_lost_returns_once() {
         .create(NewProvider::new(slots("p"), 10))
         .await
         .unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let (_proxy, quota) = through_proxy(
-        &t,
-        LoseNth {
-            target: "release",
-            nth: 1,
-            seen: Arc::clone(&seen),
-            action: || common::wire_proxy::Action::LoseReply,
-        },
-    )
-    .await;
+    let (_proxy, quota, seen) =
+        through_proxy(&t, "release", || common::wire_proxy::Action::LoseReply).await;
     let held = quota
         .reserve(
             &Request::new("vm").take(slots("p"), 4),
