@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{expect, step, TourResult};
-use mongotx::queue::ledger::{Fate, Faults, Ledger};
 use mongotx::queue::{BatchStatus, Batches, Monitor, NewBatch, Submitter};
+use mongotx::testkit::ledger::{Fate, Faults, Ledger};
 use mongotx::Store;
 
 #[tokio::main]

@@ -14,8 +14,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{expect, step, TourResult};
-use mongotx::ratelimit::simulator::Simulator;
 use mongotx::ratelimit::{Attempt, Limit, Priority, RateLimits};
+use mongotx::testkit::api_simulator::Simulator;
 use mongotx::Store;
 
 #[tokio::main]

@@ -6,17 +6,11 @@
 //! of each service that has nothing in flight. It is a pure function from the batches and "now"
 //! to the queue ([`one_round_serial`], [`category`]); [`Batches`] keeps them in the
 //! database; a [`Submitter`] claims queued batches and submits them, a [`Monitor`] records what
-//! the ledger says. A ledger simulator for tests and examples (`ledger`, `ledger_http`) comes with
-//! the `testkit` feature.
+//! the ledger says. A ledger simulator for tests and examples is in the test rig (`testkit::ledger`,
+//! feature `testkit`).
 
 mod claim;
 mod error;
-#[cfg(feature = "testkit")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
-pub mod ledger;
-#[cfg(feature = "testkit")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
-pub mod ledger_http;
 mod model;
 mod queuer;
 mod roles;

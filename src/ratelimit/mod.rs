@@ -36,18 +36,12 @@
 //! the bound.)
 //!
 //! Priorities and the queue are described on [`RateLimits`]; the exhaustive model of the protocol
-//! (`model`) comes with the `testkit` feature.
+//! (`testkit::ratelimit_model`) comes with the `testkit` feature.
 
 mod error;
 mod limit;
-#[cfg(feature = "testkit")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
-pub mod model;
 mod ops;
 mod plan;
-#[cfg(feature = "testkit")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
-pub mod simulator;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -10,21 +10,28 @@
 //!   killed process would (installed with `TxnOptions::fault_injector`,
 //!   `GcOptions::fault_injector` and `QuotaOptions::fault_injector`, which exist only with
 //!   this feature).
-//! - [`explore`]: the exhaustive state explorer the protocol models run on (the commit
-//!   protocol's model is a unit test; the rate limiter's is `ratelimit::model`).
-//! - The rate limiter's third-party API simulator (`ratelimit::simulator`) and the batch
-//!   queue's ledger simulator (`queue::ledger`, `queue::ledger_http`) stay next to the module they
-//!   stand in for, behind the same feature.
+//! - [`explore`]: the exhaustive state explorer the protocol models run on: the commit
+//!   protocol's (`commit_model`, a unit test run by CI with `--ignored`) and the rate limiter's
+//!   ([`ratelimit_model`]).
+//! - [`api_simulator`]: a third-party API with a rate limit, for the rate limiter's tests and
+//!   example; [`ledger`] and [`ledger_http`]: the external ledger the batch queue submits to, in
+//!   process and over HTTP.
 //!
 //! A feature rather than a second crate: the rig needs crate-private parts (the failpoints are
 //! consulted by the commit protocol itself, the models reuse the modules' own planning code), and
 //! the crate's tests and examples turn it on through a dev-dependency on the crate itself, so
 //! `cargo test` and `cargo run --example ...` need no flag.
 
+pub mod api_simulator;
+#[cfg(test)]
+mod commit_model;
 pub mod explore;
 pub mod ferretdb;
 pub(crate) mod http;
+pub mod ledger;
+pub mod ledger_http;
 pub mod local_server;
+pub mod ratelimit_model;
 pub mod test_server;
 pub mod toxiproxy;
 

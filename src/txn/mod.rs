@@ -16,8 +16,6 @@ pub(crate) mod error;
 pub(crate) mod expired;
 pub mod failpoint;
 pub(crate) mod gc;
-#[cfg(all(test, feature = "testkit"))]
-mod model;
 pub(crate) mod options;
 pub(crate) mod recovery;
 pub(crate) mod transaction;

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use crate::common::TestDb;
 use bson::{doc, Document};
-use mongotx::queue::ledger::{Answer, Fate, Faults, Ledger, LedgerStatus};
 use mongotx::queue::{
     BatchStatus, Batches, LedgerApi, Monitor, NewBatch, QueueError, Submission, Submitter,
     BATCHES_COLLECTION, BATCHES_SCHEMA, SERVICES_SCHEMA,
 };
+use mongotx::testkit::ledger::{Answer, Fate, Faults, Ledger, LedgerStatus};
 use mongotx::JsonSchema;
 
 /// Sets `fields` on the stored batch `header`.

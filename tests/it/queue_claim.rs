@@ -16,10 +16,10 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongotx::queue::ledger::{Faults, Ledger};
 use mongotx::queue::{
     BatchStatus, Batches, Monitor, NewBatch, Submission, Submitter, BATCHES_COLLECTION,
 };
+use mongotx::testkit::ledger::{Faults, Ledger};
 use mongotx::Store;
 
 const SERVICES: &str = "batches_services";

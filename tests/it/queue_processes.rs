@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::TestDb;
 use bson::{doc, Document};
-use mongotx::queue::ledger::{Faults, Ledger};
-use mongotx::queue::ledger_http::LedgerServer;
 use mongotx::queue::{Batches, NewBatch, BATCHES_COLLECTION};
+use mongotx::testkit::ledger::{Faults, Ledger};
+use mongotx::testkit::ledger_http::LedgerServer;
 
 const SERVICES: usize = 5;
 const PER_SERVICE: usize = 200;

@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::TestDb;
-use mongotx::ratelimit::simulator::Simulator;
 use mongotx::ratelimit::{Limit, RateLimits, LIMITERS_COLLECTION};
+use mongotx::testkit::api_simulator::Simulator;
 
 const CALLS: u32 = 400;
 const WINDOW: Duration = Duration::from_secs(4);

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use mongodb::Database;
-use mongotx::queue::ledger::{Faults, Ledger};
 use mongotx::queue::{Batches, Monitor, NewBatch, Submitter};
+use mongotx::testkit::ledger::{Faults, Ledger};
 use mongotx::Store;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;

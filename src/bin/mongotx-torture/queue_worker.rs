@@ -11,8 +11,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use mongotx::queue::ledger_http::HttpLedger;
 use mongotx::queue::{BatchStatus, Batches, Monitor, QueueError, Submitter};
+use mongotx::testkit::ledger_http::HttpLedger;
 use mongotx::Store;
 
 /// Arguments of a batch-queue worker.

@@ -779,7 +779,7 @@ mod tests {
     }
 
     // Millions of states: `.ci/run` runs these with the crate optimised (`cargo test --config
-    // 'profile.test.package.mongotx.opt-level=3' --lib txn::model -- --ignored`), under two
+    // 'profile.test.package.mongotx.opt-level=3' --lib testkit::commit_model -- --ignored`), under two
     // minutes.
     #[test]
     #[ignore = "exhaustive; run optimised by .ci/run"]

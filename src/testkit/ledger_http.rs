@@ -14,8 +14,8 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::queue::ledger::{Answer, Ledger, LedgerStatus};
-use crate::queue::roles::LedgerApi;
+use crate::queue::{Answer, LedgerApi, LedgerStatus};
+use crate::testkit::ledger::Ledger;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct SubmitBody {

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::queue::roles::LedgerApi;
-pub use crate::queue::roles::{Answer, LedgerStatus};
+use crate::queue::LedgerApi;
+pub use crate::queue::{Answer, LedgerStatus};
 
 /// What the ledger does with a submission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
