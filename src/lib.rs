@@ -23,7 +23,8 @@
 //! - Across them: a [`GcRunner`] runs the GC and the quota and rate-limiter sweeps on an interval
 //!   (in a service, or as the `mongotx-gc` binary); every module's error converts into
 //!   [`Error`], whose [`ErrorKind`] reads the same whichever module failed; one retry primitive
-//!   paces every loop that sends something again.
+//!   paces every loop that sends something again; [`collections`] names every collection mongotx
+//!   keeps records in.
 //! - `testkit` (feature `testkit`, off by default): the test rig, a test server, fault
 //!   injection, simulators and model explorers; the crate's own tests and examples use it.
 //!
@@ -61,6 +62,7 @@
 #[cfg(all(test, not(feature = "testkit")))]
 compile_error!("the unit tests need the `testkit` feature (see the dev-dependencies)");
 
+pub mod collections;
 mod error;
 pub mod obt;
 pub mod queue;
@@ -104,9 +106,11 @@ pub use repo::repository::{Repository, Stamped, FIRST_VERSION};
 pub use repo::schema::{BsonType, JsonSchema, SchemaError, Violation};
 #[doc(inline)]
 pub use repo::store::{
-    HoldResolver, LockWait, NoTransactions, RecordResolver, ServerValidation, Store, StoreBuilder,
+    HoldResolver, NoTransactions, RecordResolver, ServerValidation, Store, StoreBuilder,
     TRANSACTIONS_COLLECTION,
 };
+#[doc(inline)]
+pub use retry::LockWait;
 #[doc(inline)]
 pub use runner::{GcPass, GcRunner};
 #[doc(inline)]

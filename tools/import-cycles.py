@@ -1,5 +1,20 @@
 #!/usr/bin/env python3
-"""Fails when the files of src/ (the library) import each other in a cycle.
+"""Fails when the files of src/ (the library) import each other in a cycle, or against the layers.
+
+The layers, top to bottom (a file may import from its own layer's module or from below, never from
+above, and the four domain modules never from each other):
+
+    lib.rs, testkit        the crate's front door and the test rig
+    runner, error          what spans the modules: the GC runner, the umbrella error
+    obt quota ratelimit queue   the domain modules, side by side
+    txn                    transactions and the GC
+    repo                   documents, holds, schemas, the store
+    server                 what the deployment is and what time it is there
+    retry, collections     pacing of retries; the collection names mongotx uses
+
+So a name is imported from the module that defines it, not through the crate root's re-exports
+(`crate::Store` below lib.rs is an arrow up to lib.rs), and a module that needs a sibling's
+constant finds it lower down.
 
 A file's imports are the `crate::a::b` paths it names (in `use` items or inline), each resolved to
 the file that defines that module (`src/a/b.rs` or `src/a/b/mod.rs`, else the nearest existing
@@ -140,12 +155,52 @@ def cycles(edges):
     return out
 
 
+LAYERS = [
+    {"", "testkit"},
+    {"runner", "error"},
+    {"obt", "quota", "ratelimit", "queue"},
+    {"txn"},
+    {"repo"},
+    {"server"},
+    {"retry", "collections"},
+]
+PEERS = LAYERS[2]
+
+
+def layer(mod):
+    top = mod[0] if mod else ""
+    for rank, names in enumerate(LAYERS):
+        if top in names:
+            return rank
+    raise SystemExit(f"src/{'/'.join(mod)}: module {top!r} is in no layer of tools/import-cycles.py")
+
+
+def upward(files, edges):
+    """Every import that runs up the layers or across the domain modules, as (from, to) files."""
+    found = []
+    for mod, targets in edges.items():
+        for target in targets:
+            up = layer(target) < layer(mod)
+            across = (
+                layer(mod) == layer(target) == 2 and mod[0] in PEERS and target[0] != mod[0]
+            )
+            if up or across:
+                found.append((files[mod], files[target]))
+    return sorted(found)
+
+
 def main():
     files, edges = graph()
     found = cycles(edges)
+    against = upward(files, edges)
     n_edges = sum(len(e) for e in edges.values())
-    if not found:
-        print(f"import graph of src/: {len(files)} files, {n_edges} edges, no cycle")
+    for source, target in against:
+        print(f"import against the layers: {source} -> {target}")
+    if not found and not against:
+        print(
+            f"import graph of src/: {len(files)} files, {n_edges} edges, no cycle, "
+            f"none against the {len(LAYERS)} layers"
+        )
         return 0
     for comp in found:
         print("cycle among: " + ", ".join(sorted(files[m] for m in comp)))

@@ -119,6 +119,13 @@ def listing(doc_dir):
                 continue  # a private path's redirect to where the item is documented
             if name == "index.html":
                 lines.append(f"mod {module}")
+                # An item re-exported from another public module has no page of its own here.
+                for alias, code in re.findall(
+                    r'<dt id="reexport\.([^"]+)"><code>(.*?)</code></dt>', page, re.S
+                ):
+                    target = re.search(r'title="[a-z]+ ([^"]+)"', code)
+                    shown = target.group(1) if target else text(code)
+                    lines.append(f"reexport {module}::{alias} = {shown}")
                 continue
             kind, _, rest = name.partition(".")
             if kind not in KINDS:

@@ -16,15 +16,13 @@ use bson::{doc, Document};
 use mongodb::Collection;
 
 use crate::obt::error::FenceError;
-use crate::obt::model::{
-    Token, FENCES_COLLECTION, FENCES_SCHEMA, OBTS_COLLECTION, TOKENS_COLLECTION,
-};
+use crate::obt::model::{Token, FENCES_COLLECTION, FENCES_SCHEMA};
 use crate::obt::{collection_problem, name_problem, shown};
 use crate::repo::error::RepoError;
 use crate::repo::store::Store;
+use crate::retry::LockWait;
 use crate::retry::Retry;
 use crate::server::is_transient;
-use crate::LockWait;
 
 /// Admits calls on a resource only in token order.
 #[async_trait]
@@ -151,14 +149,7 @@ impl MongoFence {
     /// default namespace, the token counters, the transaction records, the collection registry),
     /// is [`FenceError::Invalid`], before anything is created.
     pub async fn named(store: &Store, name: &str) -> Result<MongoFence, FenceError> {
-        if let Some(reason) = collection_problem(
-            store,
-            name,
-            &[
-                (OBTS_COLLECTION, "the OBTs of the default namespace"),
-                (TOKENS_COLLECTION, "the token counters"),
-            ],
-        ) {
+        if let Some(reason) = collection_problem(store, name, FENCES_COLLECTION) {
             return Err(FenceError::Invalid {
                 fence: shown(name),
                 reason: format!("cannot keep a fence there: {reason}"),

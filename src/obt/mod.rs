@@ -51,7 +51,8 @@ use mongodb::Collection;
 
 use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
-use crate::repo::store::{LockWait, Store};
+use crate::repo::store::Store;
+use crate::retry::LockWait;
 
 pub use error::{FenceError, ObtError};
 pub use fence::{Fence, MemoryFence, MongoFence};
@@ -145,11 +146,7 @@ impl Obt {
     /// else (the token counters, the default fences, the transaction records, the collection
     /// registry), is [`ObtError::Invalid`], before anything is created.
     pub async fn with_options(store: &Store, options: ObtOptions) -> Result<Obt, ObtError> {
-        let reserved = [
-            (TOKENS_COLLECTION, "the token counters"),
-            (FENCES_COLLECTION, "the default fences"),
-        ];
-        if let Some(reason) = collection_problem(store, &options.collection, &reserved) {
+        if let Some(reason) = collection_problem(store, &options.collection, OBTS_COLLECTION) {
             return Err(ObtError::Invalid {
                 collection: shown(&options.collection),
                 reason: format!("cannot keep OBTs there: {reason}"),
@@ -197,18 +194,4 @@ impl Obt {
     }
 }
 
-pub(crate) use crate::repo::names::{name_problem, shown};
-
-/// What is wrong with `name` as a collection of this module, if anything: a name MongoDB refuses,
-/// or one that holds something else (`reserved`: names of this module with what they hold; the
-/// transaction records; the collection registry), whose validator opening it would replace.
-pub(crate) fn collection_problem(
-    store: &Store,
-    name: &str,
-    reserved: &[(&str, &str)],
-) -> Option<String> {
-    if let Some((_, what)) = reserved.iter().find(|(r, _)| *r == name) {
-        return Some(format!("the OBT module keeps {what} there"));
-    }
-    crate::repo::names::collection_problem(store, name).map(str::to_string)
-}
+pub(crate) use crate::repo::names::{collection_problem, name_problem, shown};

@@ -6,19 +6,14 @@ use std::time::{Duration, Instant};
 use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
-/// The default collection of OBTs; each OBT collection is a namespace of its own tokens.
-pub const OBTS_COLLECTION: &str = "obts";
+pub use crate::collections::{FENCES_COLLECTION, OBTS_COLLECTION, TOKENS_COLLECTION};
 
 /// The JSON Schema of an OBT collection (the project's `schemas/obts.json`).
 pub const OBTS_SCHEMA: &str = include_str!("../../schemas/obts.json");
 
-/// The collection of token counters, one document per namespace.
-pub const TOKENS_COLLECTION: &str = "obt_tokens";
 /// The JSON Schema of [`TOKENS_COLLECTION`] (the project's `schemas/obt_tokens.json`).
 pub const TOKENS_SCHEMA: &str = include_str!("../../schemas/obt_tokens.json");
 
-/// The default collection of a [`MongoFence`](crate::obt::MongoFence).
-pub const FENCES_COLLECTION: &str = "obt_fences";
 /// The JSON Schema of a fence collection (the project's `schemas/obt_fences.json`).
 pub const FENCES_SCHEMA: &str = include_str!("../../schemas/obt_fences.json");
 

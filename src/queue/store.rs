@@ -16,11 +16,7 @@ use crate::queue::model::{Batch, BatchStatus, Place, Service, DEFAULT_DELAY};
 use crate::queue::queuer::one_round_serial;
 use crate::repo::store::Store;
 
-/// The default collection of batches.
-pub const BATCHES_COLLECTION: &str = "batches";
-
-/// The services collection of a collection of batches is named after it with this suffix.
-pub const SERVICES_SUFFIX: &str = "_services";
+pub use crate::collections::{BATCHES_COLLECTION, SERVICES_SUFFIX};
 
 /// The JSON Schema of a service document (the project's `schemas/batch_services.json`).
 pub const SERVICES_SCHEMA: &str = include_str!("../../schemas/batch_services.json");
@@ -49,10 +45,10 @@ pub(crate) use crate::repo::names::{name_problem, shown};
 /// that holds mongotx's own records, or one ending in [`SERVICES_SUFFIX`] (it would be, or look
 /// like, the services collection of another collection of batches, whose validator opening it
 /// would replace).
-fn collection_problem(store: &Store, name: &str) -> Option<&'static str> {
-    crate::repo::names::collection_problem(store, name).or_else(|| {
+fn collection_problem(store: &Store, name: &str) -> Option<String> {
+    crate::repo::names::collection_problem(store, name, BATCHES_COLLECTION).or_else(|| {
         name.ends_with(SERVICES_SUFFIX)
-            .then_some("names ending in the services suffix are kept for services collections")
+            .then(|| "names ending in the services suffix are kept for services collections".into())
     })
 }
 

@@ -53,7 +53,8 @@ use std::time::Duration;
 
 use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
-use crate::repo::store::{LockWait, Store};
+use crate::repo::store::Store;
+use crate::retry::LockWait;
 use crate::txn::failpoint::{FaultInjector, Faults};
 use crate::txn::transaction::{Finish, Transactions, TxnOptions};
 

@@ -14,8 +14,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
-/// The collection holding one document per provider.
-pub const PROVIDERS_COLLECTION: &str = "quota_providers";
+pub use crate::collections::PROVIDERS_COLLECTION;
 
 /// The JSON Schema of [`PROVIDERS_COLLECTION`] (the project's `schemas/quota_providers.json`).
 pub const PROVIDERS_SCHEMA: &str = include_str!("../../schemas/quota_providers.json");

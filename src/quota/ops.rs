@@ -19,10 +19,10 @@ use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::find::Query;
 use crate::repo::repository::Stamped;
+use crate::retry::LockWait;
 use crate::retry::Retry;
 use crate::server::is_transient;
 use crate::txn::error::TxnError;
-use crate::LockWait;
 
 /// Single-provider writes tried before falling back to the generation-checked path (which only
 /// happens when the provider is held by a transaction or the server's clock ran past a send's

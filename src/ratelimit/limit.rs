@@ -16,8 +16,7 @@ pub(crate) const SENT: u8 = 1;
 /// A settled reservation.
 pub(crate) const DONE: u8 = 2;
 
-/// The default collection of limiters.
-pub const LIMITERS_COLLECTION: &str = "ratelimits";
+pub use crate::collections::LIMITERS_COLLECTION;
 
 /// The JSON Schema of a limiter document (the project's `schemas/ratelimits.json`).
 pub const LIMITERS_SCHEMA: &str = include_str!("../../schemas/ratelimits.json");

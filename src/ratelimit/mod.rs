@@ -51,6 +51,7 @@ use bson::{doc, Document};
 use mongodb::Collection;
 use tokio::sync::Notify;
 
+use crate::repo::names::collection_problem;
 use crate::repo::store::Store;
 
 pub use error::RateLimitError;
@@ -116,7 +117,6 @@ impl RateLimitOptions {
     /// `max_wait` takes any value: zero means one try, then [`RateLimitError::TimedOut`].
     pub fn validate(&self, store: &Store) -> Result<(), RateLimitError> {
         let name = self.collection.as_str();
-        let database = store.database().name();
         let invalid = |option: &'static str, value: String, reason: String| {
             Err(RateLimitError::InvalidOption {
                 collection: name.to_string(),
@@ -125,36 +125,8 @@ impl RateLimitOptions {
                 reason,
             })
         };
-        let bad_name = |reason: String| invalid("collection", format!("{name:?}"), reason);
-        if name.is_empty() {
-            return bad_name("a collection needs a name".into());
-        }
-        if let Some(c) = name.chars().find(|c| *c == '$' || *c == '\0') {
-            return bad_name(format!("the server refuses {c:?} in a collection name"));
-        }
-        if name.starts_with('.') || name.ends_with('.') || name.starts_with("system.") {
-            return bad_name(
-                "the server refuses names starting or ending with '.', and keeps system.* to itself"
-                    .into(),
-            );
-        }
-        let namespace = database.len() + 1 + name.len();
-        if namespace > MAX_NAMESPACE {
-            return bad_name(format!(
-                "{database}.{name} has {namespace} bytes, more than {MAX_NAMESPACE}"
-            ));
-        }
-        let own = [
-            crate::quota::PROVIDERS_COLLECTION,
-            crate::TRANSACTIONS_COLLECTION,
-            crate::META_COLLECTION,
-            crate::queue::BATCHES_COLLECTION,
-            crate::obt::OBTS_COLLECTION,
-            crate::obt::TOKENS_COLLECTION,
-            crate::obt::FENCES_COLLECTION,
-        ];
-        if own.contains(&name) || name == store.transactions_collection() {
-            return bad_name("it is one of mongotx's own collections".into());
+        if let Some(reason) = collection_problem(store, name, LIMITERS_COLLECTION) {
+            return invalid("collection", format!("{name:?}"), reason);
         }
         if let Some(poll) = self.poll {
             if poll < Duration::from_millis(1) || poll > Duration::from_secs(24 * 3600) {
@@ -168,9 +140,6 @@ impl RateLimitOptions {
         Ok(())
     }
 }
-
-/// The longest namespace (`database.collection`) the server takes for a sharded collection.
-const MAX_NAMESPACE: usize = 235;
 
 /// The rate limiter handle: cheap to clone, shared by all tasks of a process.
 ///

@@ -229,16 +229,7 @@ impl CollectionSpec {
 }
 
 pub(crate) fn check_name(name: &str) -> Result<(), SpecError> {
-    let reason = if name.is_empty() {
-        Some("it is empty")
-    } else if name.starts_with("system.") {
-        Some("the system. prefix is reserved by MongoDB")
-    } else if name.contains('$') || name.contains('\0') {
-        Some("it contains '$' or a NUL character")
-    } else {
-        None
-    };
-    match reason {
+    match crate::collections::server_refuses(name) {
         Some(reason) => Err(SpecError::Name {
             name: name.to_string(),
             reason,

@@ -26,8 +26,7 @@ use mongodb::{Collection, Database};
 use crate::repo::fields;
 use crate::server::codes;
 
-/// Name of the collection of per-collection metadata.
-pub const META_COLLECTION: &str = "mongotx_meta";
+pub use crate::collections::META_COLLECTION;
 
 const PREFIX: &str = "collection:";
 const FLOOR: &str = "floor";

@@ -2,7 +2,7 @@
 //! and how errors show them: one rule set, so that every module refuses the same names the same
 //! way.
 
-use crate::repo::meta::META_COLLECTION;
+use crate::collections::{kept_elsewhere, server_refuses};
 use crate::repo::store::Store;
 
 /// The longest id or name a caller may give (they become document ids and indexed values).
@@ -35,19 +35,27 @@ pub(crate) fn shown(value: &str) -> String {
     }
 }
 
-/// What is wrong with `name` as the collection of a module's own records, if anything: a name
-/// MongoDB refuses, or one where mongotx keeps its transaction records or collection registry
-/// (opening the module there would replace their validator).
-pub(crate) fn collection_problem(store: &Store, name: &str) -> Option<&'static str> {
-    if name.is_empty() {
-        Some("the collection name is empty")
-    } else if name.contains('$') || name.contains('\0') {
-        Some("a collection name cannot contain '$' or a NUL character")
-    } else if name.starts_with("system.") {
-        Some("the system. prefix is reserved by MongoDB")
-    } else if name == store.transactions_collection() || name == META_COLLECTION {
-        Some("mongotx keeps its transaction records or collection registry there")
-    } else {
-        None
+/// The longest namespace (`database.collection`) the server takes for a sharded collection.
+const MAX_NAMESPACE: usize = 235;
+
+/// What is wrong with `name` as the collection where a module keeps its records, if anything:
+/// what [`server_refuses`], a namespace longer than a sharded cluster takes, or a collection
+/// where mongotx keeps something else (the store's transaction records, or one of the
+/// `OWN` defaults other than `home`, the calling module's own), whose
+/// validator opening it would replace.
+pub(crate) fn collection_problem(store: &Store, name: &str, home: &str) -> Option<String> {
+    if let Some(reason) = server_refuses(name) {
+        return Some(reason.to_string());
     }
+    let database = store.database().name();
+    let namespace = database.len() + 1 + name.len();
+    if namespace > MAX_NAMESPACE {
+        return Some(format!(
+            "{database}.{name} has {namespace} bytes, more than the {MAX_NAMESPACE} a namespace may have"
+        ));
+    }
+    if name == store.transactions_collection() && name != home {
+        return Some("mongotx keeps the transaction records there".into());
+    }
+    kept_elsewhere(name, home)
 }

@@ -21,11 +21,11 @@ use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
 use crate::repo::outcome::{HoldError, TxnStatus};
+use crate::retry::LockWait;
 use crate::server::clock::{self, ClockError, Durability, ServerClock, Topology};
 use crate::server::semantics::Semantic;
 
-/// Default name of the collection holding ActiveTransaction records.
-pub const TRANSACTIONS_COLLECTION: &str = "mongotx_transactions";
+pub use crate::collections::TRANSACTIONS_COLLECTION;
 
 /// Whether to install each collection's schema as a server-side `$jsonSchema` validator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,46 +38,6 @@ pub enum ServerValidation {
     Always,
     /// Never install it; validate on the client only.
     Never,
-}
-
-/// The shortest pause [`LockWait::backoff`] gives.
-const MIN_PAUSE: Duration = Duration::from_millis(1);
-
-/// How writers wait for a held document, and how they back off meanwhile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockWait {
-    /// Total time to wait before failing with `Locked`.
-    pub max_wait: Duration,
-    /// First pause between attempts.
-    pub initial_backoff: Duration,
-    /// Longest pause between attempts.
-    pub max_backoff: Duration,
-}
-
-impl Default for LockWait {
-    fn default() -> LockWait {
-        LockWait {
-            max_wait: Duration::from_secs(2),
-            initial_backoff: Duration::from_millis(2),
-            max_backoff: Duration::from_millis(100),
-        }
-    }
-}
-
-impl LockWait {
-    /// The pause before attempt `attempt` (0-based): exponential, capped, jittered so that writers
-    /// queued on one document do not retry in lockstep, and at least 1 ms (a zero
-    /// backoff would send attempts back to back against the server for the whole wait).
-    pub fn backoff(&self, attempt: u32) -> Duration {
-        use rand::Rng;
-        let ceiling = self
-            .initial_backoff
-            .saturating_mul(1_u32 << attempt.min(16))
-            .min(self.max_backoff)
-            .max(MIN_PAUSE);
-        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(rand::rng().random_range(nanos / 2..=nanos)).max(MIN_PAUSE)
-    }
 }
 
 /// A database plus shared settings; opens typed repositories. Cheap to clone.

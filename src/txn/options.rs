@@ -8,7 +8,7 @@ use std::time::Duration;
 use bson::{oid::ObjectId, Bson};
 
 use crate::repo::ids;
-use crate::repo::store::LockWait;
+use crate::retry::LockWait;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::FaultInjector;
 

@@ -20,12 +20,12 @@ use crate::repo::hold::record::{self, TxnState};
 use crate::repo::hold::resolve;
 use crate::repo::hold::write::{self, Write};
 use crate::repo::store::Store;
+use crate::retry::LockWait;
 use crate::retry::Retry;
 use crate::server::is_transient;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::{self, Faults};
 use crate::txn::worklist::{ActiveTransaction, Entry};
-use crate::LockWait;
 
 /// Which failpoint names a party uses for the steps it shares with others.
 #[derive(Debug, Clone, Copy)]

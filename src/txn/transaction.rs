@@ -9,6 +9,7 @@ use bson::{Bson, Document};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::collections::{kept_elsewhere, server_refuses, TRANSACTIONS_COLLECTION};
 use crate::repo::changes::{self, Adjust, Update};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
@@ -635,19 +636,12 @@ where
         })
 }
 
-/// Refuses a name the transaction records (or a GC) cannot use: one MongoDB refuses, or
-/// mongotx's own registry of collections, whose documents are no records.
+/// Refuses a name the transaction records (or a GC) cannot use: one MongoDB refuses, or one where
+/// mongotx keeps something else (the registry of collections, a domain module's records).
 pub(crate) fn check_records_collection(option: &'static str, name: &str) -> Result<(), TxnError> {
-    let reason = if name.is_empty() {
-        Some("it is empty")
-    } else if name.starts_with("system.") {
-        Some("the system. prefix is reserved by MongoDB")
-    } else if name.contains('$') || name.contains('\0') {
-        Some("it contains '$' or a NUL character")
-    } else if name == crate::repo::meta::META_COLLECTION {
-        Some("that is mongotx's registry of collections")
-    } else {
-        None
+    let reason = match server_refuses(name) {
+        Some(reason) => Some(reason.to_string()),
+        None => kept_elsewhere(name, TRANSACTIONS_COLLECTION),
     };
     match reason {
         Some(reason) => Err(TxnError::InvalidOptions {
