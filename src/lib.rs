@@ -86,6 +86,8 @@ pub use error::{Error, ErrorKind};
 #[doc(inline)]
 pub use repo::adopt::{AdoptOptions, AdoptProgress, AdoptRefusal, AdoptReport};
 #[doc(inline)]
+pub use repo::background::Shutdown;
+#[doc(inline)]
 pub use repo::changes::{Adjust, Update};
 #[doc(inline)]
 pub use repo::collection::{CollectionSpec, SpecError, UpgradeStep};

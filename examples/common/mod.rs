@@ -97,12 +97,26 @@ where
         db_name.unwrap_or_else(|| format!("mongotx_example_{}", ObjectId::new().to_hex()));
     let db = client.database(&db_name);
     println!("database: {db_name}");
+    let store = store(&db);
     let example = Example {
-        store: store(&db),
+        store: store.clone(),
         uri: server.uri().to_string(),
         timeout,
     };
-    if let Err(error) = tour(example).await {
+    let outcome = tokio::select! {
+        outcome = tour(example) => outcome,
+        _ = tokio::signal::ctrl_c() => Err("interrupted (ctrl-c)".into()),
+    };
+    // As a service stopping does: wait for the background finishes of what was committed, so
+    // that no committed document is left held for the GC.
+    let report = store.shutdown(Duration::from_secs(10)).await;
+    if report.unfinished > 0 {
+        eprintln!(
+            "{} committed transactions left for the GC to finish",
+            report.unfinished
+        );
+    }
+    if let Err(error) = outcome {
         return Err(if server.kind() == ServerKind::External {
             format!("{error} (database {db_name} left for inspection)").into()
         } else {

@@ -14,6 +14,8 @@
 
 mod app;
 
+use std::time::Duration;
+
 use mongodb::Client;
 use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
@@ -31,6 +33,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         server.kind(),
         server.uri()
     );
-    axum::serve(listener, router).await?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(stop_signal())
+        .await?;
+    // The requests are answered; wait for the background finishes of their transactions.
+    let report = store.shutdown(Duration::from_secs(10)).await;
+    println!(
+        "stopped: {} background finishes waited for, {} left for the GC",
+        report.finished, report.unfinished
+    );
     Ok(())
+}
+
+/// Completes on ctrl-c, or on SIGTERM (what a deploy sends).
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -39,6 +39,7 @@
 //! [`RecordResolver`]: store::RecordResolver
 
 pub(crate) mod adopt;
+pub(crate) mod background;
 pub(crate) mod changes;
 pub(crate) mod checks;
 pub(crate) mod collection;

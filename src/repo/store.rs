@@ -16,6 +16,7 @@ use mongodb::options::{CollectionOptions, ReadConcern, WriteConcern};
 use mongodb::{Collection, Database};
 use tokio::sync::OnceCell;
 
+use crate::repo::background::{Background, Shutdown};
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
@@ -90,6 +91,8 @@ pub(crate) struct StoreInner {
     /// The definition of each collection this store has opened or staged changes on, for the
     /// protocol steps that stamp a plain document they meet (see `repo::plain`).
     specs: Mutex<HashMap<String, Arc<CollectionSpec>>>,
+    /// The background finishes of transactions committed through this store.
+    pub(crate) background: Background,
     /// Validators this store could not install for lack of privileges, by collection: the
     /// command an administrator runs.
     pending_validators: Mutex<BTreeMap<String, Document>>,
@@ -214,12 +217,35 @@ impl StoreBuilder {
                 specs: Mutex::new(HashMap::new()),
                 pending_validators: Mutex::new(BTreeMap::new()),
                 validators: Mutex::new(HashMap::new()),
+                background: Background::default(),
             }),
         }
     }
 }
 
 impl Store {
+    /// Stops taking background work and waits up to `limit` for the background finishes already
+    /// running, as a service does before it exits (on SIGTERM or ctrl-c), so that transactions
+    /// committed with [`Finish::InBackground`](crate::Finish::InBackground) are not left held
+    /// until a reader, a writer or the GC finishes them. From then on every commit through this
+    /// store or its clones finishes before returning, whatever its [`Finish`](crate::Finish).
+    /// Nothing else changes: reads, writes and commits keep working. A second call waits for
+    /// whatever is still running.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: mongotx::Store) {
+    /// use std::time::Duration;
+    /// tokio::signal::ctrl_c().await.ok();
+    /// let report = store.shutdown(Duration::from_secs(10)).await;
+    /// if report.unfinished > 0 {
+    ///     eprintln!("{} committed transactions left for the GC to finish", report.unfinished);
+    /// }
+    /// # }
+    /// ```
+    pub async fn shutdown(&self, limit: Duration) -> Shutdown {
+        self.inner.background.shutdown(limit).await
+    }
+
     /// A store on `db` with default settings.
     pub fn new(db: Database) -> Store {
         Store::builder(db).build()

@@ -260,10 +260,15 @@ impl Transactions {
                     version: e.applied,
                 })
                 .collect(),
-            finished: self.options.finish == Finish::BeforeReturning,
+            finished: true,
         };
-        match self.options.finish {
-            Finish::BeforeReturning => match complete(env, &txn).await {
+        // Once the store shuts down it takes no background work: the commit finishes here.
+        let slot = match self.options.finish {
+            Finish::BeforeReturning => None,
+            Finish::InBackground => env.store.inner.background.slot(),
+        };
+        match slot {
+            None => match complete(env, &txn).await {
                 Ok(()) => {}
                 Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
                 Err(e) => {
@@ -275,13 +280,18 @@ impl Transactions {
                     }));
                 }
             },
-            Finish::InBackground => {
+            Some(slot) => {
                 let env = env.clone();
                 tokio::spawn(async move {
                     if let Err(e) = complete(&env, &txn).await {
                         tracing::warn!(txn = %t, error = %e, "background finish failed; the GC will finish it");
                     }
+                    drop(slot);
                 });
+                return Ok(Attempt::Committed(Outcome {
+                    finished: false,
+                    ..outcome
+                }));
             }
         }
         Ok(Attempt::Committed(outcome))

@@ -71,6 +71,7 @@ mod schema_versions;
 mod server;
 mod server_prefilter;
 mod server_validation;
+mod shutdown;
 #[cfg(feature = "cli")]
 mod torture;
 mod transactions;

@@ -138,7 +138,14 @@ async fn run(args: Args) -> Result<(), String> {
             .run(shutdown_signal()?, |pass| report(pass, &metrics))
             .await;
     }
-    tracing::info!("GC runner stopped");
+    // The runner's own work is done by now; this waits for any background work of the store
+    // (none unless a transaction was committed through it), as every service stopping should.
+    let report = store.shutdown(Duration::from_secs(10)).await;
+    tracing::info!(
+        finished = report.finished,
+        unfinished = report.unfinished,
+        "GC runner stopped"
+    );
     Ok(())
 }
 
