@@ -3,11 +3,14 @@
 //! `match` (or `?` into `mongotx::Error`) serves a caller of repositories, transactions, quotas,
 //! OBTs, the rate limiter and the queue at once.
 //!
-//! Each module keeps its own error type, with the collection, id and versions involved in its
-//! message and the driver's error as its `source()`; each also answers [`kind`](RepoError::kind)
-//! and `is_retryable` itself. The kinds are decided here, in one table, so that the modules do not
-//! depend on this file (it depends on all of them).
+//! The rule: every public function returns its own module's error ([`RepoError`] for the store
+//! and repositories, [`TxnError`] for transactions and the GC, `QuotaError`, `ObtError` and
+//! `FenceError`, `RateLimitError`, `QueueError`, [`ProbeError`]), with the collection, id and
+//! versions involved in its message and the driver's error as its `source()`; each answers
+//! [`kind`](RepoError::kind) and `is_retryable` side by side in its own file. [`Error`] is the one
+//! type they all convert into, and [`Result`] defaults to it, for a service that mixes modules.
 
+use crate::error_kind::ErrorKind;
 use crate::obt::{FenceError, ObtError};
 use crate::queue::QueueError;
 use crate::quota::QuotaError;
@@ -19,42 +22,6 @@ use crate::repo::schema::SchemaError;
 use crate::server::clock::ClockError;
 use crate::server::probe::ProbeError;
 use crate::txn::error::TxnError;
-
-/// What kind of failure an error is, the same across modules; see [`Error::kind`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The call was refused before anything was written: an argument, a document or an option
-    /// that cannot work. Fix the call; sending it again fails the same way.
-    InvalidInput,
-    /// What the call names does not exist (never did, was deleted, released or expired away).
-    NotFound,
-    /// What the call creates exists already (an id, a unique key, a provider, an OBT, a batch
-    /// header, a limiter defined differently).
-    AlreadyExists,
-    /// Someone else changed or held it first (a version conflict, a transaction's hold, a
-    /// contended document, a transaction aborted by another party): read again and retry.
-    Conflict,
-    /// A rule of the module said no: not enough quota, ownership lost or never held, a stale
-    /// fencing token, a replayed stage, a reservation already settled, a status that cannot go
-    /// that way. Retrying the same call does not help; the caller decides what comes next.
-    Refused,
-    /// Waiting (for capacity, or for retries to succeed) took longer than the caller allowed.
-    TimedOut,
-    /// A commit whose outcome is not known yet (its last write got no answer); reading the
-    /// documents, or the transaction's record, later tells.
-    OutcomeUnknown,
-    /// The server or the connection failed; [`Error::is_retryable`] says whether it may pass.
-    Unavailable,
-    /// Stored data is not what this version of mongotx (or the caller's type) expects: a
-    /// document not written by mongotx, a newer schema, a failed upgrade, a value that does not
-    /// deserialize.
-    Data,
-    /// The server lacks a behaviour mongotx needs (see [`probe`](crate::probe)).
-    Unsupported,
-    /// A fault injector stopped the call here, as a killed process would stop (tests only).
-    Crashed,
-}
 
 /// Any mongotx error: the module's own error inside, its message and `source()` passed through
 /// unchanged. Every module error converts into it with `?`; [`kind`](Error::kind) says what kind
@@ -118,6 +85,9 @@ pub enum Error {
     Queue(#[from] QueueError),
 }
 
+/// A result whose error defaults to [`Error`], the error any module's converts into with `?`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 impl Error {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
@@ -153,212 +123,6 @@ impl Error {
             Error::Fence(e) => e.is_retryable(),
             Error::RateLimit(e) => e.is_retryable(),
             Error::Queue(e) => e.is_retryable(),
-        }
-    }
-}
-
-impl RepoError {
-    /// What kind of failure this is (see [`ErrorKind`]).
-    pub fn kind(&self) -> ErrorKind {
-        use RepoError as E;
-        match self {
-            E::NotFound { .. } | E::Deleted { .. } => ErrorKind::NotFound,
-            E::VersionConflict { .. } | E::ConditionFailed { .. } | E::Locked { .. } => {
-                ErrorKind::Conflict
-            }
-            E::DuplicateId { .. } | E::DuplicateKey { .. } => ErrorKind::AlreadyExists,
-            E::SchemaTooNew { .. } | E::Upgrade { .. } | E::Malformed { .. } | E::Decode { .. } => {
-                ErrorKind::Data
-            }
-            E::Invalid { .. }
-            | E::SystemField { .. }
-            | E::InvalidVersion { .. }
-            | E::InvalidId { .. }
-            | E::InvalidIncrement { .. }
-            | E::EmptyChange { .. }
-            | E::InvalidQuery { .. }
-            | E::Encode { .. }
-            | E::Refused { .. } => ErrorKind::InvalidInput,
-            E::Spec(e) => e.kind(),
-            E::Hold { source, .. } => source.kind(),
-            E::Clock { source, .. } => source.kind(),
-            E::ServerUnsuitable { .. } => ErrorKind::Unsupported,
-            E::Database { .. } => ErrorKind::Unavailable,
-        }
-    }
-}
-
-impl TxnError {
-    /// What kind of failure this is (see [`ErrorKind`]).
-    pub fn kind(&self) -> ErrorKind {
-        use TxnError as E;
-        match self {
-            E::Document { source, .. } => source.kind(),
-            E::DuplicateEntry { .. }
-            | E::TooLarge { .. }
-            | E::Closed { .. }
-            | E::InvalidOptions { .. }
-            | E::ForeignRepository { .. } => ErrorKind::InvalidInput,
-            E::Expired { .. } | E::Aborted { .. } => ErrorKind::Conflict,
-            E::CommitUnknown { .. } => ErrorKind::OutcomeUnknown,
-            E::Crashed { .. } => ErrorKind::Crashed,
-            E::Malformed { .. } => ErrorKind::Data,
-            E::Rejected { .. } => ErrorKind::Refused,
-            E::GaveUp { .. } => ErrorKind::TimedOut,
-            E::Clock { source, .. } => source.kind(),
-            E::Resolve { source, .. } => source.kind(),
-            E::Database { .. } => ErrorKind::Unavailable,
-        }
-    }
-}
-
-impl SpecError {
-    /// What kind of failure this is: always [`ErrorKind::InvalidInput`] (the definition is the
-    /// caller's).
-    pub fn kind(&self) -> ErrorKind {
-        ErrorKind::InvalidInput
-    }
-}
-
-impl SchemaError {
-    /// What kind of failure this is: always [`ErrorKind::InvalidInput`] (the schema text is the
-    /// caller's).
-    pub fn kind(&self) -> ErrorKind {
-        ErrorKind::InvalidInput
-    }
-}
-
-impl HoldError {
-    /// What kind of failure this is: resolving a hold fails only when the server cannot be read
-    /// or a record cannot be understood.
-    pub fn kind(&self) -> ErrorKind {
-        if self.has_driver_source() {
-            ErrorKind::Unavailable
-        } else {
-            ErrorKind::Data
-        }
-    }
-}
-
-impl ClockError {
-    /// What kind of failure this is (see [`ErrorKind`]).
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            ClockError::Database { .. } => ErrorKind::Unavailable,
-            ClockError::NoLocalTime => ErrorKind::Unsupported,
-        }
-    }
-}
-
-impl ProbeError {
-    /// What kind of failure this is: [`ErrorKind::Unsupported`] for a property the server lacks,
-    /// [`ErrorKind::Unavailable`] for a failure while checking.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            ProbeError::Database { .. } => ErrorKind::Unavailable,
-            _ => ErrorKind::Unsupported,
-        }
-    }
-}
-
-impl QuotaError {
-    /// What kind of failure this is (see [`ErrorKind`]).
-    pub fn kind(&self) -> ErrorKind {
-        use QuotaError as E;
-        match self {
-            E::QuotaExceeded { .. } | E::ReservationExpired { .. } => ErrorKind::Refused,
-            E::UnknownProvider { .. }
-            | E::UnknownConsumer { .. }
-            | E::UnknownRequest { .. }
-            | E::UnknownReservation { .. } => ErrorKind::NotFound,
-            E::ProviderExists { .. } => ErrorKind::AlreadyExists,
-            E::InvalidAmount { .. }
-            | E::DuplicateProvider { .. }
-            | E::NegativeLimit { .. }
-            | E::InvalidRequest { .. }
-            | E::InvalidName { .. }
-            | E::InvalidOption { .. }
-            | E::RequestReused { .. }
-            | E::InvalidTtl { .. } => ErrorKind::InvalidInput,
-            E::Contended { .. } => ErrorKind::Conflict,
-            E::Repo(e) => e.kind(),
-            E::Txn(e) => e.kind(),
-            E::Clock(e) => e.kind(),
-            E::Crashed { .. } => ErrorKind::Crashed,
-        }
-    }
-}
-
-impl ObtError {
-    /// What kind of failure this is (see [`ErrorKind`]); losing ownership is
-    /// [`ErrorKind::Refused`] (or [`ErrorKind::NotFound`] once the OBT is gone).
-    pub fn kind(&self) -> ErrorKind {
-        use ObtError as E;
-        match self {
-            E::Invalid { .. } => ErrorKind::InvalidInput,
-            E::NotFound { .. } => ErrorKind::NotFound,
-            E::Exists { .. } => ErrorKind::AlreadyExists,
-            E::NotOwner { .. }
-            | E::Preempted { .. }
-            | E::StageReplayed { .. }
-            | E::LeaseLive { .. }
-            | E::NoLease { .. } => ErrorKind::Refused,
-            E::Changed { .. } => ErrorKind::Conflict,
-            E::Repo(e) => e.kind(),
-            E::Txn(e) => e.kind(),
-            E::Clock(e) => e.kind(),
-        }
-    }
-}
-
-impl FenceError {
-    /// What kind of failure this is (see [`ErrorKind`]); a stale token is
-    /// [`ErrorKind::Refused`].
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            FenceError::StaleToken { .. } => ErrorKind::Refused,
-            FenceError::Invalid { .. } => ErrorKind::InvalidInput,
-            FenceError::Repo(e) => e.kind(),
-        }
-    }
-}
-
-impl RateLimitError {
-    /// What kind of failure this is (see [`ErrorKind`]).
-    pub fn kind(&self) -> ErrorKind {
-        use RateLimitError as E;
-        match self {
-            E::InvalidLimit { .. }
-            | E::ZeroCalls { .. }
-            | E::TooManyCalls { .. }
-            | E::InvalidRequest { .. }
-            | E::InvalidOption { .. }
-            | E::MadeExceedsReserved { .. } => ErrorKind::InvalidInput,
-            E::LimitMismatch { .. } => ErrorKind::AlreadyExists,
-            E::UnknownLimiter { .. } | E::UnknownReservation { .. } => ErrorKind::NotFound,
-            E::AlreadySettled { .. } => ErrorKind::Refused,
-            E::TimedOut { .. } => ErrorKind::TimedOut,
-            E::Contended { .. } => ErrorKind::Conflict,
-            E::Database { .. } => ErrorKind::Unavailable,
-            E::Clock(e) => e.kind(),
-            E::Malformed { .. } => ErrorKind::Data,
-        }
-    }
-}
-
-impl QueueError {
-    /// What kind of failure this is (see [`ErrorKind`]).
-    pub fn kind(&self) -> ErrorKind {
-        use QueueError as E;
-        match self {
-            E::InvalidBatch { .. } | E::Invalid { .. } => ErrorKind::InvalidInput,
-            E::HeaderReused { .. } => ErrorKind::AlreadyExists,
-            E::UnknownBatch { .. } => ErrorKind::NotFound,
-            E::InvalidTransition { .. } | E::NotClaimant { .. } => ErrorKind::Refused,
-            E::Contended { .. } => ErrorKind::Conflict,
-            E::Database { .. } => ErrorKind::Unavailable,
-            E::Malformed { .. } => ErrorKind::Data,
-            E::Clock(e) => e.kind(),
         }
     }
 }

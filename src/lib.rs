@@ -64,6 +64,7 @@ compile_error!("the unit tests need the `testkit` feature (see the dev-dependenc
 
 pub mod collections;
 mod error;
+mod error_kind;
 pub mod obt;
 pub mod queue;
 pub mod quota;
@@ -82,7 +83,8 @@ mod txn;
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-pub use error::{Error, ErrorKind};
+pub use error::{Error, Result};
+pub use error_kind::ErrorKind;
 #[doc(inline)]
 pub use repo::adopt::{AdoptOptions, AdoptProgress, AdoptRefusal, AdoptReport};
 #[doc(inline)]

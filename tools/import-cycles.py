@@ -10,7 +10,7 @@ above, and the four domain modules never from each other):
     txn                    transactions and the GC
     repo                   documents, holds, schemas, the store
     server                 what the deployment is and what time it is there
-    retry, collections     pacing of retries; the collection names mongotx uses
+    retry, collections, error_kind   pacing of retries; collection names; kinds of failure
 
 So a name is imported from the module that defines it, not through the crate root's re-exports
 (`crate::Store` below lib.rs is an arrow up to lib.rs), and a module that needs a sibling's
@@ -162,7 +162,7 @@ LAYERS = [
     {"txn"},
     {"repo"},
     {"server"},
-    {"retry", "collections"},
+    {"retry", "collections", "error_kind"},
 ]
 PEERS = LAYERS[2]
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::error_kind::ErrorKind;
 use crate::obt::model::Token;
 use crate::repo::error::RepoError;
 use crate::server::clock::ClockError;
@@ -144,6 +145,26 @@ pub enum ObtError {
 }
 
 impl ObtError {
+    /// What kind of failure this is (see [`ErrorKind`]); losing ownership is
+    /// [`ErrorKind::Refused`] (or [`ErrorKind::NotFound`] once the OBT is gone).
+    pub fn kind(&self) -> ErrorKind {
+        use ObtError as E;
+        match self {
+            E::Invalid { .. } => ErrorKind::InvalidInput,
+            E::NotFound { .. } => ErrorKind::NotFound,
+            E::Exists { .. } => ErrorKind::AlreadyExists,
+            E::NotOwner { .. }
+            | E::Preempted { .. }
+            | E::StageReplayed { .. }
+            | E::LeaseLive { .. }
+            | E::NoLease { .. } => ErrorKind::Refused,
+            E::Changed { .. } => ErrorKind::Conflict,
+            E::Repo(e) => e.kind(),
+            E::Txn(e) => e.kind(),
+            E::Clock(e) => e.kind(),
+        }
+    }
+
     /// Whether trying the same call again may succeed: the database was unreachable, slow or
     /// contended. Losing ownership is never retryable.
     pub fn is_retryable(&self) -> bool {
@@ -193,6 +214,16 @@ pub enum FenceError {
 }
 
 impl FenceError {
+    /// What kind of failure this is (see [`ErrorKind`]); a stale token is
+    /// [`ErrorKind::Refused`].
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            FenceError::StaleToken { .. } => ErrorKind::Refused,
+            FenceError::Invalid { .. } => ErrorKind::InvalidInput,
+            FenceError::Repo(e) => e.kind(),
+        }
+    }
+
     /// Whether trying the same call again may succeed (never for a stale token).
     pub fn is_retryable(&self) -> bool {
         matches!(self, FenceError::Repo(e) if e.is_retryable())

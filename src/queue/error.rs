@@ -1,5 +1,6 @@
 //! The batch queuer's error type. Input errors are found before anything is written.
 
+use crate::error_kind::ErrorKind;
 use thiserror::Error;
 
 /// Everything a queue operation can fail with.
@@ -112,6 +113,21 @@ pub enum QueueError {
 }
 
 impl QueueError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use QueueError as E;
+        match self {
+            E::InvalidBatch { .. } | E::Invalid { .. } => ErrorKind::InvalidInput,
+            E::HeaderReused { .. } => ErrorKind::AlreadyExists,
+            E::UnknownBatch { .. } => ErrorKind::NotFound,
+            E::InvalidTransition { .. } | E::NotClaimant { .. } => ErrorKind::Refused,
+            E::Contended { .. } => ErrorKind::Conflict,
+            E::Database { .. } => ErrorKind::Unavailable,
+            E::Malformed { .. } => ErrorKind::Data,
+            E::Clock(e) => e.kind(),
+        }
+    }
+
     /// Whether trying the same call again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bson::DateTime;
 use thiserror::Error;
 
+use crate::error_kind::ErrorKind;
 use crate::quota::model::ProviderId;
 use crate::repo::error::RepoError;
 use crate::repo::names::shown;
@@ -199,7 +200,9 @@ pub enum QuotaError {
     /// The server's time could not be read.
     #[error(transparent)]
     Clock(#[from] ClockError),
-    /// A fault injector stopped the operation here, as a crash would.
+    /// A fault injector stopped the operation here, as a crash would (only with the `testkit`
+    /// feature).
+    #[cfg(feature = "testkit")]
     #[error("injected crash at {at}")]
     Crashed {
         /// The failpoint.
@@ -208,6 +211,33 @@ pub enum QuotaError {
 }
 
 impl QuotaError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use QuotaError as E;
+        match self {
+            E::QuotaExceeded { .. } | E::ReservationExpired { .. } => ErrorKind::Refused,
+            E::UnknownProvider { .. }
+            | E::UnknownConsumer { .. }
+            | E::UnknownRequest { .. }
+            | E::UnknownReservation { .. } => ErrorKind::NotFound,
+            E::ProviderExists { .. } => ErrorKind::AlreadyExists,
+            E::InvalidAmount { .. }
+            | E::DuplicateProvider { .. }
+            | E::NegativeLimit { .. }
+            | E::InvalidRequest { .. }
+            | E::InvalidName { .. }
+            | E::InvalidOption { .. }
+            | E::RequestReused { .. }
+            | E::InvalidTtl { .. } => ErrorKind::InvalidInput,
+            E::Contended { .. } => ErrorKind::Conflict,
+            E::Repo(e) => e.kind(),
+            E::Txn(e) => e.kind(),
+            E::Clock(e) => e.kind(),
+            #[cfg(feature = "testkit")]
+            E::Crashed { .. } => ErrorKind::Crashed,
+        }
+    }
+
     /// Whether trying the same call again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {

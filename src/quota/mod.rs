@@ -55,7 +55,7 @@ use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
 use crate::repo::store::Store;
 use crate::retry::LockWait;
-use crate::txn::failpoint::{FaultInjector, Faults};
+use crate::txn::failpoint::Faults;
 use crate::txn::transaction::{Finish, Transactions, TxnOptions};
 
 pub use error::{QuotaError, Refusal};
@@ -94,7 +94,7 @@ pub struct QuotaOptions {
     pub retry: LockWait,
     /// Deadline of the transactions that change several providers at once.
     pub txn_timeout: Duration,
-    pub(crate) faults: Option<Arc<dyn FaultInjector>>,
+    pub(crate) faults: crate::txn::failpoint::Injector,
 }
 
 impl Default for QuotaOptions {
@@ -107,7 +107,7 @@ impl Default for QuotaOptions {
                 max_backoff: Duration::from_millis(50),
             },
             txn_timeout: Duration::from_secs(10),
-            faults: None,
+            faults: Default::default(),
         }
     }
 }
@@ -118,7 +118,7 @@ impl std::fmt::Debug for QuotaOptions {
             .field("send_window", &self.send_window)
             .field("retry", &self.retry)
             .field("txn_timeout", &self.txn_timeout)
-            .field("faults", &self.faults.is_some())
+            .field("faults", &crate::txn::failpoint::installed(&self.faults))
             .finish()
     }
 }
@@ -146,7 +146,10 @@ impl QuotaOptions {
     #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     /// Installs a fault injector (tests): consulted at the quota [`failpoint`]s and at the
     /// transaction layer's.
-    pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> QuotaOptions {
+    pub fn fault_injector(
+        mut self,
+        injector: std::sync::Arc<dyn crate::txn::failpoint::FaultInjector>,
+    ) -> QuotaOptions {
         self.faults = Some(injector);
         self
     }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::error_kind::ErrorKind;
 use bson::oid::ObjectId;
 use thiserror::Error;
 
@@ -178,6 +179,27 @@ pub enum RateLimitError {
 }
 
 impl RateLimitError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use RateLimitError as E;
+        match self {
+            E::InvalidLimit { .. }
+            | E::ZeroCalls { .. }
+            | E::TooManyCalls { .. }
+            | E::InvalidRequest { .. }
+            | E::InvalidOption { .. }
+            | E::MadeExceedsReserved { .. } => ErrorKind::InvalidInput,
+            E::LimitMismatch { .. } => ErrorKind::AlreadyExists,
+            E::UnknownLimiter { .. } | E::UnknownReservation { .. } => ErrorKind::NotFound,
+            E::AlreadySettled { .. } => ErrorKind::Refused,
+            E::TimedOut { .. } => ErrorKind::TimedOut,
+            E::Contended { .. } => ErrorKind::Conflict,
+            E::Database { .. } => ErrorKind::Unavailable,
+            E::Clock(e) => e.kind(),
+            E::Malformed { .. } => ErrorKind::Data,
+        }
+    }
+
     /// Whether trying the same call again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {

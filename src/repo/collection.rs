@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bson::Document;
 use thiserror::Error;
 
+use crate::error_kind::ErrorKind;
 use crate::repo::fields;
 use crate::repo::schema::{BsonType, JsonSchema, SchemaError};
 
@@ -49,6 +50,12 @@ pub enum SpecError {
 }
 
 impl SpecError {
+    /// What kind of failure this is: always [`ErrorKind::InvalidInput`] (the definition is the
+    /// caller's).
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::InvalidInput
+    }
+
     /// Whether trying again may succeed: never, the definition must change.
     pub fn is_retryable(&self) -> bool {
         false

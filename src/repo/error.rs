@@ -9,6 +9,7 @@ use std::time::Duration;
 use bson::{oid::ObjectId, Bson};
 use thiserror::Error;
 
+use crate::error_kind::ErrorKind;
 use crate::repo::collection::SpecError;
 use crate::repo::outcome::HoldError;
 use crate::server::clock::ClockError;
@@ -290,6 +291,35 @@ pub enum RepoError {
 }
 
 impl RepoError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use RepoError as E;
+        match self {
+            E::NotFound { .. } | E::Deleted { .. } => ErrorKind::NotFound,
+            E::VersionConflict { .. } | E::ConditionFailed { .. } | E::Locked { .. } => {
+                ErrorKind::Conflict
+            }
+            E::DuplicateId { .. } | E::DuplicateKey { .. } => ErrorKind::AlreadyExists,
+            E::SchemaTooNew { .. } | E::Upgrade { .. } | E::Malformed { .. } | E::Decode { .. } => {
+                ErrorKind::Data
+            }
+            E::Invalid { .. }
+            | E::SystemField { .. }
+            | E::InvalidVersion { .. }
+            | E::InvalidId { .. }
+            | E::InvalidIncrement { .. }
+            | E::EmptyChange { .. }
+            | E::InvalidQuery { .. }
+            | E::Encode { .. }
+            | E::Refused { .. } => ErrorKind::InvalidInput,
+            E::Spec(e) => e.kind(),
+            E::Hold { source, .. } => source.kind(),
+            E::Clock { source, .. } => source.kind(),
+            E::ServerUnsuitable { .. } => ErrorKind::Unsupported,
+            E::Database { .. } => ErrorKind::Unavailable,
+        }
+    }
+
     /// Whether retrying the same call (after re-reading, for version conflicts) may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {

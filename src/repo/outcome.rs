@@ -3,6 +3,7 @@
 //! ([`HoldError`]). The store's `HoldResolver` seam answers in these terms; the hold protocol
 //! (`repo::hold`) produces them and the repository's errors carry them.
 
+use crate::error_kind::ErrorKind;
 use bson::DateTime;
 
 /// What a transaction's record says about it.
@@ -51,6 +52,16 @@ impl HoldError {
     /// Whether a driver error caused it (rather than a record that cannot be understood).
     pub(crate) fn has_driver_source(&self) -> bool {
         self.source.is_some()
+    }
+
+    /// What kind of failure this is: resolving a hold fails only when the server cannot be read
+    /// or a record cannot be understood.
+    pub fn kind(&self) -> ErrorKind {
+        if self.has_driver_source() {
+            ErrorKind::Unavailable
+        } else {
+            ErrorKind::Data
+        }
     }
 
     /// Whether trying again may succeed.

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::error_kind::ErrorKind;
 use bson::{doc, DateTime, Document};
 use mongodb::Database;
 use tokio::sync::Mutex;
@@ -131,6 +132,14 @@ pub enum ClockError {
 }
 
 impl ClockError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClockError::Database { .. } => ErrorKind::Unavailable,
+            ClockError::NoLocalTime => ErrorKind::Unsupported,
+        }
+    }
+
     /// Whether asking again may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, ClockError::Database { source } if crate::server::is_transient(source))

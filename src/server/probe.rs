@@ -17,6 +17,7 @@ use bson::{doc, oid::ObjectId, Document};
 use mongodb::{Collection, Database};
 use thiserror::Error;
 
+use crate::error_kind::ErrorKind;
 use crate::server::clock::{self, Topology};
 use crate::server::codes::{error_code, VALIDATION_FAILED};
 use crate::server::semantics::{self, Contention, Semantic};
@@ -117,6 +118,15 @@ pub enum ProbeError {
 }
 
 impl ProbeError {
+    /// What kind of failure this is: [`ErrorKind::Unsupported`] for a property the server lacks,
+    /// [`ErrorKind::Unavailable`] for a failure while checking.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ProbeError::Database { .. } => ErrorKind::Unavailable,
+            _ => ErrorKind::Unsupported,
+        }
+    }
+
     /// Whether probing again may succeed (only a transient failure while checking).
     pub fn is_retryable(&self) -> bool {
         matches!(self, ProbeError::Database { source, .. } if crate::server::is_transient(source))

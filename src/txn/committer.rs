@@ -195,7 +195,7 @@ impl Transactions {
         let mut refused = false;
         let record_ambiguous = sent.ambiguous;
         let staging = match sent.staging {
-            Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+            Err(crash) if crash.is_crash() => return Err(crash),
             Err(e) => {
                 failure = Some(e);
                 None
@@ -224,7 +224,7 @@ impl Transactions {
                     failure.get_or_insert(TxnError::Expired { txn: t });
                     refused |= !ambiguous;
                 }
-                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+                Err(crash) if crash.is_crash() => return Err(crash),
                 Err(e) => {
                     failure.get_or_insert(e);
                 }
@@ -270,7 +270,7 @@ impl Transactions {
         match slot {
             None => match complete(env, &txn).await {
                 Ok(()) => {}
-                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+                Err(crash) if crash.is_crash() => return Err(crash),
                 Err(e) => {
                     // Committed all the same: readers see it, and anyone finishes what is left.
                     tracing::warn!(txn = %t, error = %e, "committed, but finishing failed; the GC will finish it");

@@ -5,6 +5,7 @@ use std::time::Duration;
 use bson::oid::ObjectId;
 use thiserror::Error;
 
+use crate::error_kind::ErrorKind;
 use crate::repo::error::RepoError;
 use crate::server::clock::ClockError;
 use crate::server::summarize;
@@ -102,7 +103,9 @@ pub enum TxnError {
         /// What prevented finding out.
         cause: String,
     },
-    /// A fault injector stopped the coordinator or GC here, as a crash would.
+    /// A fault injector stopped the coordinator or GC here, as a crash would (only with the
+    /// `testkit` feature).
+    #[cfg(feature = "testkit")]
     #[error("transaction {}: injected crash at {at}", show_txn(txn))]
     Crashed {
         /// The transaction, if it had an id yet.
@@ -166,6 +169,29 @@ pub enum TxnError {
 }
 
 impl TxnError {
+    /// What kind of failure this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use TxnError as E;
+        match self {
+            E::Document { source, .. } => source.kind(),
+            E::DuplicateEntry { .. }
+            | E::TooLarge { .. }
+            | E::Closed { .. }
+            | E::InvalidOptions { .. }
+            | E::ForeignRepository { .. } => ErrorKind::InvalidInput,
+            E::Expired { .. } | E::Aborted { .. } => ErrorKind::Conflict,
+            E::CommitUnknown { .. } => ErrorKind::OutcomeUnknown,
+            #[cfg(feature = "testkit")]
+            E::Crashed { .. } => ErrorKind::Crashed,
+            E::Malformed { .. } => ErrorKind::Data,
+            E::Rejected { .. } => ErrorKind::Refused,
+            E::GaveUp { .. } => ErrorKind::TimedOut,
+            E::Clock { source, .. } => source.kind(),
+            E::Resolve { source, .. } => source.kind(),
+            E::Database { .. } => ErrorKind::Unavailable,
+        }
+    }
+
     /// Whether running the transaction again (after re-reading) may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -176,6 +202,14 @@ impl TxnError {
             TxnError::Resolve { source, .. } => source.is_retryable(),
             _ => false,
         }
+    }
+
+    /// Whether a fault injector stopped the call (never without the `testkit` feature).
+    pub(crate) fn is_crash(&self) -> bool {
+        #[cfg(feature = "testkit")]
+        return matches!(self, TxnError::Crashed { .. });
+        #[cfg(not(feature = "testkit"))]
+        false
     }
 
     /// The document-level error inside, if this is one.

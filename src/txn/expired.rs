@@ -95,7 +95,7 @@ pub(crate) async fn resolve_expired_many(
             // A participant is held by another live transaction: next round.
             Ok(TxnStatus::Pending { .. }) => out.push((txn.id, Ok(Resolution::NotExpired))),
             Ok(TxnStatus::Absent) => out.push((txn.id, Ok(Resolution::Gone))),
-            Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+            Err(crash) if crash.is_crash() => return Err(crash),
             Err(e) => out.push((txn.id, Err(e))),
         }
     }

@@ -5,10 +5,13 @@
 //! [`Crashed`](crate::TxnError::Crashed). Injectors are per handle, not global, so tests that
 //! inject faults can run in parallel with tests that do not.
 
+#[cfg(feature = "testkit")]
 use std::fmt;
+#[cfg(feature = "testkit")]
 use std::sync::{Arc, Mutex};
 
 /// A point in the protocol: its name and, for per-document steps, the entry index in lock order.
+#[cfg(feature = "testkit")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Failpoint {
     /// One of [`ALL`].
@@ -17,6 +20,7 @@ pub struct Failpoint {
     pub step: usize,
 }
 
+#[cfg(feature = "testkit")]
 impl fmt::Display for Failpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}#{}", self.name, self.step)
@@ -24,6 +28,7 @@ impl fmt::Display for Failpoint {
 }
 
 /// Decides where to crash; consulted at every failpoint.
+#[cfg(feature = "testkit")]
 pub trait FaultInjector: Send + Sync + 'static {
     /// Whether the process "dies" at `point`.
     fn crash_at(&self, point: Failpoint) -> bool;
@@ -137,17 +142,57 @@ pub const ALL: &[&str] = &[
     GC_SWEEP_AFTER,
 ];
 
+/// What a handle's options carry towards its [`Faults`]: the injector a test installed, if any.
+/// Nothing without the `testkit` feature, where no injector can be installed.
+#[cfg(feature = "testkit")]
+pub(crate) type Injector = Option<Arc<dyn FaultInjector>>;
+/// What a handle's options carry towards its [`Faults`]: nothing in a build without the
+/// `testkit` feature, where no injector can be installed.
+#[cfg(not(feature = "testkit"))]
+pub(crate) type Injector = NoInjector;
+
+/// The [`Injector`] of a build without the `testkit` feature.
+#[cfg(not(feature = "testkit"))]
+#[derive(Clone, Default, Debug)]
+pub(crate) struct NoInjector;
+
+/// Whether a test installed an injector (for the options' `Debug`).
+pub(crate) fn installed(injector: &Injector) -> bool {
+    #[cfg(feature = "testkit")]
+    return injector.is_some();
+    #[cfg(not(feature = "testkit"))]
+    {
+        let NoInjector = injector;
+        false
+    }
+}
+
+/// The fault hooks of a build without the `testkit` feature: none (every point passes).
+#[cfg(not(feature = "testkit"))]
+#[derive(Clone, Default, Debug)]
+pub(crate) struct Faults;
+
+#[cfg(not(feature = "testkit"))]
+impl Faults {
+    pub(crate) fn new(_: Injector) -> Faults {
+        Faults
+    }
+}
+
 /// An optional injector, cheap to clone and to consult.
 ///
 /// A crash is for good: once the injector has stopped one step, every later failpoint of the same
 /// handle stops too, the way nothing runs in a dead process. Writes already sent (the other
 /// entries of a round in flight) still land, as they would.
+#[cfg(feature = "testkit")]
 #[derive(Clone, Default)]
 pub(crate) struct Faults(Option<(Arc<dyn FaultInjector>, Dead)>);
 
 /// Where the handle crashed, once it has.
+#[cfg(feature = "testkit")]
 type Dead = Arc<Mutex<Option<Failpoint>>>;
 
+#[cfg(feature = "testkit")]
 impl Faults {
     pub(crate) fn new(injector: Option<Arc<dyn FaultInjector>>) -> Faults {
         Faults(injector.map(|i| (i, Arc::new(Mutex::new(None)))))
@@ -172,6 +217,7 @@ impl Faults {
     }
 }
 
+#[cfg(feature = "testkit")]
 impl fmt::Debug for Faults {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(if self.0.is_some() {

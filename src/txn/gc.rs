@@ -9,7 +9,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
@@ -25,7 +24,7 @@ use crate::server::clock::{self, Durability};
 use crate::txn::claims::Claims;
 use crate::txn::error::TxnError;
 use crate::txn::expired::{self, Resolution};
-use crate::txn::failpoint::{self, FaultInjector, Faults};
+use crate::txn::failpoint::{self, Faults};
 use crate::txn::recovery::Env;
 use crate::txn::transaction::check_records_collection;
 
@@ -43,7 +42,7 @@ pub struct GcOptions {
     pub tombstone_retention: Option<Duration>,
     /// Write and read concerns of the protocol (default: majority on replica sets).
     pub durability: Durability,
-    faults: Option<Arc<dyn FaultInjector>>,
+    faults: crate::txn::failpoint::Injector,
 }
 
 impl Default for GcOptions {
@@ -53,7 +52,7 @@ impl Default for GcOptions {
             batch_size: 500,
             tombstone_retention: None,
             durability: Durability::default(),
-            faults: None,
+            faults: Default::default(),
         }
     }
 }
@@ -119,7 +118,10 @@ impl GcOptions {
     #[cfg(feature = "testkit")]
     #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     /// Installs a fault injector (tests): the GC stops at the points it chooses.
-    pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> GcOptions {
+    pub fn fault_injector(
+        mut self,
+        injector: std::sync::Arc<dyn crate::txn::failpoint::FaultInjector>,
+    ) -> GcOptions {
         self.faults = Some(injector);
         self
     }
@@ -580,7 +582,7 @@ impl Gc {
                     tracing::info!(collection, txn = %holder, "undid a hold whose transaction had ended");
                 }
                 Ok(false) => {}
-                Err(crash @ TxnError::Crashed { .. }) => return Err(crash),
+                Err(crash) if crash.is_crash() => return Err(crash),
                 Err(e) => {
                     tracing::warn!(collection, txn = %holder, error = %e, "GC could not resolve a hold; retrying next round");
                     skipped += 1;

@@ -2,7 +2,6 @@
 //! ([`Finish`]), how `run` retries, fault injection for tests) and what a commit returns
 //! ([`Outcome`], [`Written`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{oid::ObjectId, Bson};
@@ -10,7 +9,6 @@ use bson::{oid::ObjectId, Bson};
 use crate::repo::ids;
 use crate::retry::LockWait;
 use crate::txn::error::TxnError;
-use crate::txn::failpoint::FaultInjector;
 
 /// When the coordinator frees the documents of a committed transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,7 +38,7 @@ pub struct TxnOptions {
     pub finish: Finish,
     /// How [`Transactions::run`](crate::Transactions::run) retries: `max_wait` is the overall deadline.
     pub retry: LockWait,
-    pub(crate) faults: Option<Arc<dyn FaultInjector>>,
+    pub(crate) faults: crate::txn::failpoint::Injector,
 }
 
 impl Default for TxnOptions {
@@ -53,7 +51,7 @@ impl Default for TxnOptions {
                 initial_backoff: Duration::from_millis(2),
                 max_backoff: Duration::from_millis(100),
             },
-            faults: None,
+            faults: Default::default(),
         }
     }
 }
@@ -64,7 +62,7 @@ impl std::fmt::Debug for TxnOptions {
             .field("timeout", &self.timeout)
             .field("finish", &self.finish)
             .field("retry", &self.retry)
-            .field("faults", &self.faults.is_some())
+            .field("faults", &crate::txn::failpoint::installed(&self.faults))
             .finish()
     }
 }
@@ -147,7 +145,10 @@ impl TxnOptions {
     #[cfg(feature = "testkit")]
     #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     /// Installs a fault injector (tests): the coordinator stops at the points it chooses.
-    pub fn fault_injector(mut self, injector: Arc<dyn FaultInjector>) -> TxnOptions {
+    pub fn fault_injector(
+        mut self,
+        injector: std::sync::Arc<dyn crate::txn::failpoint::FaultInjector>,
+    ) -> TxnOptions {
         self.faults = Some(injector);
         self
     }

@@ -70,9 +70,17 @@ impl Env {
         name: &'static str,
         step: usize,
     ) -> Result<(), TxnError> {
-        self.faults
+        #[cfg(feature = "testkit")]
+        return self
+            .faults
             .check(name, step)
-            .map_err(|at| TxnError::Crashed { txn, at })
+            .map_err(|at| TxnError::Crashed { txn, at });
+        // Without the test rig no injector can be installed: every point passes.
+        #[cfg(not(feature = "testkit"))]
+        {
+            let _ = (&self.faults, txn, name, step);
+            Ok(())
+        }
     }
 
     /// Passes failpoint `name` for steps `0..n` in order, as a process sending `n` writes at once
@@ -251,11 +259,11 @@ where
         passed += through;
         if let Some(crashed) = crashed {
             // This transaction and every later one are left for whoever comes next.
+            // A crashed handle stops at every later point too, with the same failpoint.
             for left in each.iter_mut().skip(k) {
-                *left = Err(TxnError::Crashed {
-                    txn: Some(txn.id),
-                    at: crashed_at(&crashed),
-                });
+                if let Err(crash) = env.point(Some(txn.id), before, 0) {
+                    *left = Err(crash);
+                }
             }
             crash = Some(crashed);
             break;
@@ -275,7 +283,7 @@ where
     for (i, result) in settled.into_iter().enumerate() {
         if let Err(e) = result {
             let k = round.owner[i].0;
-            if matches!(e, TxnError::Crashed { .. }) && crash.is_none() {
+            if e.is_crash() && crash.is_none() {
                 crash = Some(e);
                 continue;
             }
@@ -285,16 +293,6 @@ where
         }
     }
     Settled { each, crash }
-}
-
-fn crashed_at(e: &TxnError) -> failpoint::Failpoint {
-    match e {
-        TxnError::Crashed { at, .. } => *at,
-        _ => failpoint::Failpoint {
-            name: "unknown",
-            step: 0,
-        },
-    }
 }
 
 /// Frees every document of a committed transaction (one round of writes), then deletes its

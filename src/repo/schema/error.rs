@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::error_kind::ErrorKind;
 use thiserror::Error;
 
 /// Why a JSON Schema text cannot be used.
@@ -32,6 +33,12 @@ pub enum SchemaError {
 }
 
 impl SchemaError {
+    /// What kind of failure this is: always [`ErrorKind::InvalidInput`] (the schema text is the
+    /// caller's).
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::InvalidInput
+    }
+
     /// Whether trying again may succeed: never, the schema text must change.
     pub fn is_retryable(&self) -> bool {
         false
