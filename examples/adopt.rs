@@ -13,9 +13,8 @@ mod common;
 
 use bson::{doc, Document};
 use common::{expect, step, Account, TourResult, ACCOUNTS_SCHEMA};
-use mongotx::{
-    fields, Adjust, AdoptOptions, CollectionSpec, Query, RepoError, Store, Transactions,
-};
+use mongotx::adopt::AdoptOptions;
+use mongotx::{fields, Adjust, CollectionSpec, Query, RepoError, Store, Transactions};
 
 #[tokio::main]
 async fn main() {

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use common::{account, balances, expect, held_accounts, stage_transfer, step, Account, TourResult};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::{Finish, TxnOptions};
 use mongotx::testkit::failpoint::{self, CrashAt, Failpoint};
-use mongotx::{
-    Adjust, Finish, Gc, GcOptions, Repository, Store, Transactions, TxnError, TxnOptions, Update,
-};
+use mongotx::{Adjust, Repository, Store, Transactions, TxnError, Update};
 
 #[tokio::main]
 async fn main() {

@@ -1,8 +1,8 @@
-//! The server's verdict (`mongotx::verdict`): every behaviour mongotx relies on, each judged on
+//! The server's verdict (`mongotx::server::verdict`): every behaviour mongotx relies on, each judged on
 //! its own against the server, with concurrent callers for the single-document guarantees (a
 //! duplicate `_id` refused, compare-and-set increments that lose nothing, find-and-modify calls
 //! that each get their own post-image); for an optional behaviour the server lacks, the fallback
-//! mongotx takes. `mongotx::probe` refuses a server lacking a needed one; the `mongotx-probe`
+//! mongotx takes. `mongotx::server::probe` refuses a server lacking a needed one; the `mongotx-probe`
 //! binary prints the whole table.
 //!
 //! ```sh
@@ -21,7 +21,7 @@ async fn main() {
 
 /// Judges the server of `db` (it works in collections of its own there and removes them).
 pub async fn run(db: &mongodb::Database) -> TourResult {
-    let verdict = mongotx::verdict(db, mongotx::DEFAULT_CONTENTION_TASKS).await?;
+    let verdict = mongotx::server::verdict(db, mongotx::testkit::DEFAULT_CONTENTION_TASKS).await?;
     step("Server verdict");
     println!(
         "  server version {}, topology {}; {} concurrent callers in each atomicity check \

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{account, balances, expect, stage_transfer, step, Account, TourResult};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::{Finish, TxnOptions};
 use mongotx::testkit::failpoint::{self, CrashAt, Failpoint};
-use mongotx::{
-    Finish, Gc, GcOptions, RepoError, Repository, Store, Transactions, TxnError, TxnOptions, Update,
-};
+use mongotx::{RepoError, Repository, Store, Transactions, TxnError, Update};
 
 #[tokio::main]
 async fn main() {

@@ -31,7 +31,7 @@ pub enum ErrorKind {
     /// document not written by mongotx, a newer schema, a failed upgrade, a value that does not
     /// deserialize.
     Data,
-    /// The server lacks a behaviour mongotx needs (see [`probe`](crate::probe)).
+    /// The server lacks a behaviour mongotx needs (see [`probe`](crate::server::probe)).
     Unsupported,
     /// A fault injector stopped the call here, as a killed process would stop (only with the
     /// `testkit` feature, whose fault injection is the one source of it).

@@ -3,30 +3,35 @@
 //! a standalone `mongod`, a replica set, a sharded cluster, or a wire-compatible server without
 //! native transactions.
 //!
-//! # Layout, in the order data flows
+//! # What to reach for
 //!
-//! - `server`: what the deployment is and what time it is on the server ([`ServerClock`],
-//!   [`Topology`], [`Durability`]); the [`probe`] that refuses servers lacking the guarantees
-//!   mongotx needs.
-//! - `repo`: a [`Store`] opens typed [`Repository`] handles on collections described by a
-//!   [`CollectionSpec`]; every document carries the system [`fields`]. Documents held by a
-//!   transaction describe themselves (their hold), so reads see committed values and anyone can
-//!   resolve a hold. Documents written without them (existing data) read as plain documents and
-//!   are stamped by their first write or by an explicit [`Repository::adopt`].
-//! - `txn`: [`Transactions`] stages and commits multi-document [`Transaction`]s; the [`Gc`]
-//!   resolves what dead coordinators left behind.
-//! - [`quota`]: limits shared by every instance of a service, built on the two layers above.
-//! - [`obt`]: one owner at a time for a long operation, with fencing tokens and leases.
-//! - [`ratelimit`]: N calls in any interval of W shared by workers on different hosts, with
-//!   reservations, priorities and all-or-nothing grants across limiters.
-//! - [`queue`]: ordered per-service submission of batches to a ledger, one at a time per service.
-//! - Across them: a [`GcRunner`] runs the GC and the quota and rate-limiter sweeps on an interval
-//!   (in a service, or as the `mongotx-gc` binary); every module's error converts into
-//!   [`Error`], whose [`ErrorKind`] reads the same whichever module failed; one retry primitive
-//!   paces every loop that sends something again; [`collections`] names every collection mongotx
-//!   keeps records in.
+//! The crate root holds what every user needs: a [`Store`] on a database opens typed
+//! [`Repository`] handles on collections described by a [`CollectionSpec`] (every document
+//! carries the system [`fields`]; reads return [`Stamped`] values); writes take an [`Update`] or
+//! an [`Adjust`] at an expected version; [`Query`] finds committed values; [`Transactions`]
+//! stages and commits multi-document [`Transaction`]s, whose [`Outcome`] lists what was
+//! [`Written`]; a [`GcRunner`] resolves what dead coordinators left behind; [`Store::shutdown`]
+//! waits for background work when a service stops ([`Shutdown`]). Every module's error converts
+//! into [`Error`], whose [`ErrorKind`] reads the same whichever module failed, and [`Result`]
+//! defaults to it; [`RepoError`] and [`TxnError`] are the errors of the root's handles.
+//!
+//! Everything else is in a module named for what it is:
+//!
+//! - [`options`]: the settings of the store and of transactions;
+//! - [`schema`]: JSON Schemas, their violations, schema versions and upgrades;
+//! - [`gc`]: one GC round at a time, its options and summaries;
+//! - [`adopt`]: taking existing (plain) documents under mongotx;
+//! - [`server`]: the probe of a server's guarantees, its verdict, the deployment's topology;
+//! - [`collections`]: every collection mongotx keeps records in by default;
+//! - the four coordination modules, built on the above: [`quota`] (limits shared by every
+//!   instance of a service), [`obt`] (one owner at a time for a long operation, with fencing
+//!   tokens and leases), [`ratelimit`] (N calls in any interval of W, with reservations,
+//!   priorities and all-or-nothing grants across limiters) and [`queue`] (ordered per-service
+//!   submission of batches to a ledger, one at a time per service);
 //! - `testkit` (feature `testkit`, off by default): the test rig, a test server, fault
 //!   injection, simulators and model explorers; the crate's own tests and examples use it.
+//!
+//! How the source is laid out (the layers beneath these names) is in `docs/layout.md`.
 //!
 //! # Example
 //!
@@ -72,7 +77,7 @@ pub mod ratelimit;
 mod repo;
 mod retry;
 mod runner;
-mod server;
+pub mod server;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
@@ -86,48 +91,65 @@ pub struct ReadmeDoctests;
 pub use error::{Error, Result};
 pub use error_kind::ErrorKind;
 #[doc(inline)]
-pub use repo::adopt::{AdoptOptions, AdoptProgress, AdoptRefusal, AdoptReport};
-#[doc(inline)]
 pub use repo::background::Shutdown;
 #[doc(inline)]
 pub use repo::changes::{Adjust, Update};
 #[doc(inline)]
-pub use repo::collection::{CollectionSpec, SpecError, UpgradeStep};
+pub use repo::collection::CollectionSpec;
 #[doc(inline)]
-pub use repo::error::{show_id, RepoError};
+pub use repo::error::RepoError;
 pub use repo::fields;
 #[doc(inline)]
 pub use repo::find::Query;
 #[doc(inline)]
-pub use repo::hold::record::TxnState;
+pub use repo::repository::{Repository, Stamped};
 #[doc(inline)]
-pub use repo::meta::META_COLLECTION;
+pub use repo::store::{Store, StoreBuilder};
 #[doc(inline)]
-pub use repo::outcome::{HoldError, TxnStatus};
-#[doc(inline)]
-pub use repo::repository::{Repository, Stamped, FIRST_VERSION};
-#[doc(inline)]
-pub use repo::schema::{BsonType, JsonSchema, SchemaError, Violation};
-#[doc(inline)]
-pub use repo::store::{
-    HoldResolver, NoTransactions, RecordResolver, ServerValidation, Store, StoreBuilder,
-    TRANSACTIONS_COLLECTION,
-};
-#[doc(inline)]
-pub use retry::LockWait;
-#[doc(inline)]
-pub use runner::{GcPass, GcRunner};
-#[doc(inline)]
-pub use server::clock::{ClockError, Durability, ServerClock, Topology};
-#[doc(inline)]
-pub use server::probe::{
-    probe, probe_with, verdict, ProbeError, ServerCapabilities, Verdict, DEFAULT_CONTENTION_TASKS,
-};
-#[doc(inline)]
-pub use server::semantics::{Semantic, Status};
+pub use runner::GcRunner;
 #[doc(inline)]
 pub use txn::error::TxnError;
 #[doc(inline)]
-pub use txn::gc::{Gc, GcOptions, RoundSummary};
-#[doc(inline)]
-pub use txn::transaction::{Finish, Outcome, Transaction, Transactions, TxnOptions, Written};
+pub use txn::transaction::{Outcome, Transaction, Transactions, Written};
+
+/// The settings of a [`Store`] and of [`Transactions`]: how long writers wait for a held
+/// document, when a commit frees its documents, the write and read concerns, the validators.
+/// (The domain modules keep their own options: `quota::QuotaOptions`, `obt::ObtOptions`, ...)
+pub mod options {
+    #[doc(inline)]
+    pub use crate::repo::store::ServerValidation;
+    #[doc(inline)]
+    pub use crate::retry::LockWait;
+    #[doc(inline)]
+    pub use crate::server::clock::Durability;
+    #[doc(inline)]
+    pub use crate::txn::transaction::{Finish, TxnOptions};
+}
+
+/// Collection definitions beyond [`CollectionSpec`]: the JSON Schemas mongotx checks documents
+/// against (the server checks them too where it can), their violations, and schema-version
+/// upgrades.
+pub mod schema {
+    #[doc(inline)]
+    pub use crate::repo::collection::{SpecError, UpgradeStep};
+    #[doc(inline)]
+    pub use crate::repo::schema::{BsonType, JsonSchema, SchemaError, Violation};
+}
+
+/// The GC, one round at a time ([`Gc`](crate::gc::Gc)) or on an interval ([`GcRunner`]): it
+/// finishes or rolls back what dead coordinators left behind and purges old tombstones.
+pub mod gc {
+    #[doc(inline)]
+    pub use crate::repo::outcome::HoldError;
+    #[doc(inline)]
+    pub use crate::runner::GcPass;
+    #[doc(inline)]
+    pub use crate::txn::gc::{Gc, GcOptions, RoundSummary};
+}
+
+/// Taking a collection of existing (plain) documents under mongotx: [`Store::adopt`] and the
+/// `mongotx-adopt` command.
+pub mod adopt {
+    #[doc(inline)]
+    pub use crate::repo::adopt::{AdoptOptions, AdoptProgress, AdoptRefusal, AdoptReport};
+}

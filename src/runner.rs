@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::quota::{Quota, QuotaError, SweepSummary, PROVIDERS_COLLECTION};
-use crate::ratelimit::{RateLimitError, RateLimits, LIMITERS_COLLECTION};
+use crate::collections::{LIMITERS_COLLECTION, PROVIDERS_COLLECTION};
+use crate::quota::{Quota, QuotaError, SweepSummary};
+use crate::ratelimit::{RateLimitError, RateLimits};
 use crate::repo::store::Store;
 use crate::txn::error::TxnError;
 use crate::txn::gc::{Gc, GcOptions, RoundSummary};

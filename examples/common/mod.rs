@@ -23,10 +23,9 @@ use bson::{doc, oid::ObjectId, Document};
 use mongodb::error::ErrorKind;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
+use mongotx::options::LockWait;
 use mongotx::testkit::test_server::{ServerKind, TestServer};
-use mongotx::{
-    fields, Adjust, CollectionSpec, LockWait, Repository, Stamped, Store, Transaction, TxnError,
-};
+use mongotx::{fields, Adjust, CollectionSpec, Repository, Stamped, Store, Transaction, TxnError};
 use serde::{Deserialize, Serialize};
 
 /// What a tour returns: any error ends the example (see [`main`]).

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use mongotx::{AdoptOptions, AdoptReport, CollectionSpec, Store};
+use mongotx::adopt::{AdoptOptions, AdoptReport};
+use mongotx::{CollectionSpec, Store};
 
 /// Stamps the plain documents of a collection so that mongotx manages them.
 #[derive(Debug, Parser)]

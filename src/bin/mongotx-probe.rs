@@ -27,7 +27,7 @@ struct Args {
     #[arg(long, default_value = "mongotx_probe", value_parser = cli::database_name)]
     db: String,
     /// Number of concurrent callers in each atomicity check (2 to 10000: a race needs two).
-    #[arg(long, default_value_t = mongotx::DEFAULT_CONTENTION_TASKS as u64,
+    #[arg(long, default_value_t = mongotx::testkit::DEFAULT_CONTENTION_TASKS as u64,
           value_parser = clap::value_parser!(u64).range(2..=MAX_TASKS))]
     tasks: u64,
     /// How long to look for the server before giving up (more than zero, at most an hour).
@@ -74,8 +74,8 @@ async fn main() {
         }
     };
     // Bounded by the parser, so it fits.
-    let tasks = usize::try_from(args.tasks).unwrap_or(mongotx::DEFAULT_CONTENTION_TASKS);
-    match mongotx::verdict(&client.database(&args.db), tasks).await {
+    let tasks = usize::try_from(args.tasks).unwrap_or(mongotx::testkit::DEFAULT_CONTENTION_TASKS);
+    match mongotx::server::verdict(&client.database(&args.db), tasks).await {
         Ok(verdict) => {
             print!("{}", report(&verdict));
             if !verdict.suitable() {
@@ -90,7 +90,7 @@ async fn main() {
 }
 
 /// The verdict as a table: one row per behaviour, then the fallbacks taken and the decision.
-fn report(verdict: &mongotx::Verdict) -> String {
+fn report(verdict: &mongotx::server::Verdict) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(

@@ -15,8 +15,9 @@ use async_trait::async_trait;
 use bson::{doc, Document};
 use mongodb::Collection;
 
+use crate::collections::FENCES_COLLECTION;
 use crate::obt::error::FenceError;
-use crate::obt::model::{Token, FENCES_COLLECTION, FENCES_SCHEMA};
+use crate::obt::model::{Token, FENCES_SCHEMA};
 use crate::obt::{collection_problem, name_problem, shown};
 use crate::repo::error::RepoError;
 use crate::repo::store::Store;
@@ -134,7 +135,7 @@ pub struct MongoFence {
 const CREATE_RACES: usize = 8;
 
 impl MongoFence {
-    /// The fence in [`FENCES_COLLECTION`] of `store`'s database.
+    /// The fence in [`FENCES_COLLECTION`](crate::collections::FENCES_COLLECTION) of `store`'s database.
     pub async fn open(store: &Store) -> Result<MongoFence, FenceError> {
         MongoFence::named(store, FENCES_COLLECTION).await
     }

@@ -49,6 +49,7 @@ use std::time::Duration;
 use bson::Document;
 use mongodb::Collection;
 
+use crate::collections::{OBTS_COLLECTION, TOKENS_COLLECTION};
 use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
 use crate::repo::store::Store;
@@ -57,8 +58,7 @@ use crate::retry::LockWait;
 pub use error::{FenceError, ObtError};
 pub use fence::{Fence, MemoryFence, MongoFence};
 pub use model::{
-    NewObt, Observation, ObtState, Ownership, Token, FENCES_COLLECTION, FENCES_SCHEMA,
-    OBTS_COLLECTION, OBTS_SCHEMA, TOKENS_COLLECTION, TOKENS_SCHEMA,
+    NewObt, Observation, ObtState, Ownership, Token, FENCES_SCHEMA, OBTS_SCHEMA, TOKENS_SCHEMA,
 };
 
 use model::ObtDoc;

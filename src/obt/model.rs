@@ -6,12 +6,10 @@ use std::time::{Duration, Instant};
 use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
-pub use crate::collections::{FENCES_COLLECTION, OBTS_COLLECTION, TOKENS_COLLECTION};
-
 /// The JSON Schema of an OBT collection (the project's `schemas/obts.json`).
 pub const OBTS_SCHEMA: &str = include_str!("../../schemas/obts.json");
 
-/// The JSON Schema of [`TOKENS_COLLECTION`] (the project's `schemas/obt_tokens.json`).
+/// The JSON Schema of [`TOKENS_COLLECTION`](crate::collections::TOKENS_COLLECTION) (the project's `schemas/obt_tokens.json`).
 pub const TOKENS_SCHEMA: &str = include_str!("../../schemas/obt_tokens.json");
 
 /// The JSON Schema of a fence collection (the project's `schemas/obt_fences.json`).

@@ -53,7 +53,7 @@ impl Obt {
                 Ok(Some(counter)) => {
                     return counter.get_i64("last").map(Token).map_err(|e| {
                         RepoError::Malformed {
-                            collection: crate::obt::TOKENS_COLLECTION.to_string(),
+                            collection: crate::collections::TOKENS_COLLECTION.to_string(),
                             id: namespace.to_string(),
                             reason: format!("the token counter has no whole `last`: {e}"),
                         }
@@ -65,7 +65,7 @@ impl Obt {
                 Err(e) if is_transient(&e) || crate::obt::fence::is_duplicate_key(&e) => Some(e),
                 Err(e) => {
                     return Err(RepoError::database(
-                        crate::obt::TOKENS_COLLECTION,
+                        crate::collections::TOKENS_COLLECTION,
                         namespace,
                         "issue token",
                         e,
@@ -78,7 +78,7 @@ impl Obt {
                     failed.map_or_else(|| "no counter returned".to_string(), |e| e.to_string());
                 let tries = pace.pauses() + 1;
                 return Err(RepoError::Malformed {
-                    collection: crate::obt::TOKENS_COLLECTION.to_string(),
+                    collection: crate::collections::TOKENS_COLLECTION.to_string(),
                     id: namespace.to_string(),
                     reason: format!("could not issue a token after {tries} tries: {reason}"),
                 }

@@ -4,7 +4,7 @@
 //! for submitting batches to a distributed ledger in order): every round queues the batches the
 //! ledger does not know, the delayed batches whose delay window has passed, and the oldest batch
 //! of each service that has nothing in flight. It is a pure function from the batches and "now"
-//! to the queue ([`one_round_serial`], [`category`]); [`Batches`] keeps them in the
+//! to the queue; [`Batches`] keeps them in the
 //! database; a [`Submitter`] claims queued batches and submits them, a [`Monitor`] records what
 //! the ledger says. A ledger simulator for tests and examples is in the test rig (`testkit::ledger`,
 //! feature `testkit`).
@@ -19,9 +19,7 @@ mod store;
 pub use claim::{Claim, Submission, MAX_CLAIM};
 pub use error::QueueError;
 pub use model::{Batch, BatchStatus, DEFAULT_DELAY};
-pub use queuer::{category, one_round_serial, Category};
 pub use roles::{Answer, LedgerApi, LedgerStatus, Monitor, Submitter};
 pub use store::{
-    Batches, NewBatch, BATCHES_COLLECTION, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, MAX_NAME,
-    SERVICES_SCHEMA, SERVICES_SUFFIX,
+    Batches, NewBatch, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, MAX_NAME, SERVICES_SCHEMA,
 };

@@ -26,7 +26,9 @@ use bson::DateTime;
 
 use crate::queue::model::{Batch, BatchStatus};
 
-/// Where a batch stands for the queuer (the three categories of the reference design's table).
+/// Where a batch stands for the queuer (the three categories of the reference design's table):
+/// the table written out, which the unit tests hold [`one_round_serial`] to.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Category {
     /// In this round's queue.
@@ -112,6 +114,7 @@ pub fn one_round_serial(batches: &[Batch], now: DateTime, delay: Duration) -> Ve
 }
 
 /// The category of `batch` among `batches` at `now`, consistent with [`one_round_serial`].
+#[cfg(test)]
 pub fn category(batch: &Batch, batches: &[Batch], now: DateTime, delay: Duration) -> Category {
     if one_round_serial(batches, now, delay)
         .iter()

@@ -16,7 +16,7 @@ use crate::queue::model::{Batch, BatchStatus, Place, Service, DEFAULT_DELAY};
 use crate::queue::queuer::one_round_serial;
 use crate::repo::store::Store;
 
-pub use crate::collections::{BATCHES_COLLECTION, SERVICES_SUFFIX};
+pub(crate) use crate::collections::{BATCHES_COLLECTION, SERVICES_SUFFIX};
 
 /// The JSON Schema of a service document (the project's `schemas/batch_services.json`).
 pub const SERVICES_SCHEMA: &str = include_str!("../../schemas/batch_services.json");

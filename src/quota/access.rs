@@ -8,10 +8,11 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
+use crate::collections::PROVIDERS_COLLECTION;
 use crate::quota::decide::stripe_of;
 use crate::quota::decide::{Docs, Write};
 use crate::quota::error::{QuotaError, Refusal};
-use crate::quota::model::{ProviderDoc, ProviderId, Request, StripeId, PROVIDERS_COLLECTION};
+use crate::quota::model::{ProviderDoc, ProviderId, Request, StripeId};
 use crate::quota::ops::{
     classify_repo, classify_txn, stamped_docs, stored_or_restored, update_of, Attempts, Step,
 };

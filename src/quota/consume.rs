@@ -8,12 +8,11 @@ use std::time::Duration;
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
 
+use crate::collections::PROVIDERS_COLLECTION;
 use crate::quota::decide::stripe_of;
 use crate::quota::decide::{self, Docs, Take, Write};
 use crate::quota::error::QuotaError;
-use crate::quota::model::{
-    Consumed, ProviderDoc, ProviderId, Request, Reservation, StripeId, PROVIDERS_COLLECTION,
-};
+use crate::quota::model::{Consumed, ProviderDoc, ProviderId, Request, Reservation, StripeId};
 use crate::quota::ops::{stored_or_restored, Attempts, Step, FAST_TRIES, MAX_TTL};
 use crate::quota::stripes::{hash, STRIPE_ENTRIES};
 use crate::quota::Quota;

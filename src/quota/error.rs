@@ -60,20 +60,20 @@ pub enum QuotaError {
         refusals: Vec<Refusal>,
     },
     /// No such provider (or one of a claim's ancestors is missing).
-    #[error("{collection}/{provider}: no such quota provider", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}/{provider}: no such quota provider", collection = crate::collections::PROVIDERS_COLLECTION)]
     UnknownProvider {
         /// The provider named.
         provider: ProviderId,
     },
     /// The provider already exists.
-    #[error("{collection}/{provider}: the quota provider already exists", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}/{provider}: the quota provider already exists", collection = crate::collections::PROVIDERS_COLLECTION)]
     ProviderExists {
         /// The provider named.
         provider: ProviderId,
     },
     /// An amount was zero or negative (amounts are whole units, so sums stay exact), or claims
     /// under one ancestor add up past `i64::MAX`.
-    #[error("{collection}/{provider}: amount {amount} is not a positive whole number, or adds up past i64::MAX", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}/{provider}: amount {amount} is not a positive whole number, or adds up past i64::MAX", collection = crate::collections::PROVIDERS_COLLECTION)]
     InvalidAmount {
         /// The provider it was asked of.
         provider: ProviderId,
@@ -81,13 +81,13 @@ pub enum QuotaError {
         amount: i64,
     },
     /// One call named the same provider twice; combine the amounts.
-    #[error("{collection}/{provider} appears twice in one request; combine the amounts", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}/{provider} appears twice in one request; combine the amounts", collection = crate::collections::PROVIDERS_COLLECTION)]
     DuplicateProvider {
         /// The provider.
         provider: ProviderId,
     },
     /// A limit below zero.
-    #[error("{collection}/{provider}: limit {limit} is negative", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}/{provider}: limit {limit} is negative", collection = crate::collections::PROVIDERS_COLLECTION)]
     NegativeLimit {
         /// The provider.
         provider: ProviderId,
@@ -96,7 +96,7 @@ pub enum QuotaError {
     },
     /// A request is unusable as a whole: it names no provider, or a provider is its own parent.
     /// (A bad name is [`QuotaError::InvalidName`].)
-    #[error("{collection}: invalid quota request: {reason}", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: invalid quota request: {reason}", collection = crate::collections::PROVIDERS_COLLECTION)]
     InvalidRequest {
         /// What is wrong.
         reason: String,
@@ -105,7 +105,7 @@ pub enum QuotaError {
     /// empty, longer than 512 bytes, or holds a control character (a NUL, a newline...). Names
     /// are stored in every provider they touch and shown in errors and logs, so they must stay
     /// short and printable.
-    #[error("{collection}: {what} {} is unusable: {reason}", shown(.name), collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: {what} {} is unusable: {reason}", shown(.name), collection = crate::collections::PROVIDERS_COLLECTION)]
     InvalidName {
         /// Which name: `provider scope`, `provider resource`, `consumer` or `request id`.
         what: &'static str,
@@ -117,7 +117,7 @@ pub enum QuotaError {
     /// A [`QuotaOptions`](crate::quota::QuotaOptions) value makes no sense (a zero or absurdly
     /// long duration, a backoff of zero or longer than the budget). Found before the quota
     /// collection is opened, so nothing is created.
-    #[error("{collection}: option {option} = {value} is unusable: {reason}", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: option {option} = {value} is unusable: {reason}", collection = crate::collections::PROVIDERS_COLLECTION)]
     InvalidOption {
         /// The option, as named on `QuotaOptions` (`retry.max_wait` for a part of `retry`).
         option: &'static str,
@@ -128,7 +128,7 @@ pub enum QuotaError {
     },
     /// The request id was already used by this consumer for different amounts or providers, or
     /// for a reservation where a consume is asked (or the reverse).
-    #[error("{collection}: consumer {consumer}: request {request} was already used for something else", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: consumer {consumer}: request {request} was already used for something else", collection = crate::collections::PROVIDERS_COLLECTION)]
     RequestReused {
         /// The consumer.
         consumer: String,
@@ -136,13 +136,13 @@ pub enum QuotaError {
         request: String,
     },
     /// The consumer holds nothing (never consumed, or already released).
-    #[error("{collection}: consumer {consumer} holds no quota", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: consumer {consumer} holds no quota", collection = crate::collections::PROVIDERS_COLLECTION)]
     UnknownConsumer {
         /// The consumer.
         consumer: String,
     },
     /// The consumer holds nothing under this request (never consumed, or already released).
-    #[error("{collection}: consumer {consumer} holds nothing under request {request}", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: consumer {consumer} holds nothing under request {request}", collection = crate::collections::PROVIDERS_COLLECTION)]
     UnknownRequest {
         /// The consumer.
         consumer: String,
@@ -150,7 +150,7 @@ pub enum QuotaError {
         request: String,
     },
     /// No such reservation: never made, already cancelled, or confirmed (for `cancel`).
-    #[error("{collection}: consumer {consumer}: no reservation under request {request}", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: consumer {consumer}: no reservation under request {request}", collection = crate::collections::PROVIDERS_COLLECTION)]
     UnknownReservation {
         /// The consumer.
         consumer: String,
@@ -158,7 +158,7 @@ pub enum QuotaError {
         request: String,
     },
     /// The reservation expired (it is returned, or will be, by the GC); nothing was changed.
-    #[error("{collection}: consumer {consumer}: reservation {request} expired at {expired_at}", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: consumer {consumer}: reservation {request} expired at {expired_at}", collection = crate::collections::PROVIDERS_COLLECTION)]
     ReservationExpired {
         /// The consumer.
         consumer: String,
@@ -169,7 +169,7 @@ pub enum QuotaError {
     },
     /// A reservation's time to live must be from 1 ms (expiries are kept in whole milliseconds)
     /// to one day.
-    #[error("{collection}: reservation of request {request} of consumer {consumer}: ttl {ttl:?} must be from 1 ms to one day", collection = crate::quota::PROVIDERS_COLLECTION)]
+    #[error("{collection}: reservation of request {request} of consumer {consumer}: ttl {ttl:?} must be from 1 ms to one day", collection = crate::collections::PROVIDERS_COLLECTION)]
     InvalidTtl {
         /// The consumer.
         consumer: String,

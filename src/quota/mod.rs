@@ -51,6 +51,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::collections::PROVIDERS_COLLECTION;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
 use crate::repo::store::Store;
@@ -61,7 +62,7 @@ use crate::txn::transaction::{Finish, Transactions, TxnOptions};
 pub use error::{QuotaError, Refusal};
 pub use model::{
     Allocation, Consumed, NewProvider, Provider, ProviderId, Released, Request, Reservation,
-    SweepSummary, PROVIDERS_COLLECTION, PROVIDERS_SCHEMA,
+    SweepSummary, PROVIDERS_SCHEMA,
 };
 
 use model::ProviderDoc;

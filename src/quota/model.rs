@@ -14,9 +14,7 @@ use bson::oid::ObjectId;
 use bson::DateTime;
 use serde::{Deserialize, Serialize};
 
-pub use crate::collections::PROVIDERS_COLLECTION;
-
-/// The JSON Schema of [`PROVIDERS_COLLECTION`] (the project's `schemas/quota_providers.json`).
+/// The JSON Schema of [`PROVIDERS_COLLECTION`](crate::collections::PROVIDERS_COLLECTION) (the project's `schemas/quota_providers.json`).
 pub const PROVIDERS_SCHEMA: &str = include_str!("../../schemas/quota_providers.json");
 
 /// Names a provider: a resource within a scope, such as (`"project/42"`, `"cores"`).

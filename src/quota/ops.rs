@@ -9,9 +9,10 @@ use std::time::Duration;
 use bson::{doc, Document};
 use mongodb::IndexModel;
 
+use crate::collections::PROVIDERS_COLLECTION;
 use crate::quota::decide::{self, Docs, Write};
 use crate::quota::error::QuotaError;
-use crate::quota::model::{NewProvider, Provider, ProviderDoc, ProviderId, PROVIDERS_COLLECTION};
+use crate::quota::model::{NewProvider, Provider, ProviderDoc, ProviderId};
 use crate::quota::stripes::share;
 use crate::quota::Quota;
 use crate::repo::changes::Update;

@@ -5,11 +5,11 @@ use std::collections::BTreeSet;
 
 use bson::{doc, Bson, DateTime, Document};
 
+use crate::collections::PROVIDERS_COLLECTION;
 use crate::quota::decide::{self, Confirm, Docs, Write};
 use crate::quota::error::QuotaError;
 use crate::quota::model::{
     Consumed, Entry, ProviderId, Released, Reservation, StripeId, SweepSummary,
-    PROVIDERS_COLLECTION,
 };
 use crate::quota::ops::{check_ids, entry_filter, Attempts, Step};
 use crate::quota::stripes::hash;

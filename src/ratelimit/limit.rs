@@ -16,8 +16,6 @@ pub(crate) const SENT: u8 = 1;
 /// A settled reservation.
 pub(crate) const DONE: u8 = 2;
 
-pub use crate::collections::LIMITERS_COLLECTION;
-
 /// The JSON Schema of a limiter document (the project's `schemas/ratelimits.json`).
 pub const LIMITERS_SCHEMA: &str = include_str!("../../schemas/ratelimits.json");
 

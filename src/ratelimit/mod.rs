@@ -51,13 +51,12 @@ use bson::{doc, Document};
 use mongodb::Collection;
 use tokio::sync::Notify;
 
+use crate::collections::LIMITERS_COLLECTION;
 use crate::repo::names::collection_problem;
 use crate::repo::store::Store;
 
 pub use error::RateLimitError;
-pub use limit::{
-    Attempt, Limit, Priority, Reservation, Settled, Usage, LIMITERS_COLLECTION, LIMITERS_SCHEMA,
-};
+pub use limit::{Attempt, Limit, Priority, Reservation, Settled, Usage, LIMITERS_SCHEMA};
 
 /// How a [`RateLimits`] handle behaves.
 #[derive(Debug, Clone)]

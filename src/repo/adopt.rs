@@ -198,7 +198,7 @@ where
     ///
     /// ```no_run
     /// # async fn demo(accounts: mongotx::Repository<bson::Document>) -> Result<(), mongotx::RepoError> {
-    /// use mongotx::AdoptOptions;
+    /// use mongotx::adopt::AdoptOptions;
     ///
     /// let planned = accounts.adopt(AdoptOptions::new().dry_run(true)).await?;
     /// println!("{} to stamp, {} refused", planned.stamped, planned.refused);

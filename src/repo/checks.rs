@@ -9,7 +9,8 @@ use serde::Serialize;
 use crate::repo::changes::{self, Adjust, Update};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
-use crate::repo::repository::{Repository, FIRST_VERSION};
+use crate::repo::fields::FIRST_VERSION;
+use crate::repo::repository::Repository;
 use crate::repo::schema::{BsonType, Violation};
 
 impl<T> Repository<T>

@@ -138,7 +138,7 @@ impl CollectionSpec {
     /// version).
     ///
     /// ```
-    /// # fn demo(schema_v2: &str) -> Result<(), mongotx::SpecError> {
+    /// # fn demo(schema_v2: &str) -> Result<(), mongotx::schema::SpecError> {
     /// use mongotx::CollectionSpec;
     ///
     /// // Legacy documents have one `name`; version 2 splits it.

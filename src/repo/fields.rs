@@ -11,6 +11,9 @@ use sha2::{Digest, Sha256};
 
 use crate::repo::schema::BsonType;
 
+/// The version a document has right after insert into a collection that was never purged.
+pub const FIRST_VERSION: i64 = 1;
+
 /// Stored name of the schema version: which shape of the document this is (`long`).
 pub const SCHEMA_VERSION: &str = "_schema";
 /// Stored name of the document version, the optimistic lock: 1 on insert, +1 on every change (`long`).

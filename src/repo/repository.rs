@@ -35,9 +35,6 @@ use crate::retry::Retry;
 use crate::server::clock;
 use crate::server::codes;
 
-/// The version a document has right after insert into a collection that was never purged.
-pub const FIRST_VERSION: i64 = 1;
-
 /// A document as read: the caller's value plus its id, version and schema version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stamped<T> {
@@ -348,7 +345,7 @@ where
         let mut check = doc.clone();
         // A plain document's replacement starts at the collection's first version (at least 1).
         let next = if fields::is_plain_version(expected_version) {
-            FIRST_VERSION
+            fields::FIRST_VERSION
         } else {
             expected_version + 1
         };

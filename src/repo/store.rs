@@ -133,7 +133,9 @@ impl StoreBuilder {
         self
     }
 
-    /// Replaces the resolver that reads and decides holders' outcomes (for tests and tools).
+    /// Replaces the resolver that reads and decides holders' outcomes (tests only).
+    #[cfg(feature = "testkit")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
     pub fn hold_resolver(mut self, resolver: Arc<dyn HoldResolver>) -> StoreBuilder {
         self.resolver = Some(resolver);
         self
@@ -226,9 +228,9 @@ impl StoreBuilder {
 impl Store {
     /// Stops taking background work and waits up to `limit` for the background finishes already
     /// running, as a service does before it exits (on SIGTERM or ctrl-c), so that transactions
-    /// committed with [`Finish::InBackground`](crate::Finish::InBackground) are not left held
+    /// committed with [`Finish::InBackground`](crate::options::Finish::InBackground) are not left held
     /// until a reader, a writer or the GC finishes them. From then on every commit through this
-    /// store or its clones finishes before returning, whatever its [`Finish`](crate::Finish).
+    /// store or its clones finishes before returning, whatever its [`Finish`](crate::options::Finish).
     /// Nothing else changes: reads, writes and commits keep working. A second call waits for
     /// whatever is still running.
     ///
@@ -283,7 +285,7 @@ impl Store {
     }
 
     /// The resolver that reads and decides holders' outcomes.
-    pub fn resolver(&self) -> &dyn HoldResolver {
+    pub(crate) fn resolver(&self) -> &dyn HoldResolver {
         self.inner.resolver.as_ref()
     }
 
@@ -308,7 +310,8 @@ impl Store {
         }
     }
 
-    /// The server's current time, as this store estimates it (see [`ServerClock`]).
+    /// The server's current time, as this store estimates it (from samples of the server's clock,
+    /// so that no two hosts' clocks are compared).
     pub async fn server_time(&self) -> Result<DateTime, ClockError> {
         self.now().await
     }
@@ -587,10 +590,12 @@ pub trait HoldResolver: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RecordResolver;
 
-/// The resolver used without a transaction layer: every hold counts as pending forever.
+/// The resolver used without a transaction layer: every hold counts as pending forever (tests).
+#[cfg(feature = "testkit")]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoTransactions;
 
+#[cfg(feature = "testkit")]
 #[async_trait]
 impl HoldResolver for NoTransactions {
     async fn status(&self, _store: &Store, _txn: ObjectId) -> Result<TxnStatus, HoldError> {

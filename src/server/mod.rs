@@ -1,16 +1,25 @@
-//! The server layer, beneath everything else: what the deployment is and what time it is on the
-//! server ([`ServerClock`], [`Topology`], [`Durability`]), whether a server keeps the guarantees
-//! mongotx builds on ([`probe`](crate::probe)). A server to run against when none is given lives
-//! in the test rig (`testkit`, a non-default feature).
+//! What the server is and whether it keeps the guarantees mongotx builds on: the [`probe`] and
+//! its [`verdict`], the deployment's [`Topology`], and the error of reading the server's clock.
+//!
+//! (Inside the crate, the layer beneath everything else: what time it is on the server, the
+//! durability of writes, the behaviours the probe judges. A server to run against when none is
+//! given lives in the test rig, `testkit`, a non-default feature.)
 //!
 //! It knows nothing of repositories or transactions. Its other job is to turn driver errors into
-//! the short, clean causes the higher layers put in their messages ([`summarize`]), keeping the
+//! the short, clean causes the higher layers put in their messages (`summarize`), keeping the
 //! driver error itself as the `source()`.
 
 pub(crate) mod clock;
 pub(crate) mod codes;
 pub(crate) mod probe;
 pub(crate) mod semantics;
+
+#[doc(inline)]
+pub use clock::{ClockError, Topology};
+#[doc(inline)]
+pub use probe::{probe, verdict, ProbeError, ServerCapabilities, Verdict};
+#[doc(inline)]
+pub use semantics::{Semantic, Status};
 
 use mongodb::error::{Error, ErrorKind, WriteFailure};
 

@@ -37,3 +37,13 @@ pub mod toxiproxy;
 
 #[doc(inline)]
 pub use crate::txn::failpoint;
+
+// Seams the library keeps to itself, open to tests: how a store learns the fate of the
+// transaction holding a document (one test swaps it), and the probe with a chosen amount of
+// contention (the probe command's `--tasks`).
+#[doc(inline)]
+pub use crate::repo::outcome::TxnStatus;
+#[doc(inline)]
+pub use crate::repo::store::{HoldResolver, NoTransactions, RecordResolver};
+#[doc(inline)]
+pub use crate::server::probe::{probe_with, DEFAULT_CONTENTION_TASKS};

@@ -303,7 +303,7 @@ impl Transaction {
             apply(&mut post)?;
             // A plain document is stamped first and changed at the version after its stamp.
             let checked = if fields::is_plain_version(expected) {
-                crate::repo::repository::FIRST_VERSION + 1
+                crate::repo::fields::FIRST_VERSION + 1
             } else {
                 applied
             };

@@ -556,7 +556,10 @@ async fn plain_documents_of_an_older_shape_are_carried_forward_by_the_upgrade_st
     assert_eq!(alan.get_i64("_version"), Ok(2));
 
     // Explicit adoption stamps the rest in their own shape, and refuses the one no step takes.
-    let report = profiles.adopt(mongotx::AdoptOptions::new()).await.unwrap();
+    let report = profiles
+        .adopt(mongotx::adopt::AdoptOptions::new())
+        .await
+        .unwrap();
     assert_eq!((report.stamped, report.refused), (1, 1), "{report:?}");
     assert_eq!(report.refusals[0].field, "_schema");
     assert_eq!(

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
-use mongotx::{fields, Adjust, AdoptOptions, Query, RepoError, Store, Transactions};
+use mongotx::adopt::AdoptOptions;
+use mongotx::{fields, Adjust, Query, RepoError, Store, Transactions};
 use rand::Rng;
 
 use crate::common::{self, raw_snapshot, TestDb};
@@ -198,7 +199,7 @@ async fn a_store_dry_run_opens_nothing_and_a_store_adoption_opens_the_collection
         .unwrap();
     assert_eq!((report.stamped, report.refused), (59, 1));
     assert_eq!(raw_snapshot(&t.db, "accounts").await, originals);
-    let meta = raw_snapshot(&t.db, mongotx::META_COLLECTION).await;
+    let meta = raw_snapshot(&t.db, mongotx::collections::META_COLLECTION).await;
     assert!(
         meta.is_empty(),
         "a dry run registered the collection: {meta:?}"
@@ -209,7 +210,12 @@ async fn a_store_dry_run_opens_nothing_and_a_store_adoption_opens_the_collection
         .await
         .unwrap();
     assert_eq!((report.stamped, report.refused), (59, 1));
-    assert_eq!(raw_snapshot(&t.db, mongotx::META_COLLECTION).await.len(), 1);
+    assert_eq!(
+        raw_snapshot(&t.db, mongotx::collections::META_COLLECTION)
+            .await
+            .len(),
+        1
+    );
 }
 
 /// An adoption stopped anywhere (its future dropped after 0, 1, 2... ms: before its counts, with a
@@ -620,7 +626,7 @@ async fn an_adoption_is_undone_by_the_documented_commands() {
         coll.drop_index(index).await.unwrap();
     }
     let removed = db
-        .collection::<Document>(mongotx::META_COLLECTION)
+        .collection::<Document>(mongotx::collections::META_COLLECTION)
         .delete_one(doc! { "_id": "collection:accounts" })
         .await
         .unwrap();

@@ -9,7 +9,8 @@
 
 use bson::spec::BinarySubtype;
 use bson::{doc, oid::ObjectId, Binary, Bson, Decimal128, Document, Regex, Timestamp};
-use mongotx::{fields, AdoptOptions, CollectionSpec, Query, Repository, Transactions, Update};
+use mongotx::adopt::AdoptOptions;
+use mongotx::{fields, CollectionSpec, Query, Repository, Transactions, Update};
 use proptest::prelude::*;
 
 use crate::common::TestDb;

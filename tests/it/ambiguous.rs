@@ -15,11 +15,12 @@ use std::time::Duration;
 use crate::common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use crate::common::{Account, CrashAt, TestDb};
 use bson::Document;
+use mongotx::collections::TRANSACTIONS_COLLECTION;
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{self, Failpoint};
-use mongotx::TRANSACTIONS_COLLECTION;
 use mongotx::{
-    fields, Adjust, Gc, GcOptions, RepoError, Repository, Store, Transaction, Transactions,
-    TxnError, TxnOptions, Update,
+    fields, Adjust, RepoError, Repository, Store, Transaction, Transactions, TxnError, Update,
 };
 
 /// What the proxy does to a matching command.
@@ -410,7 +411,7 @@ async fn dead_coordinator(f: &Fixture, at: Failpoint, spoil: bool) {
     let txns = Transactions::with_options(
         &f.t.store,
         TxnOptions::default()
-            .finish(mongotx::Finish::BeforeReturning)
+            .finish(mongotx::options::Finish::BeforeReturning)
             .timeout(DEAD_TIMEOUT)
             .fault_injector(Arc::new(CrashAt(at))),
     );
@@ -517,7 +518,7 @@ async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
     let txns = Transactions::with_options(
         &store,
         TxnOptions::default()
-            .finish(mongotx::Finish::BeforeReturning)
+            .finish(mongotx::options::Finish::BeforeReturning)
             .timeout(Duration::from_secs(60)),
     );
     let bodies = AtomicUsize::new(0);

@@ -566,12 +566,15 @@ async fn malformed_queries_are_refused() {
 async fn repositories_on_reserved_collections_are_refused() {
     let (t, _, _, _) = seeded().await;
     let mut r = common::refusals::Refusals::new(&t.db);
-    for name in [mongotx::TRANSACTIONS_COLLECTION, mongotx::META_COLLECTION] {
+    for name in [
+        mongotx::collections::TRANSACTIONS_COLLECTION,
+        mongotx::collections::META_COLLECTION,
+    ] {
         let spec = mongotx::CollectionSpec::new(name, 1, LOOSE).unwrap();
         r.check(
             &format!("a repository on {name}"),
             t.store.repository::<Document>(spec),
-            |e| matches!(e, RepoError::Spec(mongotx::SpecError::Name { name: n, .. }) if n == name),
+            |e| matches!(e, RepoError::Spec(mongotx::schema::SpecError::Name { name: n, .. }) if n == name),
         )
         .await;
     }
@@ -583,12 +586,12 @@ async fn repositories_on_reserved_collections_are_refused() {
         r,
         "a repository on a renamed transactions collection",
         store.repository::<Document>(mongotx::CollectionSpec::new("my_txns", 1, LOOSE).unwrap()),
-        RepoError::Spec(mongotx::SpecError::Name { .. })
+        RepoError::Spec(mongotx::schema::SpecError::Name { .. })
     );
     for name in ["", "system.users", "a$b", "nul\0name"] {
         let err = mongotx::CollectionSpec::new(name, 1, LOOSE).unwrap_err();
         assert!(
-            matches!(err, mongotx::SpecError::Name { .. }),
+            matches!(err, mongotx::schema::SpecError::Name { .. }),
             "{name:?}: {err:?}"
         );
     }
@@ -641,7 +644,7 @@ async fn stores_with_unusable_transaction_collections_are_refused() {
         r.check(
             &format!("transactions collection {name:?}"),
             store.repository::<Account>(common::accounts_spec()),
-            |e| matches!(e, RepoError::Spec(mongotx::SpecError::Name { .. })),
+            |e| matches!(e, RepoError::Spec(mongotx::schema::SpecError::Name { .. })),
         )
         .await;
     }

@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use crate::common::refusals::Refusals;
 use crate::common::TestDb;
+use mongotx::collections::META_COLLECTION;
+use mongotx::collections::{FENCES_COLLECTION, OBTS_COLLECTION, TOKENS_COLLECTION};
 use mongotx::obt::{
     Fence, FenceError, MemoryFence, MongoFence, NewObt, Obt, ObtError, ObtOptions, Token,
-    FENCES_COLLECTION, MAX_LEASE, MAX_NAME, OBTS_COLLECTION, TOKENS_COLLECTION,
+    MAX_LEASE, MAX_NAME,
 };
-use mongotx::{Update, META_COLLECTION};
+use mongotx::Update;
 
 async fn obts(t: &TestDb) -> Obt {
     Obt::open(&t.store).await.unwrap()

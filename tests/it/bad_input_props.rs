@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use crate::common::TestDb;
 use bson::{doc, spec::BinarySubtype, Binary, Bson, Document};
-use mongotx::{Adjust, CollectionSpec, Query, RepoError, Repository, TxnError, TxnOptions};
+use mongotx::options::TxnOptions;
+use mongotx::{Adjust, CollectionSpec, Query, RepoError, Repository, TxnError};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -336,7 +337,7 @@ fn increments_add_exactly_or_are_refused_cleanly() {
             let result: Result<(), (bool, String)> = if in_txn {
                 let tx = mongotx::Transactions::with_options(
                     &t.store,
-                    TxnOptions::default().finish(mongotx::Finish::BeforeReturning),
+                    TxnOptions::default().finish(mongotx::options::Finish::BeforeReturning),
                 )
                 .begin();
                 match tx.adjust(&repo, id.as_str(), 1, &adjust).await {
@@ -484,7 +485,7 @@ fn transaction_timeouts_of_any_size_commit_or_are_refused() {
                 &t.store,
                 TxnOptions::default()
                     .timeout(timeout)
-                    .finish(mongotx::Finish::BeforeReturning),
+                    .finish(mongotx::options::Finish::BeforeReturning),
             )
             .begin();
             let id = format!("t{}", k.get());

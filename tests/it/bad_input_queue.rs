@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use crate::common::refusals::Refusals;
 use crate::common::TestDb;
+use mongotx::collections::META_COLLECTION;
 use mongotx::queue::{
     Batch, BatchStatus, Batches, Claim, NewBatch, QueueError, Submission, Submitter, MAX_CLAIM,
     MAX_CONTENT, MAX_DELAY, MAX_NAME,
 };
 use mongotx::testkit::ledger::{Faults, Ledger};
-use mongotx::META_COLLECTION;
 
 /// A name one byte longer than allowed, of two-byte characters.
 fn too_long() -> String {

@@ -9,10 +9,10 @@ use std::time::Duration;
 use crate::common::refusals::Refusals;
 use crate::common::TestDb;
 use bson::DateTime;
+use mongotx::options::LockWait;
 use mongotx::quota::{
     NewProvider, ProviderId, Quota, QuotaError, QuotaOptions, Request, Reservation,
 };
-use mongotx::LockWait;
 
 fn cores(scope: &str) -> ProviderId {
     ProviderId::new(scope, "cores")

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::common::refusals::Refusals;
 use crate::common::TestDb;
 use bson::{doc, Document};
-use mongotx::quota::PROVIDERS_COLLECTION;
+use mongotx::collections::PROVIDERS_COLLECTION;
 use mongotx::ratelimit::{
     Attempt, Limit, Priority, RateLimitError, RateLimitOptions, RateLimits, Reservation,
 };

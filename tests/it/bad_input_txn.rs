@@ -19,9 +19,10 @@ use std::time::Duration;
 use crate::common::refusals::{snapshot, Refusals};
 use crate::common::{Account, Note, TestDb};
 use bson::{doc, oid::ObjectId, Bson, Document};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::{LockWait, TxnOptions};
 use mongotx::{
-    Adjust, CollectionSpec, Gc, GcOptions, LockWait, RepoError, Repository, Store, Transactions,
-    TxnError, TxnOptions, Update,
+    Adjust, CollectionSpec, RepoError, Repository, Store, Transactions, TxnError, Update,
 };
 
 /// Accounts "alice" (100), "bob" (50) and "carol" (10), each at version 1.
@@ -919,7 +920,12 @@ async fn transaction_options_that_cannot_work_are_refused() {
         .await;
         assert_eq!(ran.load(Ordering::SeqCst), 0, "{what}: the body ran");
     }
-    for name in ["", "system.records", "a$b", mongotx::META_COLLECTION] {
+    for name in [
+        "",
+        "system.records",
+        "a$b",
+        mongotx::collections::META_COLLECTION,
+    ] {
         let store = Store::builder(t.db.clone())
             .transactions_collection(name)
             .build();
@@ -1003,7 +1009,7 @@ async fn gc_options_that_cannot_work_are_refused() {
             "transactions_collection",
             Gc::new(
                 t.db.clone(),
-                GcOptions::default().transactions_collection(mongotx::META_COLLECTION),
+                GcOptions::default().transactions_collection(mongotx::collections::META_COLLECTION),
             ),
         ),
     ];

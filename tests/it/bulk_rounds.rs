@@ -183,7 +183,9 @@ async fn each_round_is_one_message_where_the_server_has_bulk_write() {
 #[tokio::test]
 async fn a_server_before_8_0_gets_one_command_per_write_and_the_same_commit() {
     let f = Fixture::new(Plays::Before8).await;
-    let caps = mongotx::probe(f.store.database()).await.expect("probe");
+    let caps = mongotx::server::probe(f.store.database())
+        .await
+        .expect("probe");
     assert!(!caps.bulk_write, "the probe reports no bulkWrite");
     f.server.take();
     f.transfer(1).await.expect("commit");
@@ -201,7 +203,9 @@ async fn a_server_before_8_0_gets_one_command_per_write_and_the_same_commit() {
 #[tokio::test]
 async fn a_server_without_the_command_is_asked_once_and_then_written_write_by_write() {
     let f = Fixture::new(Plays::NoBulkWrite).await;
-    let caps = mongotx::probe(f.store.database()).await.expect("probe");
+    let caps = mongotx::server::probe(f.store.database())
+        .await
+        .expect("probe");
     assert!(!caps.bulk_write, "the probe reports no bulkWrite");
     let before = f.server.refused.load(Ordering::SeqCst);
     f.transfer(1).await.expect("commit");

@@ -7,8 +7,10 @@ use crate::common;
 use crate::common::wire_proxy::{command_name, Action, Rules, WireProxy};
 use crate::common::{Account, TestDb};
 use bson::{doc, Document};
+use mongotx::collections::TRANSACTIONS_COLLECTION;
+use mongotx::gc::{Gc, GcOptions};
 use mongotx::testkit::failpoint::BEGIN_BEFORE;
-use mongotx::{Adjust, Gc, GcOptions, Query, Store, Transactions, Update, TRANSACTIONS_COLLECTION};
+use mongotx::{Adjust, Query, Store, Transactions, Update};
 
 const RAW: &str = "E11000-ish raw reply { 0x7f3a9c: 62 61 64 20 72 65 70 6c 79 } driver internals";
 

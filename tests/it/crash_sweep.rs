@@ -15,11 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{raw_snapshot, Account, CrashAt, TestDb};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{self as fp, Failpoint};
-use mongotx::{
-    fields, Adjust, Gc, GcOptions, RepoError, Repository, Transaction, Transactions, TxnError,
-    TxnOptions, Update,
-};
+use mongotx::{fields, Adjust, RepoError, Repository, Transaction, Transactions, TxnError, Update};
 
 /// The coordinators' timeout: a GC aborts an undecided transaction, and deletes an aborted record,
 /// only once the server's clock has passed the deadline, so scenarios that need it wait that long.
@@ -219,7 +218,7 @@ impl Worker {
 
     fn txns(&self, injector: Option<Failpoint>) -> Transactions {
         let options = TxnOptions::default()
-            .finish(mongotx::Finish::BeforeReturning)
+            .finish(mongotx::options::Finish::BeforeReturning)
             .timeout(TIMEOUT);
         let options = match injector {
             Some(point) => options.fault_injector(Arc::new(CrashAt(point))),

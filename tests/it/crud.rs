@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::common::{raw_snapshot, Account, Note, TestDb};
 use bson::{doc, Bson};
-use mongotx::{fields, Adjust, Query, RepoError, Update, FIRST_VERSION};
+use mongotx::fields::FIRST_VERSION;
+use mongotx::{fields, Adjust, Query, RepoError, Update};
 
 #[tokio::test]
 async fn insert_then_get_round_trips_with_version_one() {

@@ -10,8 +10,11 @@ use std::sync::{Arc, Mutex};
 use crate::common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use crate::common::TestDb;
 use bson::Document;
+use mongotx::collections::TRANSACTIONS_COLLECTION;
+use mongotx::options::Durability;
+use mongotx::server::Topology;
 use mongotx::testkit::failpoint::BEGIN_BEFORE;
-use mongotx::{Adjust, Durability, Store, Topology, TRANSACTIONS_COLLECTION};
+use mongotx::{Adjust, Store};
 
 /// Records every command; optionally answers `hello` / `isMaster` as a replica-set member.
 #[derive(Clone)]
@@ -121,7 +124,7 @@ async fn on_a_replica_set_every_protocol_write_and_deciding_read_is_majority() {
     let recorder = Recorder::new(true);
     let proxy = WireProxy::start(&common::server_uri(), recorder.clone()).await;
     let db = proxy.client().await.database(t.db.name());
-    let caps = mongotx::probe(&db).await.expect("probe");
+    let caps = mongotx::server::probe(&db).await.expect("probe");
     assert_eq!(
         caps.topology,
         Topology::ReplicaSet { name: "rs0".into() },

@@ -9,7 +9,8 @@ use crate::common::{raw_snapshot, Account, TestDb};
 use bson::{doc, Document};
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongotx::{fields, CollectionSpec, RepoError, SpecError, Store, Update};
+use mongotx::schema::SpecError;
+use mongotx::{fields, CollectionSpec, RepoError, Store, Update};
 use serde::Deserialize;
 
 /// The accounts schema with one system property removed or changed.
@@ -177,7 +178,7 @@ async fn an_unreachable_server_is_a_database_error() {
     options.server_selection_timeout = Some(Duration::from_millis(300));
     let client = Client::with_options(options).unwrap();
     let store = Store::builder(client.database("nowhere"))
-        .server_validation(mongotx::ServerValidation::Never)
+        .server_validation(mongotx::options::ServerValidation::Never)
         .build();
     let err = store
         .repository::<Account>(common::accounts_spec())

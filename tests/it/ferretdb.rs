@@ -5,12 +5,13 @@
 //! error. A `Store` refuses it with the same sentence, before writing anything.
 
 use mongodb::Client;
+use mongotx::server::{ProbeError, Status, Verdict};
 use mongotx::testkit::ferretdb::FerretDb;
-use mongotx::{ProbeError, RepoError, Status, Store, Verdict};
+use mongotx::{RepoError, Store};
 
 use crate::common::{self, Account};
 
-fn row<'a>(verdict: &'a Verdict, name: &str) -> &'a mongotx::Semantic {
+fn row<'a>(verdict: &'a Verdict, name: &str) -> &'a mongotx::server::Semantic {
     verdict
         .behaviours
         .iter()
@@ -25,7 +26,7 @@ async fn ferretdb_gets_a_verdict_per_behaviour_and_is_refused_for_what_it_lacks(
     let server = FerretDb::start().await.expect("FerretDB builds and starts");
     let client = Client::with_uri_str(server.uri()).await.expect("client");
     let db = client.database("mongotx_ferretdb");
-    let verdict = mongotx::verdict(&db, 64)
+    let verdict = mongotx::server::verdict(&db, 64)
         .await
         .expect("FerretDB answers every check: a verdict, not a connection error");
     for s in &verdict.behaviours {

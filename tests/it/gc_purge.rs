@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use crate::common::{hours_from_now, Account, TestDb};
 use bson::{doc, DateTime, Document};
-use mongotx::{fields, Gc, GcOptions, RepoError, Update};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::{fields, RepoError, Update};
 
 #[tokio::test]
 async fn the_gc_purges_only_stamped_tombstones_older_than_the_retention() {

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{Account, TestDb};
+use mongotx::gc::{Gc, GcOptions, RoundSummary};
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{Failpoint, FaultInjector};
-use mongotx::{
-    Adjust, Gc, GcOptions, Query, RoundSummary, Store, Transactions, TxnError, TxnOptions,
-};
+use mongotx::{Adjust, Query, Store, Transactions, TxnError};
 use rand::Rng;
 
 const ACCOUNTS: usize = 6;

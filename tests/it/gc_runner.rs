@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{raw_snapshot, CrashAt, TestDb};
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{self, Failpoint};
-use mongotx::{fields, Adjust, Transactions, TxnError, TxnOptions};
+use mongotx::{fields, Adjust, Transactions, TxnError};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -56,7 +57,7 @@ async fn an_in_process_gc_runner_recovers_a_dead_transaction_and_shuts_down_grac
         "the dead transaction holds a: {held:?}"
     );
 
-    let runner = mongotx::GcRunner::new(&t.store, mongotx::GcOptions::default())
+    let runner = mongotx::GcRunner::new(&t.store, mongotx::gc::GcOptions::default())
         .interval(Duration::from_millis(100));
     let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
     let (passes, mut seen) = tokio::sync::mpsc::unbounded_channel();

@@ -13,10 +13,10 @@ use crate::common::{
 };
 use async_trait::async_trait;
 use bson::{doc, oid::ObjectId, DateTime, Document};
-use mongotx::{
-    fields, Adjust, HoldError, HoldResolver, LockWait, NoTransactions, Query, RecordResolver,
-    RepoError, Store, TxnStatus, Update,
-};
+use mongotx::gc::HoldError;
+use mongotx::options::LockWait;
+use mongotx::testkit::{HoldResolver, NoTransactions, RecordResolver, TxnStatus};
+use mongotx::{fields, Adjust, Query, RepoError, Store, Update};
 
 fn short_wait(max_wait_ms: u64) -> LockWait {
     LockWait {
@@ -266,7 +266,7 @@ async fn an_expired_holder_is_aborted_and_undone_instead_of_waited_on() {
         started.elapsed()
     );
     assert_eq!(v, 2);
-    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    let records = raw_snapshot(&t.db, mongotx::collections::TRANSACTIONS_COLLECTION).await;
     assert_eq!(
         records[0].get_str("state").ok(),
         Some("aborted"),
@@ -294,7 +294,7 @@ async fn a_deadline_the_records_clock_has_passed_is_expired_though_hellos_has_no
     let server = tokio::task::spawn_blocking(|| {
         mongotx::testkit::local_server::LocalServer::start_with(&[
             "--clock-offset".to_string(),
-            format!("{}=+30s", mongotx::TRANSACTIONS_COLLECTION),
+            format!("{}=+30s", mongotx::collections::TRANSACTIONS_COLLECTION),
         ])
     })
     .await
@@ -349,7 +349,7 @@ async fn a_deadline_the_records_clock_has_passed_is_expired_though_hellos_has_no
     let state = |txn: ObjectId| {
         let db = db.clone();
         async move {
-            db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
+            db.collection::<Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
                 .find_one(doc! { "_id": txn })
                 .await
                 .unwrap()
@@ -358,7 +358,7 @@ async fn a_deadline_the_records_clock_has_passed_is_expired_though_hellos_has_no
     };
     assert_eq!(state(by_writer).await.as_deref(), Some("aborted"));
 
-    let summary = mongotx::Gc::with_store(&store, mongotx::GcOptions::default())
+    let summary = mongotx::gc::Gc::with_store(&store, mongotx::gc::GcOptions::default())
         .run_round()
         .await
         .unwrap();
@@ -415,7 +415,7 @@ async fn put_staging(t: &TestDb, txn: ObjectId, deadline: DateTime, ids: &[&str]
             }
         })
         .collect();
-    t.db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
+    t.db.collection::<Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
         .insert_one(doc! {
             "_id": txn, "state": "staging", "created": DateTime::now(),
             "deadline": deadline, "entries": entries,
@@ -462,7 +462,7 @@ async fn assert_uncrossed(t: &TestDb, accounts: &mongotx::Repository<Account>) {
     for id in ["a", "b"] {
         assert_eq!(accounts.get(id).await.unwrap().version, 1);
     }
-    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    let records = raw_snapshot(&t.db, mongotx::collections::TRANSACTIONS_COLLECTION).await;
     assert!(records.is_empty(), "records left: {records:?}");
 }
 
@@ -473,7 +473,7 @@ async fn expired_transactions_each_holding_what_the_other_misses_are_both_aborte
     crossed_transactions(&t, &accounts).await;
     // Neither can ever commit: past the deadline, an apply on a document another holds is shut
     // out for good, so neither waits for the other.
-    let round = mongotx::Gc::with_store(&t.store, mongotx::GcOptions::default())
+    let round = mongotx::gc::Gc::with_store(&t.store, mongotx::gc::GcOptions::default())
         .run_round()
         .await
         .unwrap();
@@ -551,7 +551,7 @@ async fn a_hold_whose_record_is_gone_reads_as_uncommitted_and_is_undone_after_it
     );
     // The writer put an aborted record in the missing one's place before undoing the hold, so
     // that no copy of the record still on its way could arrive as staging.
-    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    let records = raw_snapshot(&t.db, mongotx::collections::TRANSACTIONS_COLLECTION).await;
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].get_object_id("_id").ok(), Some(txn));
     assert_eq!(records[0].get_str("state").ok(), Some("aborted"));
@@ -581,9 +581,11 @@ async fn a_hold_whose_record_has_not_arrived_is_waited_on_for_a_grace_then_abort
         .unwrap_err();
     assert!(matches!(err, RepoError::Locked { .. }), "{err:?}");
     assert_eq!(raw_snapshot(&t.db, "accounts").await, held);
-    assert!(raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION)
-        .await
-        .is_empty());
+    assert!(
+        raw_snapshot(&t.db, mongotx::collections::TRANSACTIONS_COLLECTION)
+            .await
+            .is_empty()
+    );
 
     // A writer that waits longer than the grace puts an aborted record in the missing one's
     // place (no late copy of it can then arrive as staging) and goes ahead.
@@ -601,7 +603,7 @@ async fn a_hold_whose_record_has_not_arrived_is_waited_on_for_a_grace_then_abort
         waited >= Duration::from_millis(200) && waited < Duration::from_secs(3),
         "{waited:?}"
     );
-    let records = raw_snapshot(&t.db, mongotx::TRANSACTIONS_COLLECTION).await;
+    let records = raw_snapshot(&t.db, mongotx::collections::TRANSACTIONS_COLLECTION).await;
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].get_str("state").ok(), Some("aborted"));
     let read = accounts.get("acc").await.unwrap();
@@ -628,7 +630,7 @@ async fn readers_see_the_pre_image_until_the_commit_point_and_the_change_after()
     let found = accounts.find(Query::new()).await.unwrap();
     assert_eq!((found[0].owner.as_str(), found[0].version), ("Before", 1));
 
-    t.db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
+    t.db.collection::<Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
         .update_one(
             doc! { "_id": txn },
             doc! { "$set": { "state": "committed" } },

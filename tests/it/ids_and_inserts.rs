@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 
 use crate::common::{stalled_at, Account, TestDb};
 use bson::Bson;
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::LockWait;
 use mongotx::testkit::failpoint::{BEGIN_BEFORE, COMMIT_AFTER};
-use mongotx::{
-    Adjust, CollectionSpec, Gc, GcOptions, LockWait, RepoError, Repository, Store, Transactions,
-    TxnError,
-};
+use mongotx::{Adjust, CollectionSpec, RepoError, Repository, Store, Transactions, TxnError};
 use serde::{Deserialize, Serialize};
 
 const COUNTERS: &str = include_str!("../../schemas/counters.json");
@@ -269,7 +268,7 @@ async fn a_repository_of_another_database_is_refused_and_nothing_is_written() {
     );
     assert_eq!(after, before);
     assert!(
-        common::raw_snapshot(&elsewhere.db, mongotx::TRANSACTIONS_COLLECTION)
+        common::raw_snapshot(&elsewhere.db, mongotx::collections::TRANSACTIONS_COLLECTION)
             .await
             .is_empty()
     );

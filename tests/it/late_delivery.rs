@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use crate::common::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 use crate::common::{raw_snapshot, Account, TestDb};
 use bson::Document;
-use mongotx::{
-    fields, Adjust, Gc, GcOptions, Query, RepoError, Store, Transactions, TxnOptions, Update,
-    TRANSACTIONS_COLLECTION,
-};
+use mongotx::collections::TRANSACTIONS_COLLECTION;
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::TxnOptions;
+use mongotx::{fields, Adjust, Query, RepoError, Store, Transactions, Update};
 
 /// Longer than the driver takes to find the server again after a cut connection (it waits for a
 /// heartbeat, at least 500 ms apart), so the late write lands after the coordinator is done.
@@ -114,7 +114,7 @@ impl Fixture {
         let txns = Transactions::with_options(
             &self.store,
             TxnOptions::default()
-                .finish(mongotx::Finish::BeforeReturning)
+                .finish(mongotx::options::Finish::BeforeReturning)
                 .timeout(timeout),
         );
         let tx = txns.begin();

@@ -10,10 +10,8 @@ use std::time::Duration;
 
 use crate::common::{raw_snapshot, TestDb};
 use bson::{doc, Document};
-use mongotx::obt::{
-    Fence, FenceError, MemoryFence, MongoFence, NewObt, Obt, ObtError, Token, FENCES_COLLECTION,
-    OBTS_COLLECTION, TOKENS_COLLECTION,
-};
+use mongotx::collections::{FENCES_COLLECTION, OBTS_COLLECTION, TOKENS_COLLECTION};
+use mongotx::obt::{Fence, FenceError, MemoryFence, MongoFence, NewObt, Obt, ObtError, Token};
 use mongotx::{RepoError, Store, Update};
 
 async fn obts(t: &TestDb) -> Obt {
@@ -623,7 +621,7 @@ async fn a_database_outage_is_not_mistaken_for_lost_ownership() {
             .await;
     let cut = Obt::with_options(
         &Store::new(proxy.client().await.database(t.db.name())),
-        mongotx::obt::ObtOptions::default().retry(mongotx::LockWait {
+        mongotx::obt::ObtOptions::default().retry(mongotx::options::LockWait {
             max_wait: Duration::from_millis(300),
             initial_backoff: Duration::from_millis(5),
             max_backoff: Duration::from_millis(50),

@@ -8,7 +8,8 @@
 mod app;
 
 use crate::common::{raw_snapshot, raw_snapshot_when_free, TestDb};
-use mongotx::obt::{Fence, Token, OBTS_COLLECTION};
+use mongotx::collections::OBTS_COLLECTION;
+use mongotx::obt::{Fence, Token};
 use serde_json::{json, Value};
 
 struct Api {

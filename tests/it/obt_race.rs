@@ -288,7 +288,7 @@ async fn thirty_two_tasks_preempting_one_obt_never_break_either_fence() {
     assert!(load(&counts.committed) > 10);
     common::assert_settled(
         &t,
-        &["ledger", mongotx::obt::OBTS_COLLECTION],
+        &["ledger", mongotx::collections::OBTS_COLLECTION],
         "after the race",
     )
     .await;

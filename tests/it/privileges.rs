@@ -9,9 +9,11 @@
 
 use bson::{doc, Document};
 use mongodb::Client;
+use mongotx::adopt::AdoptOptions;
+use mongotx::gc::{Gc, GcOptions};
 use mongotx::quota::Quota;
 use mongotx::testkit::local_server::LocalServer;
-use mongotx::{Adjust, AdoptOptions, Gc, GcOptions, Query, RepoError, Store, Transactions};
+use mongotx::{Adjust, Query, RepoError, Store, Transactions};
 
 use crate::common;
 

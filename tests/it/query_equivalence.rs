@@ -14,8 +14,9 @@ use std::sync::Arc;
 use crate::common::{CrashAt, TestDb};
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{self, Failpoint};
-use mongotx::{Adjust, CollectionSpec, Query, Transactions, TxnError, TxnOptions, Update};
+use mongotx::{Adjust, CollectionSpec, Query, Transactions, TxnError, Update};
 use proptest::prelude::*;
 
 const SCHEMA: &str = r#"{
@@ -218,7 +219,7 @@ async fn run_case(
             &t.store,
             TxnOptions::default()
                 .timeout(std::time::Duration::from_secs(3600))
-                .finish(mongotx::Finish::BeforeReturning)
+                .finish(mongotx::options::Finish::BeforeReturning)
                 .fault_injector(Arc::new(CrashAt(Failpoint { name: at, step: 0 }))),
         );
         let tx = handle.begin();

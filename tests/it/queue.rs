@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use crate::common::TestDb;
 use bson::{doc, Document};
+use mongotx::collections::BATCHES_COLLECTION;
 use mongotx::queue::{
     BatchStatus, Batches, LedgerApi, Monitor, NewBatch, QueueError, Submission, Submitter,
-    BATCHES_COLLECTION, BATCHES_SCHEMA, SERVICES_SCHEMA,
+    BATCHES_SCHEMA, SERVICES_SCHEMA,
 };
+use mongotx::schema::JsonSchema;
 use mongotx::testkit::ledger::{Answer, Fate, Faults, Ledger, LedgerStatus};
-use mongotx::JsonSchema;
 
 /// Sets `fields` on the stored batch `header`.
 pub(crate) async fn set(t: &TestDb, header: &str, fields: Document) {

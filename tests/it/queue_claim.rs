@@ -16,9 +16,8 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongotx::queue::{
-    BatchStatus, Batches, Monitor, NewBatch, Submission, Submitter, BATCHES_COLLECTION,
-};
+use mongotx::collections::BATCHES_COLLECTION;
+use mongotx::queue::{BatchStatus, Batches, Monitor, NewBatch, Submission, Submitter};
 use mongotx::testkit::ledger::{Faults, Ledger};
 use mongotx::Store;
 

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::TestDb;
 use bson::{doc, Document};
-use mongotx::queue::{Batches, NewBatch, BATCHES_COLLECTION};
+use mongotx::collections::BATCHES_COLLECTION;
+use mongotx::queue::{Batches, NewBatch};
 use mongotx::testkit::ledger::{Faults, Ledger};
 use mongotx::testkit::ledger_http::LedgerServer;
 

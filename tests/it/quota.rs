@@ -14,9 +14,8 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
-use mongotx::quota::{
-    NewProvider, ProviderId, Quota, QuotaError, Request, Reservation, PROVIDERS_COLLECTION,
-};
+use mongotx::collections::PROVIDERS_COLLECTION;
+use mongotx::quota::{NewProvider, ProviderId, Quota, QuotaError, Request, Reservation};
 use mongotx::Store;
 
 fn cores(scope: &str) -> ProviderId {

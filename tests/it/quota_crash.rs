@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use crate::common::{raw_snapshot, TestDb};
 use bson::Document;
-use mongotx::quota::{
-    failpoint, NewProvider, Quota, QuotaError, QuotaOptions, Request, PROVIDERS_COLLECTION,
-};
+use mongotx::collections::PROVIDERS_COLLECTION;
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::quota::{failpoint, NewProvider, Quota, QuotaError, QuotaOptions, Request};
 use mongotx::testkit::failpoint::{self as txn_failpoint, CrashAt, Failpoint};
-use mongotx::{Gc, GcOptions};
 
 const RESOURCES: [&str; 3] = ["cores", "ram", "disk"];
 const PROJECTS: [&str; 2] = ["project/a", "project/b"];

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use crate::common::{self, raw_snapshot, TestDb};
 use crate::quota::{assert_books_balance, through_proxy, watched};
-use mongotx::quota::{NewProvider, ProviderId, Quota, QuotaError, Request, PROVIDERS_COLLECTION};
+use mongotx::collections::PROVIDERS_COLLECTION;
+use mongotx::quota::{NewProvider, ProviderId, Quota, QuotaError, Request};
 use mongotx::Store;
 
 fn slots(scope: &str) -> ProviderId {

@@ -11,7 +11,8 @@ use std::time::Duration;
 use crate::common::{raw_snapshot, TestDb};
 use crate::quota_crash::{collect, coordinator_points, dying_at};
 use bson::Document;
-use mongotx::quota::{NewProvider, ProviderId, Quota, QuotaError, Request, PROVIDERS_COLLECTION};
+use mongotx::collections::PROVIDERS_COLLECTION;
+use mongotx::quota::{NewProvider, ProviderId, Quota, QuotaError, Request};
 use mongotx::Store;
 
 /// The most entries a stripe holds (the library's `STRIPE_ENTRIES`).

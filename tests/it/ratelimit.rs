@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use crate::common::TestDb;
 use bson::Document;
+use mongotx::collections::LIMITERS_COLLECTION;
 use mongotx::ratelimit::{
     Attempt, Limit, Priority, RateLimitError, RateLimitOptions, RateLimits, Reservation, Settled,
-    LIMITERS_COLLECTION, LIMITERS_SCHEMA,
+    LIMITERS_SCHEMA,
 };
-use mongotx::{JsonSchema, Store};
+use mongotx::schema::JsonSchema;
+use mongotx::Store;
 
 async fn limits(t: &TestDb) -> RateLimits {
     RateLimits::open(&t.store).await.unwrap()

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::TestDb;
-use mongotx::ratelimit::{Limit, RateLimits, LIMITERS_COLLECTION};
+use mongotx::collections::LIMITERS_COLLECTION;
+use mongotx::ratelimit::{Limit, RateLimits};
 use mongotx::testkit::api_simulator::Simulator;
 
 const CALLS: u32 = 400;

@@ -16,10 +16,10 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::Client;
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{self, Failpoint};
-use mongotx::{
-    Adjust, Gc, GcOptions, Query, Repository, Store, Transactions, TxnError, TxnOptions,
-};
+use mongotx::{Adjust, Query, Repository, Store, Transactions, TxnError};
 
 /// Commands a client sends while counting is on, by name.
 #[derive(Clone, Default)]
@@ -85,7 +85,7 @@ async fn crashed(
         store,
         TxnOptions::default()
             .timeout(timeout)
-            .finish(mongotx::Finish::BeforeReturning)
+            .finish(mongotx::options::Finish::BeforeReturning)
             .fault_injector(Arc::new(CrashAt(at))),
     );
     let tx = txns.begin();
@@ -341,7 +341,7 @@ async fn one_gc_round_clears_a_thousand_expired_transactions() {
     let next = gc.run_round().await.expect("next round");
     assert_eq!(next.rolled_back, 200, "{next:?}");
     let records =
-        t.db.collection::<bson::Document>(mongotx::TRANSACTIONS_COLLECTION)
+        t.db.collection::<bson::Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
             .count_documents(doc! {})
             .await
             .expect("count records");
@@ -396,7 +396,7 @@ async fn an_idle_gc_round_next_to_five_thousand_pending_holds_costs_a_few_comman
         "an idle round next to 5,000 pending holds: {} commands: {sent:?}",
         sent.len()
     );
-    assert_eq!(summary, mongotx::RoundSummary::default());
+    assert_eq!(summary, mongotx::gc::RoundSummary::default());
     assert!(sent.len() <= 10, "{} commands: {sent:?}", sent.len());
     assert_eq!(held_count(&t).await, 5_000, "the pending holds stay");
 }

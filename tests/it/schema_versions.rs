@@ -5,7 +5,8 @@ use crate::common;
 
 use crate::common::{raw_snapshot, Profile, TestDb};
 use bson::{doc, Document};
-use mongotx::{fields, Adjust, CollectionSpec, RepoError, SpecError, Update};
+use mongotx::schema::SpecError;
+use mongotx::{fields, Adjust, CollectionSpec, RepoError, Update};
 
 /// Plants a profile stored in schema version 1 (single `name` field).
 async fn plant_v1(t: &TestDb, id: &str, name: &str, version: i64) {

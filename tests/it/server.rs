@@ -11,8 +11,9 @@ use crate::common::{server_uri, Account, TestDb};
 use bson::{doc, Bson, Document};
 use mongodb::options::ClientOptions;
 use mongodb::Client;
+use mongotx::server::{ProbeError, Status};
 use mongotx::testkit::local_server::LocalServer;
-use mongotx::{ProbeError, RepoError, Status, Store};
+use mongotx::{RepoError, Store};
 
 fn on_probe_collection(command: &Document) -> bool {
     command
@@ -23,7 +24,9 @@ fn on_probe_collection(command: &Document) -> bool {
 #[tokio::test]
 async fn the_probe_accepts_the_test_server_under_real_contention() {
     let t = TestDb::new().await;
-    let caps = mongotx::probe_with(&t.db, 64).await.expect("probe");
+    let caps = mongotx::testkit::probe_with(&t.db, 64)
+        .await
+        .expect("probe");
     assert_eq!(caps.contention_tasks, 64);
     assert!(
         caps.contention_retries > 0,
@@ -49,7 +52,7 @@ async fn the_wire_proxy_is_transparent_when_it_changes_nothing() {
         .expect("insert");
     let read = accounts.get("a1").await.expect("get");
     assert_eq!((read.version, read.balance), (1, 5));
-    mongotx::probe(&client.database(t.db.name()))
+    mongotx::server::probe(&client.database(t.db.name()))
         .await
         .expect("probe through a transparent proxy");
 }
@@ -77,7 +80,7 @@ impl Rules for AcceptDuplicates {
 async fn the_probe_refuses_a_server_that_accepts_duplicate_ids() {
     let t = TestDb::new().await;
     let proxy = WireProxy::start(&server_uri(), AcceptDuplicates).await;
-    let err = mongotx::probe(&proxy.client().await.database(t.db.name()))
+    let err = mongotx::server::probe(&proxy.client().await.database(t.db.name()))
         .await
         .expect_err("probe must refuse");
     assert!(
@@ -123,7 +126,7 @@ impl Rules for LoseUpdates {
 async fn the_probe_refuses_a_server_that_loses_conditional_updates() {
     let t = TestDb::new().await;
     let proxy = WireProxy::start(&server_uri(), LoseUpdates).await;
-    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 16)
+    let err = mongotx::testkit::probe_with(&proxy.client().await.database(t.db.name()), 16)
         .await
         .expect_err("probe must refuse");
     match &err {
@@ -156,7 +159,7 @@ impl Rules for StaleFindAndModify {
 async fn the_probe_refuses_a_server_whose_find_and_modify_returns_the_old_document() {
     let t = TestDb::new().await;
     let proxy = WireProxy::start(&server_uri(), StaleFindAndModify).await;
-    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+    let err = mongotx::testkit::probe_with(&proxy.client().await.database(t.db.name()), 8)
         .await
         .expect_err("probe must refuse");
     match &err {
@@ -192,7 +195,7 @@ impl Rules for SharedPostImages {
 async fn the_probe_refuses_a_server_whose_find_and_modify_shares_post_images() {
     let t = TestDb::new().await;
     let proxy = WireProxy::start(&server_uri(), SharedPostImages).await;
-    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 64)
+    let err = mongotx::testkit::probe_with(&proxy.client().await.database(t.db.name()), 64)
         .await
         .expect_err("probe must refuse");
     match &err {
@@ -208,7 +211,7 @@ async fn the_probe_refuses_a_server_whose_find_and_modify_shares_post_images() {
     }
     assert!(err.to_string().contains("their own post-image"), "{err}");
     // The local server itself passes the same check with 64 concurrent callers.
-    let caps = mongotx::probe_with(&t.db, 64)
+    let caps = mongotx::testkit::probe_with(&t.db, 64)
         .await
         .expect("the local server passes");
     assert_eq!(caps.contention_tasks, 64);
@@ -242,7 +245,7 @@ async fn a_probe_step_the_account_may_not_run_is_a_database_error_naming_the_che
         FailCommand("insert", Some((13, "Unauthorized"))),
     )
     .await;
-    let err = mongotx::verdict(&proxy.client().await.database(t.db.name()), 8)
+    let err = mongotx::server::verdict(&proxy.client().await.database(t.db.name()), 8)
         .await
         .expect_err("no verdict without the privilege to ask");
     match &err {
@@ -300,7 +303,7 @@ async fn the_local_server_starts_on_a_free_port_and_stops() {
         .run_command(doc! { "ping": 1 })
         .await
         .expect("ping while running");
-    mongotx::probe_with(&client.database("mongotx_local_check"), 8)
+    mongotx::testkit::probe_with(&client.database("mongotx_local_check"), 8)
         .await
         .expect("the local server passes the probe");
     tokio::task::spawn_blocking(move || server.stop())
@@ -409,7 +412,7 @@ async fn a_server_without_pipeline_updates_is_refused_naming_it() {
     let t = TestDb::new().await;
     let proxy = WireProxy::start(&server_uri(), NoPipelineUpdates).await;
     let db = proxy.client().await.database(t.db.name());
-    let err = mongotx::probe_with(&db, 8)
+    let err = mongotx::testkit::probe_with(&db, 8)
         .await
         .expect_err("the probe must refuse");
     assert!(
@@ -485,7 +488,7 @@ impl Rules for MovingNow {
 async fn a_server_whose_now_moves_within_a_statement_is_refused() {
     let t = TestDb::new().await;
     let proxy = WireProxy::start(&server_uri(), MovingNow).await;
-    let err = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+    let err = mongotx::testkit::probe_with(&proxy.client().await.database(t.db.name()), 8)
         .await
         .expect_err("the probe must refuse");
     assert!(
@@ -519,7 +522,7 @@ impl Rules for PlainDuplicateKeys {
 #[tokio::test]
 async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
     let t = TestDb::new().await;
-    let caps = mongotx::probe_with(&t.db, 8).await.expect("probe");
+    let caps = mongotx::testkit::probe_with(&t.db, 8).await.expect("probe");
     let names: Vec<&str> = caps.semantics.iter().map(|s| s.name).collect();
     for expected in [
         "expr_now",
@@ -556,7 +559,7 @@ async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
     );
 
     let proxy = WireProxy::start(&server_uri(), PlainDuplicateKeys).await;
-    let caps = mongotx::probe_with(&proxy.client().await.database(t.db.name()), 8)
+    let caps = mongotx::testkit::probe_with(&proxy.client().await.database(t.db.name()), 8)
         .await
         .expect("a missing reported behaviour does not refuse the server");
     let shape = caps
@@ -578,7 +581,7 @@ async fn the_probe_reports_every_behaviour_and_refuses_only_for_needed_ones() {
 async fn a_server_refusing_every_insert_gets_a_verdict_per_behaviour() {
     let t = TestDb::new().await;
     let proxy = WireProxy::start(&server_uri(), FailCommand("insert", None)).await;
-    let verdict = mongotx::verdict(&proxy.client().await.database(t.db.name()), 8)
+    let verdict = mongotx::server::verdict(&proxy.client().await.database(t.db.name()), 8)
         .await
         .expect("a server that answers gets a verdict");
     let status = |name: &str| {

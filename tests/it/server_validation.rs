@@ -16,11 +16,10 @@ use crate::common::{Account, TestDb};
 use bson::{doc, Bson, Document};
 use futures::future::join_all;
 use mongodb::Database;
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{CrashAt, Failpoint, APPLY_BEFORE, BEGIN_BEFORE, COMMIT_AFTER};
-use mongotx::{
-    fields, Adjust, CollectionSpec, Gc, GcOptions, RepoError, Store, Transactions, TxnError,
-    TxnOptions, Update,
-};
+use mongotx::{fields, Adjust, CollectionSpec, RepoError, Store, Transactions, TxnError, Update};
 use serde::{Deserialize, Serialize};
 
 /// The validator the server holds for `collection`, if any.
@@ -70,7 +69,7 @@ where
         store,
         TxnOptions::default()
             .timeout(Duration::from_secs(3600))
-            .finish(mongotx::Finish::BeforeReturning)
+            .finish(mongotx::options::Finish::BeforeReturning)
             .fault_injector(Arc::new(CrashAt(Failpoint { name: point, step }))),
     );
     let tx = txns.begin();
@@ -273,7 +272,9 @@ async fn the_server_refuses_a_raw_invalid_write_and_passes_every_write_mongotx_m
 
     let mut missing = Vec::new();
     for name in t.db.list_collection_names().await.expect("collections") {
-        if name == mongotx::TRANSACTIONS_COLLECTION || name == mongotx::META_COLLECTION {
+        if name == mongotx::collections::TRANSACTIONS_COLLECTION
+            || name == mongotx::collections::META_COLLECTION
+        {
             continue;
         }
         if validator_of(&t.db, &name).await.is_none() {

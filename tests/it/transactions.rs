@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use crate::common::{raw_snapshot, Account, CrashAt, Note, TestDb};
 use bson::{doc, DateTime};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{self, Failpoint};
-use mongotx::{
-    fields, Adjust, Gc, GcOptions, Query, RepoError, Repository, Transactions, TxnError,
-    TxnOptions, Update,
-};
+use mongotx::{fields, Adjust, Query, RepoError, Repository, Transactions, TxnError, Update};
 
 async fn accounts(t: &TestDb) -> Repository<Account> {
     t.store
@@ -181,7 +180,7 @@ async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
         let txns = Transactions::with_options(
             &t.store,
             TxnOptions::default()
-                .finish(mongotx::Finish::BeforeReturning)
+                .finish(mongotx::options::Finish::BeforeReturning)
                 .fault_injector(Arc::new(CrashAt(Failpoint {
                     name: crash,
                     step: 0,
@@ -283,7 +282,7 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
         }
     };
     let unexpired = TxnOptions::default()
-        .finish(mongotx::Finish::BeforeReturning)
+        .finish(mongotx::options::Finish::BeforeReturning)
         .timeout(Duration::from_secs(600));
     crashed_transfer(unexpired, failpoint::FINISH_BEFORE, 1, 30).await;
     let held = |id: &'static str| {
@@ -319,7 +318,7 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
 
     // A transaction whose record never went out: its holds are orphans, each undone and counted.
     crashed_transfer(
-        TxnOptions::default().finish(mongotx::Finish::BeforeReturning),
+        TxnOptions::default().finish(mongotx::options::Finish::BeforeReturning),
         failpoint::BEGIN_BEFORE,
         2,
         1,
@@ -357,7 +356,7 @@ async fn a_writer_resolves_an_expired_holder_instead_of_waiting() {
     let txns = Transactions::with_options(
         &t.store,
         TxnOptions::default()
-            .finish(mongotx::Finish::BeforeReturning)
+            .finish(mongotx::options::Finish::BeforeReturning)
             .timeout(timeout)
             .fault_injector(Arc::new(CrashAt(Failpoint {
                 name: failpoint::ABORT_BEFORE,
@@ -433,7 +432,7 @@ async fn bank_transfers_keep_the_total_and_consistent_readers_see_it() {
         let repo = common::open_accounts(&store).await;
         let txns = Transactions::with_options(
             &store,
-            TxnOptions::default().retry(mongotx::LockWait {
+            TxnOptions::default().retry(mongotx::options::LockWait {
                 max_wait: Duration::from_secs(120),
                 ..TxnOptions::default().retry
             }),
@@ -598,7 +597,7 @@ async fn by_default_a_commit_returns_after_one_round_and_its_documents_are_freed
             .filter(|d| d.contains_key("_txn"))
             .count();
         let records =
-            t.db.collection::<bson::Document>(mongotx::TRANSACTIONS_COLLECTION)
+            t.db.collection::<bson::Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
                 .count_documents(doc! {})
                 .await
                 .expect("count");

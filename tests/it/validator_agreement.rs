@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use crate::common::TestDb;
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
-use mongotx::JsonSchema;
+use mongotx::schema::JsonSchema;
 use proptest::prelude::*;
 use proptest::strategy::{BoxedStrategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use mongodb::Database;
-use mongotx::{fields, AdoptOptions, CollectionSpec, ServerValidation, Store};
+use mongotx::adopt::AdoptOptions;
+use mongotx::options::ServerValidation;
+use mongotx::{fields, CollectionSpec, Store};
 
 use crate::{micros, stats, Account};
 

@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 use bson::{doc, Document};
 use futures::StreamExt;
 use mongodb::{Client, Database};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::{Finish, TxnOptions};
 use mongotx::testkit::failpoint::{self, CrashAt, Failpoint};
-use mongotx::{
-    Adjust, CollectionSpec, Finish, Gc, GcOptions, Repository, Store, Transactions, TxnError,
-    TxnOptions,
-};
+use mongotx::{Adjust, CollectionSpec, Repository, Store, Transactions, TxnError};
 
 use crate::Account;
 
@@ -208,7 +207,7 @@ async fn clear(stores: &[&Store], db: &Database, name: &str, n: usize) -> Result
     let started = Instant::now();
     let give_up = started + Duration::from_secs(600);
     let held = db.collection::<Document>(name);
-    let records = db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION);
+    let records = db.collection::<Document>(mongotx::collections::TRANSACTIONS_COLLECTION);
     let cleared = || async {
         Ok::<bool, mongodb::error::Error>(
             held.count_documents(doc! { "_txn": { "$exists": true } })

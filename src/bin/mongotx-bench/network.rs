@@ -13,11 +13,12 @@ use bson::{doc, Document};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 use mongotx::obt::{NewObt, Obt};
+use mongotx::options::{Finish, TxnOptions};
 use mongotx::queue::{Batches, NewBatch};
 use mongotx::quota::{NewProvider, Quota, Request};
 use mongotx::ratelimit::{Attempt, Limit, Priority, RateLimits};
 use mongotx::testkit::toxiproxy::Toxiproxy;
-use mongotx::{Adjust, CollectionSpec, Finish, Repository, Store, Transactions, TxnOptions};
+use mongotx::{Adjust, CollectionSpec, Repository, Store, Transactions};
 use rand::Rng;
 
 use crate::{micros, stats, Account};

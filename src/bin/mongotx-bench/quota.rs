@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use mongodb::{Collection, Database};
-use mongotx::quota::{NewProvider, ProviderId, Quota, Request, PROVIDERS_COLLECTION};
+use mongotx::collections::PROVIDERS_COLLECTION;
+use mongotx::quota::{NewProvider, ProviderId, Quota, Request};
 use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 

@@ -11,10 +11,9 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
-use mongotx::{
-    Adjust, CollectionSpec, Finish, Gc, GcOptions, Query, Repository, Store, Transactions,
-    TxnOptions,
-};
+use mongotx::gc::{Gc, GcOptions};
+use mongotx::options::{Finish, TxnOptions};
+use mongotx::{Adjust, CollectionSpec, Query, Repository, Store, Transactions};
 
 use crate::{stats, Account};
 
@@ -167,7 +166,7 @@ async fn queries(
     let filter = doc! { "owner": "target" };
     let pending = ObjectId::new();
     let hour = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 3_600_000);
-    db.collection::<Document>(mongotx::TRANSACTIONS_COLLECTION)
+    db.collection::<Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
         .insert_one(doc! {
             "_id": pending, "state": "staging", "created": bson::DateTime::now(), "deadline": hour,
             "entries": [{ "coll": "scale_phantoms", "id": "missing", "expected": 0_i64, "applied": 1_i64,

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use mongotx::{GcOptions, GcPass, GcRunner, Store};
+use mongotx::gc::{GcOptions, GcPass};
+use mongotx::{GcRunner, Store};
 
 /// The longest `--interval` accepted (a GC that runs less than daily leaves dead coordinators'
 /// documents held for days).
@@ -51,7 +52,7 @@ struct Args {
     #[arg(long, default_value = "10s", value_parser = cli::connect_timeout)]
     connect_timeout: Duration,
     /// Collection of ActiveTransaction documents.
-    #[arg(long, default_value = mongotx::TRANSACTIONS_COLLECTION, value_parser = cli::collection_name)]
+    #[arg(long, default_value = mongotx::collections::TRANSACTIONS_COLLECTION, value_parser = cli::collection_name)]
     transactions_collection: String,
     /// Skip the quota sweep (returning expired reservations), which otherwise runs every round
     /// in a database that has quota providers.

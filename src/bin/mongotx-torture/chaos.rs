@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 use bson::{doc, oid::ObjectId, Document};
 use clap::Args;
 use futures::TryStreamExt;
+use mongotx::collections::TRANSACTIONS_COLLECTION;
+use mongotx::gc::{Gc, GcOptions};
 use mongotx::testkit::local_server::LocalServer;
 use mongotx::testkit::test_server::TestServer;
 use mongotx::testkit::toxiproxy::Toxiproxy;
-use mongotx::{fields, Gc, GcOptions, Query, TRANSACTIONS_COLLECTION};
+use mongotx::{fields, Query};
 use rand::Rng;
 
 use crate::children::{add, Kind, Recipe, Report, Slot};
@@ -828,8 +830,8 @@ async fn shard_collections(
     let names = (0..collections)
         .map(crate::roles::accounts_collection)
         .chain([
-            mongotx::TRANSACTIONS_COLLECTION.to_string(),
-            mongotx::META_COLLECTION.to_string(),
+            mongotx::collections::TRANSACTIONS_COLLECTION.to_string(),
+            mongotx::collections::META_COLLECTION.to_string(),
         ]);
     for name in names {
         admin

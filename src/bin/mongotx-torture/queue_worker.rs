@@ -48,9 +48,10 @@ pub(crate) struct QueueWorkerArgs {
 pub(crate) async fn queue_worker(args: QueueWorkerArgs) -> Result<(), String> {
     let client = crate::client(&args.uri).await?;
     let store = Store::new(client.database(&args.db));
-    let batches = Batches::with_collection(&store, mongotx::queue::BATCHES_COLLECTION, args.delay)
-        .await
-        .map_err(|e| format!("open: {e}"))?;
+    let batches =
+        Batches::with_collection(&store, mongotx::collections::BATCHES_COLLECTION, args.delay)
+            .await
+            .map_err(|e| format!("open: {e}"))?;
     let ledger = HttpLedger::new(&args.ledger);
     let until = Instant::now() + args.run_for;
     let submitter = Submitter::new(batches.clone(), ledger.clone(), &args.name, args.claim_ttl);

@@ -8,10 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use mongotx::{
-    Adjust, CollectionSpec, LockWait, Query, Repository, Store, Transactions, TxnError, TxnOptions,
-    Update,
-};
+use mongotx::options::{LockWait, TxnOptions};
+use mongotx::{Adjust, CollectionSpec, Query, Repository, Store, Transactions, TxnError, Update};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;

@@ -1,7 +1,7 @@
 //! The server behaviours mongotx relies on, each judged on its own against a live server.
 //!
 //! `tests/it/conformance.rs` proves each of them in depth, citing the MongoDB manual; here each is
-//! a quick check that the probe runs against any server (`mongotx-probe`, `mongotx::verdict`),
+//! a quick check that the probe runs against any server (`mongotx-probe`, `mongotx::server::verdict`),
 //! giving one row per behaviour: it holds, it is lacking (and what the server did instead), or it
 //! cannot be judged there. A behaviour the protocol cannot do without is *needed*: a server
 //! lacking one is refused, with the sentence [`Semantic::refusal`] gives. The others cost a
@@ -81,7 +81,7 @@ impl Semantic {
 }
 
 /// The one sentence for a needed behaviour a server lacks, shared by the probe's verdict,
-/// [`ProbeError::Lacks`](crate::ProbeError) and `RepoError::ServerUnsuitable`.
+/// [`ProbeError::Lacks`](crate::server::ProbeError) and `RepoError::ServerUnsuitable`.
 pub(crate) fn refusal(name: &str, what: &str, evidence: &str) -> String {
     format!("the server lacks `{name}`, which mongotx needs ({what}): {evidence}")
 }

@@ -23,10 +23,11 @@ use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 
 use bson::oid::ObjectId;
 use mongodb::{Client, Database};
+use mongotx::server::ServerCapabilities;
 #[allow(unused_imports)]
 pub use mongotx::testkit::failpoint::CrashAt;
 use mongotx::testkit::test_server::{ServerKind, TestServer};
-use mongotx::{CollectionSpec, ServerCapabilities, Store};
+use mongotx::{CollectionSpec, Store};
 use serde::{Deserialize, Serialize};
 
 static SERVER: OnceLock<Result<TestServer, String>> = OnceLock::new();
@@ -111,7 +112,7 @@ pub async fn capabilities() -> ServerCapabilities {
         .get_or_init(|| async {
             let client = client().await;
             let db = client.database(&format!("mongotx_probe_{}", ObjectId::new().to_hex()));
-            let result = mongotx::probe(&db).await.map_err(|e| e.to_string());
+            let result = mongotx::server::probe(&db).await.map_err(|e| e.to_string());
             let _ = db.drop().await;
             result
         })
@@ -419,7 +420,7 @@ pub fn hold_of(
 /// is a document of collection `phantoms` that its apply never reached, so a `staging` record
 /// stays undecided (an implicit commit needs every participant in place) until someone decides it.
 pub async fn put_record(db: &Database, txn: ObjectId, state: &str, deadline: bson::DateTime) {
-    db.collection::<bson::Document>(mongotx::TRANSACTIONS_COLLECTION)
+    db.collection::<bson::Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
         .insert_one(bson::doc! {
             "_id": txn, "state": state,
             "created": bson::DateTime::now(), "deadline": deadline,
@@ -446,10 +447,10 @@ where
 {
     let txns = mongotx::Transactions::with_options(
         store,
-        mongotx::TxnOptions::default()
+        mongotx::options::TxnOptions::default()
             .timeout(std::time::Duration::from_secs(3600))
             // Every step, the finishing ones included, on the coordinator's own path.
-            .finish(mongotx::Finish::BeforeReturning)
+            .finish(mongotx::options::Finish::BeforeReturning)
             .fault_injector(std::sync::Arc::new(CrashAt(
                 mongotx::testkit::failpoint::Failpoint { name: at, step: 0 },
             ))),
@@ -469,6 +470,6 @@ where
 pub fn finishing(store: &Store) -> mongotx::Transactions {
     mongotx::Transactions::with_options(
         store,
-        mongotx::TxnOptions::default().finish(mongotx::Finish::BeforeReturning),
+        mongotx::options::TxnOptions::default().finish(mongotx::options::Finish::BeforeReturning),
     )
 }
