@@ -66,7 +66,7 @@ pub struct ObtState {
     /// How long the owner may stay silent before a contender may take over, if it holds a lease.
     pub lease: Option<Duration>,
     /// Server time of the owner's last sign of life.
-    pub beat_at: Option<DateTime>,
+    pub beat_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The document version: moves on every change, heartbeats included.
     pub version: i64,
 }
@@ -79,7 +79,7 @@ impl ObtState {
             stage: doc.stage,
             token: Token(doc.token),
             lease: doc.lease_ms.map(lease_of),
-            beat_at: doc.beat_at,
+            beat_at: doc.beat_at.map(DateTime::to_chrono),
             version,
         }
     }

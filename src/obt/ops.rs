@@ -23,7 +23,7 @@ const REISSUES: usize = 8;
 
 /// How long an owner whose last sign of life is stamped `beat` has been silent at `now` (both
 /// server times; zero if `beat` is later).
-fn silent_since(beat: DateTime, now: DateTime) -> Duration {
+fn silent_since(beat: chrono::DateTime<chrono::Utc>, now: DateTime) -> Duration {
     let ms = now
         .timestamp_millis()
         .saturating_sub(beat.timestamp_millis());
@@ -314,7 +314,10 @@ impl Obt {
                             owner: s.owner.clone(),
                         }),
                         Some(lease) => {
-                            let silent = silent_since(s.beat_at.unwrap_or(server_now), server_now);
+                            let silent = silent_since(
+                                s.beat_at.unwrap_or(server_now.to_chrono()),
+                                server_now,
+                            );
                             if s.token > token || silent < lease {
                                 Verdict::Fail(ObtError::LeaseLive {
                                     collection: self.coll(),

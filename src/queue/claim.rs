@@ -216,7 +216,7 @@ impl Batches {
                 let mut batch = self.parse(&before)?;
                 let content = before.get_str("content").unwrap_or_default().to_string();
                 batch.submitted = true;
-                batch.last_submitted_at = Some(now);
+                batch.last_submitted_at = Some(now.to_chrono());
                 Ok(Some(Claim {
                     batch,
                     content,

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use bson::{oid::ObjectId, DateTime, Document};
+use bson::{oid::ObjectId, Document};
 
 /// What the ledger last said about a batch (`None` on a [`Batch`]: nothing yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,13 +62,13 @@ pub struct Batch {
     /// in creation order.
     pub service_id: String,
     /// When the batch was created (server time).
-    pub created_at: DateTime,
+    pub created_at: chrono::DateTime<chrono::Utc>,
     /// Whether a submitter has the batch and is doing something with it.
     pub submitted: bool,
     /// What the ledger last said.
     pub status: Option<BatchStatus>,
     /// When a submitter last tried to submit it (server time).
-    pub last_submitted_at: Option<DateTime>,
+    pub last_submitted_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The default delay window, 15 s as in the queuer's reference design: a delayed batch is

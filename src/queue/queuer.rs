@@ -150,7 +150,7 @@ mod tests {
         Batch {
             header: header.into(),
             service_id: service.into(),
-            created_at: DateTime::from_millis(created),
+            created_at: DateTime::from_millis(created).to_chrono(),
             submitted: false,
             status: None,
             last_submitted_at: None,
@@ -164,7 +164,7 @@ mod tests {
     }
 
     fn last_submitted(mut b: Batch, ms_ago: i64) -> Batch {
-        b.last_submitted_at = Some(DateTime::from_millis(NOW - ms_ago));
+        b.last_submitted_at = Some(DateTime::from_millis(NOW - ms_ago).to_chrono());
         b
     }
 
@@ -420,7 +420,7 @@ mod tests {
                     .map(|(i, (service, created, submitted, status, last))| Batch {
                         header: format!("h{:02}", (i * 7) % 24 + i / 24 * 24),
                         service_id: format!("s{service}"),
-                        created_at: DateTime::from_millis(NOW - 100 + created),
+                        created_at: DateTime::from_millis(NOW - 100 + created).to_chrono(),
                         submitted,
                         status: STATUSES[status],
                         // 0: long ago; 1: just outside the window; 2: inside it.
@@ -431,13 +431,14 @@ mod tests {
                                 1 => NOW - window,
                                 _ => NOW - window + 1,
                             })
+                            .to_chrono()
                         }),
                     })
                     .collect()
             })
         }
 
-        fn key(b: &Batch) -> (DateTime, &str) {
+        fn key(b: &Batch) -> (chrono::DateTime<chrono::Utc>, &str) {
             (b.created_at, b.header.as_str())
         }
 

@@ -224,7 +224,7 @@ impl Batches {
             if batch.submitted || batch.status.is_some() {
                 return Ok(batch);
             }
-            let at = batch.created_at;
+            let at = DateTime::from_chrono(batch.created_at);
             let before = self
                 .services
                 .find_one_and_update(
@@ -391,12 +391,16 @@ impl Batches {
                 .get_str("service_id")
                 .map_err(|_| malformed("no service id"))?
                 .to_string(),
-            created_at: *d
+            created_at: d
                 .get_datetime("created_at")
-                .map_err(|_| malformed("no creation time"))?,
+                .map_err(|_| malformed("no creation time"))?
+                .to_chrono(),
             submitted: d.get_bool("submitted").unwrap_or(false),
             status,
-            last_submitted_at: d.get_datetime("last_submitted_at").ok().copied(),
+            last_submitted_at: d
+                .get_datetime("last_submitted_at")
+                .ok()
+                .map(|at| at.to_chrono()),
         })
     }
 }

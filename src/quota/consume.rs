@@ -87,7 +87,7 @@ impl Quota {
         Ok(Reservation {
             consumer: request.consumer.clone(),
             request: request.id.clone(),
-            expires: stored.unwrap_or(expires),
+            expires: stored.unwrap_or(expires).to_chrono(),
             claims: request.claims.clone(),
         })
     }

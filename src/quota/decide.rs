@@ -325,7 +325,7 @@ pub(crate) fn confirm(
         return Err(QuotaError::ReservationExpired {
             consumer: consumer.to_string(),
             request: request.to_string(),
-            expired_at,
+            expired_at: expired_at.to_chrono(),
         });
     }
     let writes = docs

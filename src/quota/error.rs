@@ -3,7 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use bson::DateTime;
 use thiserror::Error;
 
 use crate::error_kind::ErrorKind;
@@ -165,7 +164,7 @@ pub enum QuotaError {
         /// The request id.
         request: String,
         /// Its expiry (server time).
-        expired_at: DateTime,
+        expired_at: chrono::DateTime<chrono::Utc>,
     },
     /// A reservation's time to live must be from 1 ms (expiries are kept in whole milliseconds)
     /// to one day.

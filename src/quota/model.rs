@@ -214,7 +214,7 @@ pub struct Allocation {
     /// How much.
     pub amount: i64,
     /// For a reservation, when it expires (server time); `None` for a confirmed allocation.
-    pub expires: Option<DateTime>,
+    pub expires: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Provider {
@@ -234,7 +234,7 @@ impl Provider {
                     consumer: e.c,
                     request: e.r,
                     amount: e.n,
-                    expires: e.exp,
+                    expires: e.exp.map(DateTime::to_chrono),
                 }
             }));
         }
@@ -384,8 +384,8 @@ pub struct Reservation {
     pub consumer: String,
     /// The request id it was made under.
     pub request: String,
-    /// When it expires, in server time.
-    pub expires: DateTime,
+    /// When it expires, in server time (whole milliseconds, as stored).
+    pub expires: chrono::DateTime<chrono::Utc>,
     /// The request's claims when this handle made it (empty for one rebuilt from its ids), so
     /// that [`Quota::cancel`](crate::quota::Quota::cancel) can go straight to its provider.
     pub(crate) claims: Vec<(ProviderId, i64)>,
@@ -405,7 +405,7 @@ impl Reservation {
     pub fn new(
         consumer: impl Into<String>,
         request: impl Into<String>,
-        expires: DateTime,
+        expires: chrono::DateTime<chrono::Utc>,
     ) -> Reservation {
         Reservation {
             consumer: consumer.into(),

@@ -118,7 +118,9 @@ impl Quota {
             let writes = match decide::confirm(consumer, request, &docs, now) {
                 Ok(Confirm::Done) => return Ok(()),
                 Ok(Confirm::Apply(writes)) => writes,
-                Err(QuotaError::UnknownReservation { .. }) if reservation.expires <= now => {
+                Err(QuotaError::UnknownReservation { .. })
+                    if reservation.expires <= now.to_chrono() =>
+                {
                     return Err(QuotaError::ReservationExpired {
                         consumer: consumer.clone(),
                         request: request.clone(),
@@ -141,7 +143,7 @@ impl Quota {
     pub async fn cancel(&self, reservation: &Reservation) -> Result<Released, QuotaError> {
         let (consumer, request) = (&reservation.consumer, &reservation.request);
         check_ids(consumer, request)?;
-        let exp = Some(reservation.expires);
+        let exp = Some(DateTime::from_chrono(reservation.expires));
         let unsure = match self
             .pull_claim(consumer, request, exp, &reservation.claims)
             .await?
@@ -170,7 +172,7 @@ impl Quota {
         }
         if returned.is_empty() {
             let now = self.store.now().await?;
-            return Err(if reservation.expires <= now {
+            return Err(if reservation.expires <= now.to_chrono() {
                 QuotaError::ReservationExpired {
                     consumer: consumer.clone(),
                     request: request.clone(),

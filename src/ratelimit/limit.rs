@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU8};
 use std::sync::Arc;
 
 use bson::oid::ObjectId;
-use bson::{doc, DateTime, Document};
+use bson::{doc, Document};
 
 /// A reservation not settled yet.
 pub(crate) const OPEN: u8 = 0;
@@ -307,7 +307,7 @@ pub enum Attempt {
     /// settlement may come sooner); `at` is that instant in server time.
     Wait {
         /// When, by the server's clock.
-        at: DateTime,
+        at: chrono::DateTime<chrono::Utc>,
         /// How long from now.
         after: Duration,
     },
@@ -338,7 +338,7 @@ pub struct Usage {
     /// The limit.
     pub limit: Limit,
     /// The server's time of the reading.
-    pub now: DateTime,
+    pub now: chrono::DateTime<chrono::Utc>,
     /// Calls counted for bulk callers in the window ending now.
     pub bulk: u32,
     /// Calls counted for high-priority callers in the window ending now.

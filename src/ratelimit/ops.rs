@@ -521,7 +521,7 @@ impl RateLimits {
             }
         }
         Ok(Attempt::Wait {
-            at: at.unwrap_or_else(DateTime::now),
+            at: at.unwrap_or_else(DateTime::now).to_chrono(),
             after,
         })
     }

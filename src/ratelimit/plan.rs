@@ -738,7 +738,7 @@ impl View {
         let current = self.current_slot();
         crate::ratelimit::limit::Usage {
             limit: self.limit,
-            now: self.now,
+            now: self.now.to_chrono(),
             bulk,
             high,
             pending: self

@@ -312,8 +312,8 @@ impl Store {
 
     /// The server's current time, as this store estimates it (from samples of the server's clock,
     /// so that no two hosts' clocks are compared).
-    pub async fn server_time(&self) -> Result<DateTime, ClockError> {
-        self.now().await
+    pub async fn server_time(&self) -> Result<chrono::DateTime<chrono::Utc>, ClockError> {
+        Ok(self.now().await?.to_chrono())
     }
 
     /// The deployment's topology, from the server's `hello` reply (asked once per store).

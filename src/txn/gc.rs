@@ -190,7 +190,7 @@ impl Gc {
     pub async fn run_round(&self) -> Result<RoundSummary, TxnError> {
         self.options.validate()?;
         let now = self.env.now(None).await?;
-        self.run_round_at(now, &AtomicBool::new(false)).await
+        self.round_at(now, &AtomicBool::new(false)).await
     }
 
     /// Runs one round as if the server's time were `now`; stops between items once `stop` is set.
@@ -198,6 +198,15 @@ impl Gc {
     /// An item that fails is logged and skipped (the next round retries it); an injected crash
     /// ends the round with `Err`, as the death of the process would.
     pub async fn run_round_at(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        stop: &AtomicBool,
+    ) -> Result<RoundSummary, TxnError> {
+        self.round_at(DateTime::from_chrono(now), stop).await
+    }
+
+    /// [`run_round_at`](Gc::run_round_at) in the server's own representation.
+    pub(crate) async fn round_at(
         &self,
         now: DateTime,
         stop: &AtomicBool,

@@ -458,14 +458,14 @@ async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
             );
             let stop = AtomicBool::new(false);
             let first = gc
-                .run_round_at(common::hours_from_now(1), &stop)
+                .run_round_at(common::hours_from_now(1).to_chrono(), &stop)
                 .await
                 .expect("round 1");
             assert_eq!(faults.fired(), 1, "{what}: the fault never fired");
             // A claim whose outcome is unknown is skipped and settled next round; recovery
             // writes are idempotent and retried within the round.
             let second = gc
-                .run_round_at(common::hours_from_now(1), &stop)
+                .run_round_at(common::hours_from_now(1).to_chrono(), &stop)
                 .await
                 .expect("round 2");
             let resolved =
@@ -497,7 +497,10 @@ async fn a_commit_point_that_never_gets_through_leaves_the_implicit_commit_for_o
     // Readers find every participant in place and take it as committed (and write it so).
     assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
     let round = Gc::new(f.t.db.clone(), GcOptions::default())
-        .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
+        .run_round_at(
+            common::hours_from_now(1).to_chrono(),
+            &AtomicBool::new(false),
+        )
         .await
         .expect("GC round");
     assert_eq!(round.finished, 1, "{round:?}");
@@ -539,7 +542,10 @@ async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
     faults.off.store(true, Ordering::SeqCst);
     assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
     let round = Gc::new(f.t.db.clone(), GcOptions::default())
-        .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
+        .run_round_at(
+            common::hours_from_now(1).to_chrono(),
+            &AtomicBool::new(false),
+        )
         .await
         .expect("GC round");
     assert_eq!(round.finished, 1, "{round:?}");

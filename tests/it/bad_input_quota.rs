@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use crate::common::refusals::Refusals;
 use crate::common::TestDb;
-use bson::DateTime;
 use mongotx::options::LockWait;
 use mongotx::quota::{
     NewProvider, ProviderId, Quota, QuotaError, QuotaOptions, Request, Reservation,
@@ -19,8 +18,8 @@ fn cores(scope: &str) -> ProviderId {
 }
 
 /// Far in the future: a handle whose expiry is not the reason it is refused.
-fn far() -> DateTime {
-    DateTime::from_millis(i64::MAX / 2)
+fn far() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now() + chrono::Duration::days(36_500)
 }
 
 /// A quota with a root `p` (limit 10, 1 held by `holder`), a root `q` (limit 10) and a child

@@ -967,7 +967,7 @@ async fn gc_options_that_cannot_work_are_refused() {
     let v = accounts.get("carol").await.unwrap().version;
     accounts.delete("carol", v).await.unwrap();
     let mut r = Refusals::new(&t.db);
-    let later = common::hours_from_now(48);
+    let later = common::hours_from_now(48).to_chrono();
     let stop = std::sync::atomic::AtomicBool::new(false);
     let bad: Vec<(&str, &str, Gc)> = vec![
         (

@@ -239,7 +239,10 @@ impl Worker {
     /// A GC round as if every deadline had passed.
     async fn gc_round(&self, injector: Option<Failpoint>) -> Result<(), TxnError> {
         self.gc(injector)
-            .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
+            .run_round_at(
+                common::hours_from_now(1).to_chrono(),
+                &AtomicBool::new(false),
+            )
             .await
             .map(|_| ())
     }

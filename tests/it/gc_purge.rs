@@ -34,7 +34,7 @@ async fn the_gc_purges_only_stamped_tombstones_older_than_the_retention() {
     let stop = AtomicBool::new(false);
     let keep_forever = Gc::with_store(&t.store, GcOptions::default());
     let round = keep_forever
-        .run_round_at(hours_from_now(48), &stop)
+        .run_round_at(hours_from_now(48).to_chrono(), &stop)
         .await
         .expect("round");
     assert_eq!(round.purged, 0, "no retention set: tombstones are kept");
@@ -49,7 +49,7 @@ async fn the_gc_purges_only_stamped_tombstones_older_than_the_retention() {
         "tombstones younger than the retention stay"
     );
     let later = gc
-        .run_round_at(hours_from_now(2), &stop)
+        .run_round_at(hours_from_now(2).to_chrono(), &stop)
         .await
         .expect("round");
     assert_eq!(later.purged, 2, "{later:?}");

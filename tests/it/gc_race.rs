@@ -158,7 +158,10 @@ async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
     }
     // Whatever a background finish or a stalled coordinator left, one more round settles.
     Gc::new(t.db.clone(), GcOptions::default())
-        .run_round_at(common::hours_from_now(1), &AtomicBool::new(false))
+        .run_round_at(
+            common::hours_from_now(1).to_chrono(),
+            &AtomicBool::new(false),
+        )
         .await
         .expect("final round");
 

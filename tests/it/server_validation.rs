@@ -83,9 +83,12 @@ where
 /// A few GC rounds as if two hours had passed: every stranded transaction is decided and cleared.
 async fn gc_rounds(gc: &Gc) {
     for _ in 0..4 {
-        gc.run_round_at(common::hours_from_now(2), &AtomicBool::new(false))
-            .await
-            .expect("GC round");
+        gc.run_round_at(
+            common::hours_from_now(2).to_chrono(),
+            &AtomicBool::new(false),
+        )
+        .await
+        .expect("GC round");
     }
 }
 

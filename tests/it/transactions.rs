@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{raw_snapshot, Account, CrashAt, Note, TestDb};
-use bson::{doc, DateTime};
+use bson::doc;
 use mongotx::gc::{Gc, GcOptions};
 use mongotx::options::TxnOptions;
 use mongotx::testkit::failpoint::{self, Failpoint};
@@ -219,7 +219,7 @@ async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
         // A GC round after the deadline ends it either way.
         let summary = Gc::new(t.db.clone(), GcOptions::default())
             .run_round_at(
-                DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000),
+                chrono::Utc::now() + chrono::Duration::seconds(60),
                 &AtomicBool::new(false),
             )
             .await
@@ -301,7 +301,7 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
 
     let gc = Gc::new(t.db.clone(), GcOptions::default());
     let summary = gc
-        .run_round_at(DateTime::now(), &AtomicBool::new(false))
+        .run_round_at(chrono::Utc::now(), &AtomicBool::new(false))
         .await
         .expect("gc");
     assert_eq!(
@@ -326,7 +326,7 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
     .await;
     let summary = gc
         .run_round_at(
-            DateTime::from_millis(DateTime::now().timestamp_millis() + 60_000),
+            chrono::Utc::now() + chrono::Duration::seconds(60),
             &AtomicBool::new(false),
         )
         .await

@@ -757,7 +757,7 @@ async fn recover(
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let now = store.server_time().await.map_err(|e| e.to_string())?;
-        let later = bson::DateTime::from_millis(now.timestamp_millis() + 3_600_000);
+        let later = now + chrono::Duration::hours(1);
         let summary = gc
             .run_round_at(later, &AtomicBool::new(false))
             .await
