@@ -84,7 +84,7 @@ async fn crash_recovery(store: &Store, accounts: &Repository<Account>) -> TourRe
     )?;
 
     tokio::time::sleep(timeout + Duration::from_millis(100)).await;
-    let gc = Gc::new(db.clone(), GcOptions::default());
+    let gc = Gc::new(store, GcOptions::default());
     let round = gc.run_round().await?;
     println!(
         "  GC round past the deadline: a hold without a record undone (swept={}), an aborted record written in the missing one's place",

@@ -187,9 +187,7 @@ async fn locked(store: &Store, accounts: &Repository<Account>) -> TourResult {
     // abort it; a GC round does so for every such transaction.
     tokio::time::sleep((timeout + Duration::from_millis(100)).saturating_sub(begun.elapsed()))
         .await;
-    let round = Gc::with_store(store, GcOptions::default())
-        .run_round()
-        .await?;
+    let round = Gc::new(store, GcOptions::default()).run_round().await?;
     expect(
         round.rolled_back == 1,
         "the stalled transaction rolled back",

@@ -86,7 +86,7 @@ impl GcRunner {
     pub fn new(store: &Store, options: GcOptions) -> GcRunner {
         GcRunner {
             store: store.clone(),
-            gc: Gc::with_store(store, options),
+            gc: Gc::new(store, options),
             interval: GcRunner::DEFAULT_INTERVAL,
             quota: true,
             ratelimit: true,

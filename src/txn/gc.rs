@@ -13,14 +13,13 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::{StreamExt, TryStreamExt};
-use mongodb::Database;
 
 use crate::repo::fields;
 use crate::repo::hold::{held, record, resolve, write};
 use crate::repo::meta;
 use crate::repo::outcome::TxnStatus;
-use crate::repo::store::{Store, TRANSACTIONS_COLLECTION};
-use crate::server::clock::{self, Durability};
+use crate::repo::store::Store;
+use crate::server::clock;
 use crate::txn::claims::Claims;
 use crate::txn::error::TxnError;
 use crate::txn::expired::{self, Resolution};
@@ -32,26 +31,20 @@ use crate::txn::transaction::check_records_collection;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct GcOptions {
-    /// The collection of ActiveTransaction records.
-    pub transactions_collection: String,
     /// How many expired transaction records a round reads and resolves at once (a page; a round
     /// goes through every page), and how many holders and held documents per holder one
     /// collection's sweep handles at most.
     pub batch_size: usize,
     /// Purge tombstones deleted longer ago than this (`None`: keep them).
     pub tombstone_retention: Option<Duration>,
-    /// Write and read concerns of the protocol (default: majority on replica sets).
-    pub durability: Durability,
     faults: crate::txn::failpoint::Injector,
 }
 
 impl Default for GcOptions {
     fn default() -> GcOptions {
         GcOptions {
-            transactions_collection: TRANSACTIONS_COLLECTION.to_string(),
             batch_size: 500,
             tombstone_retention: None,
-            durability: Durability::default(),
             faults: Default::default(),
         }
     }
@@ -60,10 +53,8 @@ impl Default for GcOptions {
 impl std::fmt::Debug for GcOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GcOptions")
-            .field("transactions_collection", &self.transactions_collection)
             .field("batch_size", &self.batch_size)
             .field("tombstone_retention", &self.tombstone_retention)
-            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -77,9 +68,9 @@ impl GcOptions {
     /// Checks that these options can work; every round (and [`Gc::resolve`]) refuses with
     /// [`TxnError::InvalidOptions`], before reading or writing anything, when they cannot: a
     /// `batch_size` of 0 (a page of nothing would never get through the backlog) or over
-    /// [`GcOptions::MAX_BATCH_SIZE`], or a transactions collection MongoDB or mongotx cannot use
-    /// for records. Any tombstone retention is accepted: zero purges every free tombstone, and
-    /// one reaching before the epoch purges none.
+    /// [`GcOptions::MAX_BATCH_SIZE`]. (The GC also refuses a store whose transactions
+    /// collection MongoDB or mongotx cannot use for records.) Any tombstone retention is
+    /// accepted: zero purges every free tombstone, and one reaching before the epoch purges none.
     pub fn validate(&self) -> Result<(), TxnError> {
         if self.batch_size == 0 || self.batch_size > GcOptions::MAX_BATCH_SIZE {
             return Err(TxnError::InvalidOptions {
@@ -88,13 +79,7 @@ impl GcOptions {
                 reason: format!("a page holds 1 to {} records", GcOptions::MAX_BATCH_SIZE),
             });
         }
-        check_records_collection("transactions_collection", &self.transactions_collection)
-    }
-
-    /// Sets the collection of ActiveTransaction records.
-    pub fn transactions_collection(mut self, name: impl Into<String>) -> GcOptions {
-        self.transactions_collection = name.into();
-        self
+        Ok(())
     }
 
     /// Sets the page size of a round (see [`GcOptions::batch_size`]).
@@ -106,12 +91,6 @@ impl GcOptions {
     /// Sets (or clears) the tombstone retention.
     pub fn tombstone_retention(mut self, retention: Option<Duration>) -> GcOptions {
         self.tombstone_retention = retention;
-        self
-    }
-
-    /// Sets the write and read concerns of the protocol.
-    pub fn durability(mut self, durability: Durability) -> GcOptions {
-        self.durability = durability;
         self
     }
 
@@ -160,22 +139,10 @@ pub struct Gc {
 }
 
 impl Gc {
-    /// A GC over `db`.
-    pub fn new(db: Database, options: GcOptions) -> Gc {
-        let store = Store::builder(db)
-            .transactions_collection(options.transactions_collection.clone())
-            .durability(options.durability)
-            .build();
-        Gc::with_store(&store, options)
-    }
-
-    /// A GC sharing `store`'s settings (clock, durability, version-floor grace); the store's
-    /// transactions collection takes precedence over the options'.
-    pub fn with_store(store: &Store, options: GcOptions) -> Gc {
-        let options = GcOptions {
-            transactions_collection: store.transactions_collection().to_string(),
-            ..options
-        };
+    /// A GC over `store`'s database, with its settings (the transactions collection, the
+    /// durability, the clock, the version-floor grace): the same records and concerns as the
+    /// transactions it resolves.
+    pub fn new(store: &Store, options: GcOptions) -> Gc {
         Gc {
             env: Env {
                 store: store.clone(),
@@ -186,9 +153,19 @@ impl Gc {
         }
     }
 
+    /// Refuses options, or a store's transactions collection, that cannot work (see
+    /// [`GcOptions::validate`]).
+    fn check(&self) -> Result<(), TxnError> {
+        self.options.validate()?;
+        check_records_collection(
+            "transactions_collection",
+            self.env.store.transactions_collection(),
+        )
+    }
+
     /// Runs one round now (server time).
     pub async fn run_round(&self) -> Result<RoundSummary, TxnError> {
-        self.options.validate()?;
+        self.check()?;
         let now = self.env.now(None).await?;
         self.round_at(now, &AtomicBool::new(false)).await
     }
@@ -211,7 +188,7 @@ impl Gc {
         now: DateTime,
         stop: &AtomicBool,
     ) -> Result<RoundSummary, TxnError> {
-        self.options.validate()?;
+        self.check()?;
         let mut summary = RoundSummary::default();
         self.resolve_expired(now, stop, &mut summary).await?;
         let collections = meta::managed(self.env.store.database())
@@ -629,7 +606,7 @@ impl Gc {
     /// and was cleaned up, or never existed: the two cannot be told apart, and neither needs
     /// anything done).
     pub async fn resolve(&self, txn: ObjectId) -> Result<bool, TxnError> {
-        self.options.validate()?;
+        self.check()?;
         let now = self.env.now(Some(txn)).await?;
         let resolution = expired::resolve_expired(&self.env, txn, now).await?;
         Ok(matches!(

@@ -453,7 +453,7 @@ async fn the_gc_settles_lost_claims_and_lost_recovery_writes() {
             let faults = Faults::once(matcher, mode);
             let proxy = WireProxy::start(&common::server_uri(), faults.clone()).await;
             let gc = Gc::new(
-                proxy.client().await.database(f.t.db.name()),
+                &mongotx::Store::new(proxy.client().await.database(f.t.db.name())),
                 GcOptions::default(),
             );
             let stop = AtomicBool::new(false);
@@ -496,7 +496,7 @@ async fn a_commit_point_that_never_gets_through_leaves_the_implicit_commit_for_o
     assert!(faults.fired() > 1, "the commit point was only tried once");
     // Readers find every participant in place and take it as committed (and write it so).
     assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
-    let round = Gc::new(f.t.db.clone(), GcOptions::default())
+    let round = Gc::new(&mongotx::Store::new(f.t.db.clone()), GcOptions::default())
         .run_round_at(
             common::hours_from_now(1).to_chrono(),
             &AtomicBool::new(false),
@@ -541,7 +541,7 @@ async fn an_unknown_commit_outcome_is_not_retried_and_the_gc_settles_it() {
     // frees the documents.
     faults.off.store(true, Ordering::SeqCst);
     assert_eq!(f.accounts.get("a").await.expect("a").balance, 90);
-    let round = Gc::new(f.t.db.clone(), GcOptions::default())
+    let round = Gc::new(&mongotx::Store::new(f.t.db.clone()), GcOptions::default())
         .run_round_at(
             common::hours_from_now(1).to_chrono(),
             &AtomicBool::new(false),

@@ -973,12 +973,12 @@ async fn gc_options_that_cannot_work_are_refused() {
         (
             "a page of 0",
             "batch_size",
-            Gc::with_store(&t.store, GcOptions::default().batch_size(0)),
+            Gc::new(&t.store, GcOptions::default().batch_size(0)),
         ),
         (
             "a page of MAX_BATCH_SIZE + 1",
             "batch_size",
-            Gc::with_store(
+            Gc::new(
                 &t.store,
                 GcOptions::default().batch_size(GcOptions::MAX_BATCH_SIZE + 1),
             ),
@@ -986,30 +986,36 @@ async fn gc_options_that_cannot_work_are_refused() {
         (
             "a page of usize::MAX",
             "batch_size",
-            Gc::with_store(&t.store, GcOptions::default().batch_size(usize::MAX)),
+            Gc::new(&t.store, GcOptions::default().batch_size(usize::MAX)),
         ),
         (
             "records in \"\"",
             "transactions_collection",
             Gc::new(
-                t.db.clone(),
-                GcOptions::default().transactions_collection(""),
+                &mongotx::Store::builder(t.db.clone())
+                    .transactions_collection("")
+                    .build(),
+                GcOptions::default(),
             ),
         ),
         (
             "records in system.x",
             "transactions_collection",
             Gc::new(
-                t.db.clone(),
-                GcOptions::default().transactions_collection("system.x"),
+                &mongotx::Store::builder(t.db.clone())
+                    .transactions_collection("system.x")
+                    .build(),
+                GcOptions::default(),
             ),
         ),
         (
             "records in the registry of collections",
             "transactions_collection",
             Gc::new(
-                t.db.clone(),
-                GcOptions::default().transactions_collection(mongotx::collections::META_COLLECTION),
+                &mongotx::Store::builder(t.db.clone())
+                    .transactions_collection(mongotx::collections::META_COLLECTION)
+                    .build(),
+                GcOptions::default(),
             ),
         ),
     ];
@@ -1036,7 +1042,7 @@ async fn gc_options_that_cannot_work_are_refused() {
     // Accepted, writing nothing: a transaction that has no record, and a retention so long that
     // its cutoff is before the epoch.
     let before = snapshot(&t.db).await;
-    let gc = Gc::with_store(
+    let gc = Gc::new(
         &t.store,
         GcOptions::default().tombstone_retention(Some(Duration::MAX)),
     );

@@ -160,7 +160,7 @@ async fn transaction_and_gc_errors_are_clean_sentences_with_the_driver_error_as_
         .expect_err("the holder cannot be looked up");
     assert_clean(&err, &["accounts", "\"b\"", &txn.to_hex()]);
 
-    let err = Gc::with_store(&store, GcOptions::default())
+    let err = Gc::new(&store, GcOptions::default())
         .run_round()
         .await
         .expect_err("the GC cannot list expired transactions");

@@ -233,7 +233,7 @@ impl Worker {
             Some(point) => options.fault_injector(Arc::new(CrashAt(point))),
             None => options,
         };
-        Gc::new(self.t.db.clone(), options)
+        Gc::new(&mongotx::Store::new(self.t.db.clone()), options)
     }
 
     /// A GC round as if every deadline had passed.

@@ -32,14 +32,14 @@ async fn the_gc_purges_only_stamped_tombstones_older_than_the_retention() {
         .expect("foreign document");
 
     let stop = AtomicBool::new(false);
-    let keep_forever = Gc::with_store(&t.store, GcOptions::default());
+    let keep_forever = Gc::new(&t.store, GcOptions::default());
     let round = keep_forever
         .run_round_at(hours_from_now(48).to_chrono(), &stop)
         .await
         .expect("round");
     assert_eq!(round.purged, 0, "no retention set: tombstones are kept");
 
-    let gc = Gc::with_store(
+    let gc = Gc::new(
         &t.store,
         GcOptions::default().tombstone_retention(Some(Duration::from_secs(3600))),
     );

@@ -68,7 +68,10 @@ async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
 
     let mut gcs = Vec::new();
     for _ in 0..GC_RUNNERS {
-        let gc = Gc::new(t.other_client_db().await, GcOptions::default());
+        let gc = Gc::new(
+            &mongotx::Store::new(t.other_client_db().await),
+            GcOptions::default(),
+        );
         let done = Arc::clone(&done);
         gcs.push(tokio::spawn(async move {
             let mut total = RoundSummary::default();
@@ -157,7 +160,7 @@ async fn gc_runners_and_late_coordinators_agree_on_every_outcome() {
         collected.skipped += total.skipped;
     }
     // Whatever a background finish or a stalled coordinator left, one more round settles.
-    Gc::new(t.db.clone(), GcOptions::default())
+    Gc::new(&mongotx::Store::new(t.db.clone()), GcOptions::default())
         .run_round_at(
             common::hours_from_now(1).to_chrono(),
             &AtomicBool::new(false),
@@ -262,7 +265,7 @@ fn late_apply(name: &'static str) -> Failpoint {
 /// A GC round after `holder`'s deadline has passed.
 async fn gc_round_after(t: &TestDb, deadline: Duration) -> RoundSummary {
     tokio::time::sleep(deadline + Duration::from_millis(30)).await;
-    Gc::new(t.db.clone(), GcOptions::default())
+    Gc::new(&mongotx::Store::new(t.db.clone()), GcOptions::default())
         .run_round()
         .await
         .expect("GC round")
@@ -343,7 +346,7 @@ async fn a_coordinator_woken_after_its_deadline_changes_nothing() {
             let z = accounts.get("z").await;
             let a = accounts.get("a").await.expect("a");
             assert_eq!((a.balance, a.version), (100, 1), "{what}");
-            let round = Gc::new(t.db.clone(), GcOptions::default())
+            let round = Gc::new(&mongotx::Store::new(t.db.clone()), GcOptions::default())
                 .run_round()
                 .await
                 .expect("GC round");
@@ -456,7 +459,7 @@ async fn a_late_check_after_another_transaction_held_the_document_is_refused() {
         started.elapsed()
     );
     // Whatever else of T landed late, one GC round finds it.
-    Gc::new(t.db.clone(), GcOptions::default())
+    Gc::new(&mongotx::Store::new(t.db.clone()), GcOptions::default())
         .run_round()
         .await
         .expect("sweep");

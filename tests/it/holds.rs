@@ -358,7 +358,7 @@ async fn a_deadline_the_records_clock_has_passed_is_expired_though_hellos_has_no
     };
     assert_eq!(state(by_writer).await.as_deref(), Some("aborted"));
 
-    let summary = mongotx::gc::Gc::with_store(&store, mongotx::gc::GcOptions::default())
+    let summary = mongotx::gc::Gc::new(&store, mongotx::gc::GcOptions::default())
         .run_round()
         .await
         .unwrap();
@@ -473,7 +473,7 @@ async fn expired_transactions_each_holding_what_the_other_misses_are_both_aborte
     crossed_transactions(&t, &accounts).await;
     // Neither can ever commit: past the deadline, an apply on a document another holds is shut
     // out for good, so neither waits for the other.
-    let round = mongotx::gc::Gc::with_store(&t.store, mongotx::gc::GcOptions::default())
+    let round = mongotx::gc::Gc::new(&t.store, mongotx::gc::GcOptions::default())
         .run_round()
         .await
         .unwrap();

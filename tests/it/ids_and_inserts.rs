@@ -175,7 +175,7 @@ async fn an_insert_waits_for_a_pending_insert_and_takes_the_id_if_it_rolls_back(
     );
     // Then the hold without a record is undone (by the GC's sweep, or by the waiting insert
     // itself once its grace is over) and the id is free again.
-    let round = Gc::with_store(&store, GcOptions::default())
+    let round = Gc::new(&store, GcOptions::default())
         .run_round_at(
             common::hours_from_now(2).to_chrono(),
             &std::sync::atomic::AtomicBool::new(false),

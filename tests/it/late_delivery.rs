@@ -220,7 +220,7 @@ async fn an_apply_delivered_after_its_transaction_rolled_back_is_swept_in_one_gc
 
     // a reads as it was, at its old version, although its stored value is the late apply's.
     assert_eq!(f.balances().await, vec![(100, 1), (50, 2), (7, 1)]);
-    let round = Gc::with_store(&f.t.store, GcOptions::default())
+    let round = Gc::new(&f.t.store, GcOptions::default())
         .run_round()
         .await
         .expect("GC round");
@@ -250,7 +250,7 @@ async fn a_record_delivered_after_its_transaction_ended_can_never_commit_and_is_
     assert_eq!(f.balances().await, vec![(90, 2), (60, 2), (7, 1)]);
 
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let round = Gc::with_store(&f.t.store, GcOptions::default())
+    let round = Gc::new(&f.t.store, GcOptions::default())
         .run_round()
         .await
         .expect("GC round");

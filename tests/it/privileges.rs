@@ -127,7 +127,7 @@ async fn a_service_with_read_write_only_opens_adopts_and_writes_and_reports_what
         })
         .await
         .unwrap();
-    Gc::with_store(&store, GcOptions::default())
+    Gc::new(&store, GcOptions::default())
         .run_round()
         .await
         .unwrap();

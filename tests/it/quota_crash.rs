@@ -125,7 +125,7 @@ pub(crate) async fn dying_at(t: &TestDb, name: &'static str, step: usize) -> Quo
 
 /// Runs GC rounds (transactions, then the quota sweep) until nothing is left to resolve.
 pub(crate) async fn collect(t: &TestDb, quota: &Quota) {
-    let gc = Gc::with_store(&t.store, GcOptions::default());
+    let gc = Gc::new(&t.store, GcOptions::default());
     for _ in 0..20 {
         let round = gc.run_round().await.unwrap();
         quota.sweep().await.unwrap();

@@ -322,7 +322,7 @@ async fn one_gc_round_clears_a_thousand_expired_transactions() {
     }
     tokio::time::sleep(timeout + Duration::from_millis(500)).await;
 
-    let gc = Gc::with_store(&t.store, GcOptions::default());
+    let gc = Gc::new(&t.store, GcOptions::default());
     let started = std::time::Instant::now();
     let summary = gc.run_round().await.expect("round");
     let took = started.elapsed();
@@ -386,7 +386,7 @@ async fn an_idle_gc_round_next_to_five_thousand_pending_holds_costs_a_few_comman
             .expect("hold");
     assert_eq!(held.modified_count, 5_000);
 
-    let gc = Gc::with_store(&store, GcOptions::default());
+    let gc = Gc::new(&store, GcOptions::default());
     gc.run_round()
         .await
         .expect("a first round (opens what it needs)");
@@ -414,7 +414,7 @@ async fn gc_runners_share_a_backlog_without_doing_each_others_work() {
         let db = t.other_client_db().await;
         let store = Store::builder(db).build();
         runners.push(tokio::spawn(async move {
-            Gc::with_store(&store, GcOptions::default().batch_size(50))
+            Gc::new(&store, GcOptions::default().batch_size(50))
                 .run_round()
                 .await
         }));

@@ -209,7 +209,7 @@ async fn the_server_refuses_a_raw_invalid_write_and_passes_every_write_mongotx_m
         }
     })
     .await;
-    let gc = Gc::with_store(&t.store, GcOptions::default());
+    let gc = Gc::new(&t.store, GcOptions::default());
     gc_rounds(&gc).await;
     let b2 = accounts.get("b").await.unwrap();
     stranded(&t.store, COMMIT_AFTER, 0, |tx| {

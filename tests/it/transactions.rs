@@ -217,7 +217,7 @@ async fn readers_see_pre_images_until_the_commit_point_and_post_images_after() {
         }
 
         // A GC round after the deadline ends it either way.
-        let summary = Gc::new(t.db.clone(), GcOptions::default())
+        let summary = Gc::new(&mongotx::Store::new(t.db.clone()), GcOptions::default())
             .run_round_at(
                 chrono::Utc::now() + chrono::Duration::seconds(60),
                 &AtomicBool::new(false),
@@ -299,7 +299,7 @@ async fn the_gc_counts_as_swept_only_holds_it_undid() {
         "the crash left the holds"
     );
 
-    let gc = Gc::new(t.db.clone(), GcOptions::default());
+    let gc = Gc::new(&mongotx::Store::new(t.db.clone()), GcOptions::default());
     let summary = gc
         .run_round_at(chrono::Utc::now(), &AtomicBool::new(false))
         .await
@@ -396,7 +396,7 @@ async fn a_writer_resolves_an_expired_holder_instead_of_waiting() {
         "the writer decided it"
     );
     // The aborted record itself is the GC's to clean up.
-    Gc::new(t.db.clone(), GcOptions::default())
+    Gc::new(&mongotx::Store::new(t.db.clone()), GcOptions::default())
         .run_round()
         .await
         .expect("GC round");

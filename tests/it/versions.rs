@@ -125,7 +125,7 @@ async fn a_rolled_back_transaction_leaves_versions_exactly_as_they_were() {
         },
     )
     .await;
-    mongotx::gc::Gc::with_store(&t.store, mongotx::gc::GcOptions::default())
+    mongotx::gc::Gc::new(&t.store, mongotx::gc::GcOptions::default())
         .run_round_at(
             common::hours_from_now(2).to_chrono(),
             &std::sync::atomic::AtomicBool::new(false),

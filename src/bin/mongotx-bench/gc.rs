@@ -218,7 +218,7 @@ async fn clear(stores: &[&Store], db: &Database, name: &str, n: usize) -> Result
     };
     let runners = stores.iter().map(|store| {
         let (resolved, cleared) = (&resolved, &cleared);
-        let gc = Gc::with_store(store, GcOptions::default());
+        let gc = Gc::new(store, GcOptions::default());
         async move {
             let mut idle = 0;
             while Instant::now() < give_up {

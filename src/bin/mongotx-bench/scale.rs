@@ -253,7 +253,7 @@ async fn queries(
         run.queries.push(row);
     }
     // An idle GC round next to the 10,000 pending holds.
-    let gc = Gc::with_store(store, GcOptions::default());
+    let gc = Gc::new(store, GcOptions::default());
     gc.run_round().await?;
     let (round, commands) = counter.count(gc.run_round()).await;
     round?;

@@ -748,7 +748,7 @@ async fn recover(
     collections: usize,
     timeout: Duration,
 ) -> Result<u32, String> {
-    let gc = Gc::with_store(store, GcOptions::default());
+    let gc = Gc::new(store, GcOptions::default());
     let mut last = String::new();
     // 15 s, or a whole transaction timeout and 15 s more when that is longer.
     let rounds = 60.max(((timeout.as_millis() + 15_000) / 250) as u32);
