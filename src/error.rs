@@ -147,13 +147,16 @@ mod tests {
         assert_eq!(error.kind(), ErrorKind::Conflict);
         assert!(error.is_retryable());
 
-        let nested: Error = QuotaError::Repo(RepoError::NotFound {
+        let nested: Error = QuotaError::from(RepoError::NotFound {
             collection: "quota_providers".into(),
             id: "\"p\"".into(),
         })
         .into();
         assert_eq!(nested.kind(), ErrorKind::NotFound);
         assert!(!nested.is_retryable());
+        // The repository's error is the quota error's source, not a variant to match through.
+        let inner = std::error::Error::source(&nested).map(ToString::to_string);
+        assert_eq!(inner.as_deref(), Some("quota_providers/\"p\": not found"));
 
         let clock: Error = ClockError::NoLocalTime.into();
         assert_eq!(clock.kind(), ErrorKind::Unsupported);

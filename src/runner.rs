@@ -204,7 +204,7 @@ impl GcRunner {
                 Ok(quota) => quota.sweep().await,
                 Err(e) => Err(e),
             }),
-            Err(e) => Some(Err(QuotaError::Txn(TxnError::database(
+            Err(e) => Some(Err(QuotaError::from(TxnError::database(
                 None,
                 "list the collections",
                 e.clone(),

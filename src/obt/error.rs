@@ -14,7 +14,7 @@ use crate::txn::error::TxnError;
 ///
 /// "You lost ownership" ([`NotOwner`](ObtError::NotOwner), [`Preempted`](ObtError::Preempted),
 /// [`StageReplayed`](ObtError::StageReplayed)) is never a database error, and "the service is
-/// down" ([`Repo`](ObtError::Repo), [`Txn`](ObtError::Txn), [`Clock`](ObtError::Clock)) never
+/// down" ([`Document`](ObtError::Document), [`Transaction`](ObtError::Transaction), [`Clock`](ObtError::Clock)) never
 /// claims anything about ownership: [`is_retryable`](ObtError::is_retryable) tells them apart.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -134,15 +134,29 @@ pub enum ObtError {
         owner: String,
     },
     /// The OBT document could not be read or written.
-    #[error(transparent)]
-    Repo(#[from] RepoError),
+    #[error("OBT: {source}")]
+    Document {
+        /// What the repository said.
+        #[source]
+        source: Box<RepoError>,
+    },
     /// An owned transaction failed for a reason other than losing ownership.
-    #[error(transparent)]
-    Txn(#[from] TxnError),
+    #[error("OBT: {source}")]
+    Transaction {
+        /// What the transaction said.
+        #[source]
+        source: Box<TxnError>,
+    },
     /// The server's time could not be read.
-    #[error(transparent)]
-    Clock(#[from] ClockError),
+    #[error("OBT: {source}")]
+    Clock {
+        /// What reading the server's clock said.
+        #[source]
+        source: ClockError,
+    },
 }
+
+crate::txn::error::from_lower_errors!(ObtError);
 
 impl ObtError {
     /// What kind of failure this is (see [`ErrorKind`]); losing ownership is
@@ -159,9 +173,9 @@ impl ObtError {
             | E::LeaseLive { .. }
             | E::NoLease { .. } => ErrorKind::Refused,
             E::Changed { .. } => ErrorKind::Conflict,
-            E::Repo(e) => e.kind(),
-            E::Txn(e) => e.kind(),
-            E::Clock(e) => e.kind(),
+            E::Document { source } => source.kind(),
+            E::Transaction { source } => source.kind(),
+            E::Clock { source } => source.kind(),
         }
     }
 
@@ -169,9 +183,9 @@ impl ObtError {
     /// contended. Losing ownership is never retryable.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ObtError::Repo(e) => e.is_retryable(),
-            ObtError::Txn(e) => e.is_retryable(),
-            ObtError::Clock(e) => e.is_retryable(),
+            ObtError::Document { source } => source.is_retryable(),
+            ObtError::Transaction { source } => source.is_retryable(),
+            ObtError::Clock { source } => source.is_retryable(),
             _ => false,
         }
     }
@@ -209,8 +223,20 @@ pub enum FenceError {
         reason: String,
     },
     /// The fence's collection could not be read or written.
-    #[error(transparent)]
-    Repo(#[from] RepoError),
+    #[error("fence: {source}")]
+    Document {
+        /// What the repository said.
+        #[source]
+        source: Box<RepoError>,
+    },
+}
+
+impl From<RepoError> for FenceError {
+    fn from(source: RepoError) -> FenceError {
+        FenceError::Document {
+            source: Box::new(source),
+        }
+    }
 }
 
 impl FenceError {
@@ -220,12 +246,12 @@ impl FenceError {
         match self {
             FenceError::StaleToken { .. } => ErrorKind::Refused,
             FenceError::Invalid { .. } => ErrorKind::InvalidInput,
-            FenceError::Repo(e) => e.kind(),
+            FenceError::Document { source } => source.kind(),
         }
     }
 
     /// Whether trying the same call again may succeed (never for a stale token).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, FenceError::Repo(e) if e.is_retryable())
+        matches!(self, FenceError::Document { source } if source.is_retryable())
     }
 }

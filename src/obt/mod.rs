@@ -163,7 +163,7 @@ impl Obt {
             let name = name.to_string();
             async move {
                 store.protocol_collection(&name).await.map_err(|e| {
-                    ObtError::Repo(crate::repo::error::RepoError::database(
+                    ObtError::from(crate::repo::error::RepoError::database(
                         &name, "*", "open", e,
                     ))
                 })
@@ -177,7 +177,7 @@ impl Obt {
                 .validated_protocol_collection(TOKENS_COLLECTION, TOKENS_SCHEMA)
                 .await
                 .map_err(|e| {
-                    ObtError::Repo(crate::repo::error::RepoError::database(
+                    ObtError::from(crate::repo::error::RepoError::database(
                         TOKENS_COLLECTION,
                         "*",
                         "open",

@@ -404,20 +404,30 @@ impl Quota {
         stripe: &StripeId,
         need: i64,
     ) -> Result<Option<Refusal>, QuotaError> {
-        let provider = stripe.provider();
-        let all = self.read_stripes(&provider).await?;
-        let planned = match borrow(&all, stripe, need) {
-            Ok(writes) => Ok(writes),
-            // Stripes read one after another can miss share on its way between them: a refusal
-            // stands only on a reading of one moment.
-            Err(_) => borrow(&self.read_at_once(&provider).await?, stripe, need),
-        };
-        match planned {
+        match self.plan_borrow(stripe, need).await? {
             Ok(writes) => {
                 self.write(writes).await?;
                 Ok(None)
             }
             Err(refusal) => Ok(Some(refusal)),
         }
+    }
+
+    /// The writes that move `need` units of share into `stripe` from the provider's other
+    /// stripes (conditional on the generations read), or the provider's refusal when the whole
+    /// of it lacks room.
+    pub(super) async fn plan_borrow(
+        &self,
+        stripe: &StripeId,
+        need: i64,
+    ) -> Result<Result<Vec<Write>, Refusal>, QuotaError> {
+        let provider = stripe.provider();
+        let all = self.read_stripes(&provider).await?;
+        Ok(match borrow(&all, stripe, need) {
+            Ok(writes) => Ok(writes),
+            // Stripes read one after another can miss share on its way between them: a refusal
+            // stands only on a reading of one moment.
+            Err(_) => borrow(&self.read_at_once(&provider).await?, stripe, need),
+        })
     }
 }

@@ -382,6 +382,52 @@ impl Quota {
             }
             let take = match decide::take(request, &docs, expires, deadline, now) {
                 Ok(take) => take,
+                // One striped provider whose stripe lacks room: borrow and take in one write, so
+                // that the share borrowed for this request cannot go to another consume in
+                // between (under many consumers near the limit it otherwise could, every time).
+                Err(QuotaError::QuotaExceeded { refusals, .. })
+                    if docs.len() == 1
+                        && refusals.len() == 1
+                        && stripe_of(&docs, &refusals[0].provider)
+                            .is_some_and(|(_, (_, doc))| doc.bits != 0) =>
+                {
+                    let refusal = &refusals[0];
+                    let Some((stripe, _)) = stripe_of(&docs, &refusal.provider) else {
+                        continue;
+                    };
+                    let stripe = stripe.clone();
+                    let borrowed = match self.plan_borrow(&stripe, refusal.requested).await? {
+                        Ok(borrowed) => borrowed,
+                        Err(refusal) => {
+                            return Err(QuotaError::QuotaExceeded {
+                                consumer: request.consumer.clone(),
+                                request: request.id.clone(),
+                                refusals: vec![refusal],
+                            })
+                        }
+                    };
+                    let mut lent = docs.clone();
+                    let mut others = Vec::new();
+                    for write in borrowed {
+                        if write.doc.id == stripe {
+                            lent.insert(stripe.clone(), (write.generation, write.doc));
+                        } else {
+                            others.push(write);
+                        }
+                    }
+                    match decide::take(request, &lent, expires, deadline, now) {
+                        Ok(Take::Apply(mut together)) => {
+                            together.extend(others);
+                            Take::Apply(together)
+                        }
+                        Ok(replay @ Take::Replay { .. }) => replay,
+                        Err(QuotaError::QuotaExceeded { .. }) => {
+                            attempts.again("share moved between stripes".into()).await?;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
                 Err(QuotaError::QuotaExceeded { refusals, .. }) => {
                     // A striped provider's refusal is its stripe's: borrow, and refuse with the
                     // provider's own numbers only when the whole of it lacks room.

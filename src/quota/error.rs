@@ -191,14 +191,26 @@ pub enum QuotaError {
         last: String,
     },
     /// A provider document could not be read or written.
-    #[error(transparent)]
-    Repo(#[from] RepoError),
+    #[error("quota: {source}")]
+    Document {
+        /// What the repository said.
+        #[source]
+        source: Box<RepoError>,
+    },
     /// The transaction spanning several providers failed.
-    #[error(transparent)]
-    Txn(#[from] TxnError),
+    #[error("quota: {source}")]
+    Transaction {
+        /// What the transaction said.
+        #[source]
+        source: Box<TxnError>,
+    },
     /// The server's time could not be read.
-    #[error(transparent)]
-    Clock(#[from] ClockError),
+    #[error("quota: {source}")]
+    Clock {
+        /// What reading the server's clock said.
+        #[source]
+        source: ClockError,
+    },
     /// A fault injector stopped the operation here, as a crash would (only with the `testkit`
     /// feature).
     #[cfg(feature = "testkit")]
@@ -208,6 +220,8 @@ pub enum QuotaError {
         at: crate::txn::failpoint::Failpoint,
     },
 }
+
+crate::txn::error::from_lower_errors!(QuotaError);
 
 impl QuotaError {
     /// What kind of failure this is (see [`ErrorKind`]).
@@ -229,9 +243,9 @@ impl QuotaError {
             | E::RequestReused { .. }
             | E::InvalidTtl { .. } => ErrorKind::InvalidInput,
             E::Contended { .. } => ErrorKind::Conflict,
-            E::Repo(e) => e.kind(),
-            E::Txn(e) => e.kind(),
-            E::Clock(e) => e.kind(),
+            E::Document { source } => source.kind(),
+            E::Transaction { source } => source.kind(),
+            E::Clock { source } => source.kind(),
             #[cfg(feature = "testkit")]
             E::Crashed { .. } => ErrorKind::Crashed,
         }
@@ -241,9 +255,9 @@ impl QuotaError {
     pub fn is_retryable(&self) -> bool {
         match self {
             QuotaError::Contended { .. } => true,
-            QuotaError::Repo(e) => e.is_retryable(),
-            QuotaError::Txn(e) => e.is_retryable(),
-            QuotaError::Clock(e) => e.is_retryable(),
+            QuotaError::Document { source } => source.is_retryable(),
+            QuotaError::Transaction { source } => source.is_retryable(),
+            QuotaError::Clock { source } => source.is_retryable(),
             _ => false,
         }
     }

@@ -19,8 +19,12 @@ pub type UpgradeStep = Arc<dyn Fn(Document) -> Result<Document, String> + Send +
 #[non_exhaustive]
 pub enum SpecError {
     /// The JSON Schema text is not a usable schema.
-    #[error(transparent)]
-    Schema(#[from] SchemaError),
+    #[error("unusable JSON Schema: {source}")]
+    Schema {
+        /// What is wrong with it.
+        #[from]
+        source: SchemaError,
+    },
     /// The schema does not declare a system field the way mongotx stores it.
     #[error("collection {collection}: schema must declare system field `{field}` {requirement}")]
     SystemField {

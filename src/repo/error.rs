@@ -220,8 +220,12 @@ pub enum RepoError {
         source: bson::de::Error,
     },
     /// The collection definition is unusable.
-    #[error(transparent)]
-    Spec(#[from] SpecError),
+    #[error("unusable collection definition: {source}")]
+    Spec {
+        /// What is wrong with it.
+        #[from]
+        source: SpecError,
+    },
     /// The holder of the document could not be resolved.
     #[error("{collection}/{id}: resolving holder transaction {holder} failed: {source}")]
     Hold {
@@ -312,7 +316,7 @@ impl RepoError {
             | E::InvalidQuery { .. }
             | E::Encode { .. }
             | E::Refused { .. } => ErrorKind::InvalidInput,
-            E::Spec(e) => e.kind(),
+            E::Spec { source } => source.kind(),
             E::Hold { source, .. } => source.kind(),
             E::Clock { source, .. } => source.kind(),
             E::ServerUnsuitable { .. } => ErrorKind::Unsupported,

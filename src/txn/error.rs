@@ -270,3 +270,33 @@ fn show_txn(txn: &Option<ObjectId>) -> String {
     txn.map(|t| t.to_hex())
         .unwrap_or_else(|| "(not begun)".to_string())
 }
+
+/// `From` the three lower-layer errors for a domain module's error with `Document`,
+/// `Transaction` and `Clock` variants (the quota's and the OBT's), each keeping the lower error as
+/// its `source()`, so that `?` converts them.
+macro_rules! from_lower_errors {
+    ($error:ident) => {
+        impl From<$crate::repo::error::RepoError> for $error {
+            fn from(source: $crate::repo::error::RepoError) -> $error {
+                $error::Document {
+                    source: Box::new(source),
+                }
+            }
+        }
+
+        impl From<$crate::txn::error::TxnError> for $error {
+            fn from(source: $crate::txn::error::TxnError) -> $error {
+                $error::Transaction {
+                    source: Box::new(source),
+                }
+            }
+        }
+
+        impl From<$crate::server::clock::ClockError> for $error {
+            fn from(source: $crate::server::clock::ClockError) -> $error {
+                $error::Clock { source }
+            }
+        }
+    };
+}
+pub(crate) use from_lower_errors;

@@ -15,6 +15,10 @@ use proptest::prelude::*;
 
 use crate::common::TestDb;
 
+/// The field a lazy or transactional adoption sets: never a generated name (those are one to five
+/// lowercase letters), so that the comparison with the original cannot mistake one for the other.
+const ADDED: &str = "added_1";
+
 /// Only the system fields are constrained: every generated document is valid.
 const SCHEMA: &str = r#"{
   "bsonType": "object",
@@ -189,10 +193,10 @@ async fn run_case(original: Document, adoption: Adoption) -> Result<(), String> 
 
     let added: &[&str] = match adoption {
         Adoption::Lazy => {
-            repo.update(id.clone(), read.version, &Update::new().set("zz", 1_i64))
+            repo.update(id.clone(), read.version, &Update::new().set(ADDED, 1_i64))
                 .await
                 .map_err(|e| format!("update: {e}"))?;
-            &["zz"]
+            &[ADDED]
         }
         Adoption::InTransaction => {
             let tx = Transactions::new(&t.store).begin();
@@ -200,12 +204,12 @@ async fn run_case(original: Document, adoption: Adoption) -> Result<(), String> 
                 &repo,
                 id.clone(),
                 read.version,
-                &Update::new().set("zz", 1_i64),
+                &Update::new().set(ADDED, 1_i64),
             )
             .await
             .map_err(|e| format!("stage: {e}"))?;
             tx.commit().await.map_err(|e| format!("commit: {e}"))?;
-            &["zz"]
+            &[ADDED]
         }
         Adoption::Explicit => {
             let report = repo

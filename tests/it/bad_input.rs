@@ -574,7 +574,7 @@ async fn repositories_on_reserved_collections_are_refused() {
         r.check(
             &format!("a repository on {name}"),
             t.store.repository::<Document>(spec),
-            |e| matches!(e, RepoError::Spec(mongotx::schema::SpecError::Name { name: n, .. }) if n == name),
+            |e| matches!(e, RepoError::Spec { source: mongotx::schema::SpecError::Name { name: n, .. } } if n == name),
         )
         .await;
     }
@@ -586,7 +586,9 @@ async fn repositories_on_reserved_collections_are_refused() {
         r,
         "a repository on a renamed transactions collection",
         store.repository::<Document>(mongotx::CollectionSpec::new("my_txns", 1, LOOSE).unwrap()),
-        RepoError::Spec(mongotx::schema::SpecError::Name { .. })
+        RepoError::Spec {
+            source: mongotx::schema::SpecError::Name { .. }
+        }
     );
     for name in ["", "system.users", "a$b", "nul\0name"] {
         let err = mongotx::CollectionSpec::new(name, 1, LOOSE).unwrap_err();
@@ -644,7 +646,14 @@ async fn stores_with_unusable_transaction_collections_are_refused() {
         r.check(
             &format!("transactions collection {name:?}"),
             store.repository::<Account>(common::accounts_spec()),
-            |e| matches!(e, RepoError::Spec(mongotx::schema::SpecError::Name { .. })),
+            |e| {
+                matches!(
+                    e,
+                    RepoError::Spec {
+                        source: mongotx::schema::SpecError::Name { .. }
+                    }
+                )
+            },
         )
         .await;
     }

@@ -63,12 +63,12 @@ fn unusable_schemas_names_and_versions_are_refused() {
     let schema = include_str!("../../schemas/accounts.json");
     assert!(matches!(
         CollectionSpec::new("accounts", 1, "{ not json"),
-        Err(SpecError::Schema(_))
+        Err(SpecError::Schema { .. })
     ));
     let text =
         accounts_schema_with(|s| s["$schema"] = "http://json-schema.org/draft-04/schema#".into());
     let err = CollectionSpec::new("accounts", 1, &text).unwrap_err();
-    assert!(matches!(err, SpecError::Schema(_)), "{err:?}");
+    assert!(matches!(err, SpecError::Schema { .. }), "{err:?}");
     assert!(err.to_string().contains("$schema"), "{err}");
     for name in ["", "system.users", "a$b"] {
         assert!(

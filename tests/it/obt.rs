@@ -633,7 +633,7 @@ async fn a_database_outage_is_not_mistaken_for_lost_ownership() {
     let err = cut.heartbeat(&mut owned).await.unwrap_err();
     assert!(!err.is_lost_ownership(), "{err}");
     assert!(
-        matches!(err, ObtError::Repo(RepoError::Database { .. })),
+        matches!(&err, ObtError::Document { source } if matches!(**source, RepoError::Database { .. })),
         "{err}"
     );
     assert_eq!(obt.get("t0").await.unwrap().owner, "owner");

@@ -186,7 +186,11 @@ async fn a_coordinator_dying_at_any_step_of_a_multi_provider_consume_leaves_all_
                 .take(("project/a", "ram"), 2)
                 .take(("project/a", "disk"), 3);
             match dying.consume(&request).await {
-                Err(QuotaError::Txn(e)) if e.to_string().contains("injected crash") => crashed += 1,
+                Err(QuotaError::Transaction { source })
+                    if source.to_string().contains("injected crash") =>
+                {
+                    crashed += 1
+                }
                 Ok(_) => continue, // this step does not exist for this transaction
                 Err(other) => panic!("{consumer}: {other}"),
             }
@@ -253,7 +257,11 @@ async fn a_release_retried_over_a_dead_coordinators_holds_returns_everything_onc
                 .unwrap();
             let dying = dying_at(&t, name, step).await;
             match dying.release(&consumer).await {
-                Err(QuotaError::Txn(e)) if e.to_string().contains("injected crash") => crashed += 1,
+                Err(QuotaError::Transaction { source })
+                    if source.to_string().contains("injected crash") =>
+                {
+                    crashed += 1
+                }
                 Ok(released) => {
                     // This step does not exist for this transaction.
                     assert_eq!(released.returned.len(), 2, "{consumer}");

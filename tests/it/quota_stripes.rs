@@ -343,7 +343,11 @@ async fn a_split_whose_coordinator_dies_at_any_step_leaves_the_provider_whole() 
             let dying = dying_at(&t, name, step).await;
             let last = Request::with_id(format!("{scope}/last"), "r").take(units(&scope), 1);
             match dying.consume(&last).await {
-                Err(QuotaError::Txn(e)) if e.to_string().contains("injected crash") => crashed += 1,
+                Err(QuotaError::Transaction { source })
+                    if source.to_string().contains("injected crash") =>
+                {
+                    crashed += 1
+                }
                 Ok(_) => continue, // this step does not exist for this transaction
                 Err(other) => panic!("{scope}: {other}"),
             }

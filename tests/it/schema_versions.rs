@@ -230,7 +230,7 @@ async fn a_version_without_its_upgrade_step_is_refused_at_open() {
         CollectionSpec::new("profiles", 2, include_str!("../../schemas/profiles.json")).unwrap();
     let err = t.store.repository::<Profile>(spec).await.unwrap_err();
     assert!(
-        matches!(&err, RepoError::Spec(SpecError::Versions { collection, reason }) if collection == "profiles" && reason.contains("from version 1")),
+        matches!(&err, RepoError::Spec { source: SpecError::Versions { collection, reason } } if collection == "profiles" && reason.contains("from version 1")),
         "{err:?}"
     );
     let spec = CollectionSpec::new("profiles", 2, include_str!("../../schemas/profiles.json"))
@@ -239,7 +239,12 @@ async fn a_version_without_its_upgrade_step_is_refused_at_open() {
         .upgrade(2, Ok);
     let err = t.store.repository::<Profile>(spec).await.unwrap_err();
     assert!(
-        matches!(err, RepoError::Spec(SpecError::Versions { .. })),
+        matches!(
+            err,
+            RepoError::Spec {
+                source: SpecError::Versions { .. }
+            }
+        ),
         "{err:?}"
     );
 }
