@@ -26,7 +26,8 @@ use crate::txn::gc::{Gc, GcOptions, RoundSummary};
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use mongotx::{GcOptions, GcRunner, Store};
+/// use mongotx::gc::GcOptions;
+/// use mongotx::{GcRunner, Store};
 /// # async fn service(store: Store) {
 /// let runner = GcRunner::new(&store, GcOptions::default()).interval(Duration::from_secs(10));
 /// // Runs until ctrl-c, then finishes the item in progress and returns.

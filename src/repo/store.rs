@@ -46,7 +46,8 @@ pub enum ServerValidation {
 /// ```no_run
 /// # async fn demo(client: mongodb::Client) -> Result<(), mongotx::RepoError> {
 /// use std::time::Duration;
-/// use mongotx::{CollectionSpec, Durability, LockWait, Store};
+/// use mongotx::options::{Durability, LockWait};
+/// use mongotx::{CollectionSpec, Store};
 ///
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
