@@ -11,7 +11,7 @@ use futures::TryStreamExt;
 use crate::collections::PROVIDERS_COLLECTION;
 use crate::quota::decide::stripe_of;
 use crate::quota::decide::{self, Docs, Take, Write};
-use crate::quota::error::QuotaError;
+use crate::quota::error::{QuotaError, Refusal};
 use crate::quota::model::{Consumed, ProviderDoc, ProviderId, Request, Reservation, StripeId};
 use crate::quota::ops::{stored_or_restored, Attempts, Step, FAST_TRIES, MAX_TTL};
 use crate::quota::stripes::{hash, STRIPE_ENTRIES};
@@ -382,73 +382,47 @@ impl Quota {
             }
             let take = match decide::take(request, &docs, expires, deadline, now) {
                 Ok(take) => take,
-                // One striped provider whose stripe lacks room: borrow and take in one write, so
-                // that the share borrowed for this request cannot go to another consume in
-                // between (under many consumers near the limit it otherwise could, every time).
-                Err(QuotaError::QuotaExceeded { refusals, .. })
-                    if docs.len() == 1
-                        && refusals.len() == 1
-                        && stripe_of(&docs, &refusals[0].provider)
-                            .is_some_and(|(_, (_, doc))| doc.bits != 0) =>
-                {
-                    let refusal = &refusals[0];
-                    let Some((stripe, _)) = stripe_of(&docs, &refusal.provider) else {
-                        continue;
-                    };
-                    let stripe = stripe.clone();
-                    let borrowed = match self.plan_borrow(&stripe, refusal.requested).await? {
-                        Ok(borrowed) => borrowed,
-                        Err(refusal) => {
+                Err(QuotaError::QuotaExceeded { refusals, .. }) => {
+                    if let Some((stripe, need)) = lone_striped(&docs, &refusals) {
+                        match self
+                            .borrow_and_take(
+                                request,
+                                &docs,
+                                &stripe,
+                                need,
+                                (expires, deadline),
+                                now,
+                            )
+                            .await?
+                        {
+                            Some(take) => take,
+                            None => {
+                                attempts.again("share moved between stripes".into()).await?;
+                                continue;
+                            }
+                        }
+                    } else {
+                        // A striped provider's refusal is its stripe's: borrow, and refuse with the
+                        // provider's own numbers only when the whole of it lacks room.
+                        let mut refused = Vec::new();
+                        for r in refusals {
+                            match stripe_of(&docs, &r.provider) {
+                                Some((stripe, (_, doc))) if doc.bits != 0 => {
+                                    refused.extend(self.borrow_into(stripe, r.requested).await?)
+                                }
+                                _ => refused.push(r),
+                            }
+                        }
+                        if !refused.is_empty() {
                             return Err(QuotaError::QuotaExceeded {
                                 consumer: request.consumer.clone(),
                                 request: request.id.clone(),
-                                refusals: vec![refusal],
-                            })
+                                refusals: refused,
+                            });
                         }
-                    };
-                    let mut lent = docs.clone();
-                    let mut others = Vec::new();
-                    for write in borrowed {
-                        if write.doc.id == stripe {
-                            lent.insert(stripe.clone(), (write.generation, write.doc));
-                        } else {
-                            others.push(write);
-                        }
+                        attempts.again("share moved between stripes".into()).await?;
+                        continue;
                     }
-                    match decide::take(request, &lent, expires, deadline, now) {
-                        Ok(Take::Apply(mut together)) => {
-                            together.extend(others);
-                            Take::Apply(together)
-                        }
-                        Ok(replay @ Take::Replay { .. }) => replay,
-                        Err(QuotaError::QuotaExceeded { .. }) => {
-                            attempts.again("share moved between stripes".into()).await?;
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                Err(QuotaError::QuotaExceeded { refusals, .. }) => {
-                    // A striped provider's refusal is its stripe's: borrow, and refuse with the
-                    // provider's own numbers only when the whole of it lacks room.
-                    let mut refused = Vec::new();
-                    for r in refusals {
-                        match stripe_of(&docs, &r.provider) {
-                            Some((stripe, (_, doc))) if doc.bits != 0 => {
-                                refused.extend(self.borrow_into(stripe, r.requested).await?)
-                            }
-                            _ => refused.push(r),
-                        }
-                    }
-                    if !refused.is_empty() {
-                        return Err(QuotaError::QuotaExceeded {
-                            consumer: request.consumer.clone(),
-                            request: request.id.clone(),
-                            refusals: refused,
-                        });
-                    }
-                    attempts.again("share moved between stripes".into()).await?;
-                    continue;
                 }
                 Err(e) => return Err(e),
             };
@@ -490,5 +464,59 @@ impl Quota {
                 }
             }
         }
+    }
+
+    /// One striped provider whose stripe lacks room: borrows `need` into `stripe` and takes the
+    /// request in one write, so that the share borrowed for it cannot go to another consume in
+    /// between (under many consumers near the limit it otherwise could, every time). `None`: the
+    /// room moved on meanwhile, read again.
+    async fn borrow_and_take(
+        &self,
+        request: &Request,
+        docs: &Docs,
+        stripe: &StripeId,
+        need: i64,
+        (expires, deadline): (Option<DateTime>, Option<DateTime>),
+        now: DateTime,
+    ) -> Result<Option<Take>, QuotaError> {
+        let borrowed = match self.plan_borrow(stripe, need).await? {
+            Ok(borrowed) => borrowed,
+            Err(refusal) => {
+                return Err(QuotaError::QuotaExceeded {
+                    consumer: request.consumer.clone(),
+                    request: request.id.clone(),
+                    refusals: vec![refusal],
+                })
+            }
+        };
+        let mut lent = docs.clone();
+        let mut others = Vec::new();
+        for write in borrowed {
+            if write.doc.id == *stripe {
+                lent.insert(stripe.clone(), (write.generation, write.doc));
+            } else {
+                others.push(write);
+            }
+        }
+        match decide::take(request, &lent, expires, deadline, now) {
+            Ok(Take::Apply(mut together)) => {
+                together.extend(others);
+                Ok(Some(Take::Apply(together)))
+            }
+            Ok(replay @ Take::Replay { .. }) => Ok(Some(replay)),
+            Err(QuotaError::QuotaExceeded { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The stripe and amount of the one refusal of a request on one striped provider, the case
+/// [`Quota::borrow_and_take`] serves.
+fn lone_striped(docs: &Docs, refusals: &[Refusal]) -> Option<(StripeId, i64)> {
+    match (docs.len(), refusals) {
+        (1, [refusal]) => stripe_of(docs, &refusal.provider)
+            .filter(|(_, (_, doc))| doc.bits != 0)
+            .map(|(stripe, _)| (stripe.clone(), refusal.requested)),
+        _ => None,
     }
 }
