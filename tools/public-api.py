@@ -84,24 +84,14 @@ def fields(page):
 
 
 def trait_impls(page, start):
-    """`impl ...` headers of one list, up to the next list."""
-    begin = page.find(f'id="{start}"')
-    if begin < 0:
-        return []
-    nxt = [
-        page.find(f'id="{other}"', begin + 1)
-        for other in (
-            "synthetic-implementations-list",
-            "blanket-implementations-list",
-            "trait-implementations-list",
-        )
-    ]
-    nxt = [n for n in nxt if n > begin]
-    part = page[begin : min(nxt) if nxt else len(page)]
-    return [
-        text(h)
-        for h in re.findall(r'<section id="impl-[^"]*" class="impl"[^>]*>.*?<h3 class="code-header">(.*?)</h3>', part, re.S)
-    ]
+    """`impl ...` headers of one list of trait implementations, up to the next list."""
+    nxt = (
+        "synthetic-implementations-list",
+        "blanket-implementations-list",
+        "trait-implementations-list",
+    )
+    ends = [other for other in nxt if other != start]
+    return [header for kind, header in sections(page, start, *ends) if kind == "impl"]
 
 
 def listing(doc_dir):
