@@ -39,7 +39,7 @@ pub trait Fence: Send + Sync {
 /// How a [`MemoryFence`] is named in its errors.
 const MEMORY: &str = "memory fence";
 
-/// Refuses a resource name no OBT id could be (empty, over [`MAX_NAME`](crate::obt::MAX_NAME)
+/// Refuses a resource name no OBT id could be (empty, over [`MAX_NAME`](crate::fields::MAX_NAME)
 /// bytes, with a NUL) in `fence`.
 fn check_resource(fence: &str, resource: &str) -> Result<(), FenceError> {
     match name_problem(resource) {

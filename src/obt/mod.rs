@@ -66,9 +66,6 @@ use model::ObtDoc;
 /// The longest lease an OBT may carry.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 
-/// The longest id or owner name (they are document ids and indexed values).
-pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
-
 /// How an [`Obt`] handle behaves.
 #[derive(Debug, Clone)]
 #[non_exhaustive]

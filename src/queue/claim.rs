@@ -131,7 +131,7 @@ impl Batches {
     /// server's clock, so a `ttl` too short to reach the server answers `None`.
     ///
     /// A batch that does not exist is [`QueueError::UnknownBatch`]; an unusable claimant name
-    /// (empty, over [`MAX_NAME`](crate::queue::MAX_NAME) bytes, with a NUL) or a `ttl` under a
+    /// (empty, over [`MAX_NAME`](crate::fields::MAX_NAME) bytes, with a NUL) or a `ttl` under a
     /// millisecond or over [`MAX_CLAIM`] is [`QueueError::Invalid`]; nothing is written.
     pub async fn claim(
         &self,

@@ -20,6 +20,4 @@ pub use claim::{Claim, Submission, MAX_CLAIM};
 pub use error::QueueError;
 pub use model::{Batch, BatchStatus, DEFAULT_DELAY};
 pub use roles::{Answer, LedgerApi, LedgerStatus, Monitor, Submitter};
-pub use store::{
-    Batches, NewBatch, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, MAX_NAME, SERVICES_SCHEMA,
-};
+pub use store::{Batches, NewBatch, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, SERVICES_SCHEMA};

@@ -28,9 +28,6 @@ const STAMPS: u32 = 32;
 /// The JSON Schema of a batch document (the project's `schemas/batches.json`).
 pub const BATCHES_SCHEMA: &str = include_str!("../../schemas/batches.json");
 
-/// The longest header, service id or claimant name (they are document ids and indexed values).
-pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
-
 /// The longest content of a batch, in bytes: the server's 16 MiB document limit, less room for
 /// the batch's other fields.
 pub const MAX_CONTENT: usize = 16 * 1024 * 1024 - 16 * 1024;

@@ -44,7 +44,7 @@ pub struct Limit {
     /// The part of `calls` kept for high-priority callers: bulk callers never take it.
     pub reserved: u32,
     /// How long after its grant a reservation's calls may still be sent
-    /// ([`Reservation::deadline`]). An unsettled reservation counts in full until
+    /// ([`CallReservation::deadline`]). An unsettled reservation counts in full until
     /// `hold + grace` after its grant, then for one more window.
     pub hold: Duration,
     /// How long a call sent just before the deadline may take to reach the API; it widens what
@@ -232,11 +232,11 @@ impl fmt::Display for Priority {
     }
 }
 
-/// Calls granted on one or more limiters: make at most [`calls`](Reservation::calls) calls,
-/// each sent before [`deadline`](Reservation::deadline), then
+/// Calls granted on one or more limiters: make at most [`calls`](CallReservation::calls) calls,
+/// each sent before [`deadline`](CallReservation::deadline), then
 /// [`settle`](crate::ratelimit::RateLimits::settle) with the number made.
 #[derive(Debug, Clone)]
-pub struct Reservation {
+pub struct CallReservation {
     pub(crate) id: ObjectId,
     /// The collection of limiters that granted it (`database.collection`): settled through
     /// another, it is unknown there.
@@ -257,7 +257,7 @@ pub struct Reservation {
     pub(crate) counted_for: Duration,
 }
 
-impl Reservation {
+impl CallReservation {
     /// Its id, the same on every limiter it spans.
     pub fn id(&self) -> ObjectId {
         self.id
@@ -302,7 +302,7 @@ impl Reservation {
 #[must_use = "a granted reservation must be settled"]
 pub enum Attempt {
     /// Granted.
-    Granted(Reservation),
+    Granted(CallReservation),
     /// No room now. `after` is how long until the log shows room (capacity freed earlier by a
     /// settlement may come sooner); `at` is that instant in server time.
     Wait {

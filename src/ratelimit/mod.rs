@@ -12,7 +12,7 @@
 //! clock (`$$NOW`), and adds the calls only if they fit, so two workers can never both take the
 //! last room; the document it returns says whether they were granted, and if not, when there
 //! will be room. The worker makes its calls before the reservation's
-//! [`deadline`](Reservation::deadline), then settles with the number made
+//! [`deadline`](CallReservation::deadline), then settles with the number made
 //! ([`RateLimits::settle`], one write too), which returns the unused calls at once.
 //!
 //! A reservation's calls reach the API by its end: grant + hold + grace while pending, the settle
@@ -56,7 +56,7 @@ use crate::repo::names::collection_problem;
 use crate::repo::store::Store;
 
 pub use error::RateLimitError;
-pub use limit::{Attempt, Limit, Priority, Reservation, Settled, Usage, LIMITERS_SCHEMA};
+pub use limit::{Attempt, CallReservation, Limit, Priority, Settled, Usage, LIMITERS_SCHEMA};
 
 /// How a [`RateLimits`] handle behaves.
 #[derive(Debug, Clone)]

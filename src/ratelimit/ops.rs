@@ -16,15 +16,14 @@ use mongodb::options::ReturnDocument;
 use tokio::sync::Notify;
 
 use crate::ratelimit::error::RateLimitError;
-use crate::ratelimit::limit::{Attempt, Grant, Limit, Priority, Reservation, Settled, Usage};
+use crate::ratelimit::limit::{Attempt, CallReservation, Grant, Limit, Priority, Settled, Usage};
 use crate::ratelimit::limit::{DONE, OPEN, SENT, SLACK};
 use crate::ratelimit::plan::{self, grant_update, queue_update, settle_update, Out, Ticket, View};
 use crate::ratelimit::RateLimits;
 use crate::server::clock::plus;
 use crate::server::codes;
 
-/// The longest limiter name (it is the document id).
-pub const MAX_NAME: usize = crate::repo::names::MAX_NAME;
+use crate::repo::fields::MAX_NAME;
 
 pub(crate) use crate::repo::names::shown;
 
@@ -207,7 +206,7 @@ impl RateLimits {
         limiters: &[&str],
         n: u32,
         priority: Priority,
-    ) -> Result<Reservation, RateLimitError> {
+    ) -> Result<CallReservation, RateLimitError> {
         self.reserve_within(limiters, n, priority, self.options.max_wait)
             .await
     }
@@ -219,7 +218,7 @@ impl RateLimits {
         n: u32,
         priority: Priority,
         max_wait: Duration,
-    ) -> Result<Reservation, RateLimitError> {
+    ) -> Result<CallReservation, RateLimitError> {
         let limits = self.validate(limiters, n, priority).await?;
         let started = Instant::now();
         let mut queue = Queue {
@@ -274,7 +273,7 @@ impl RateLimits {
     /// it can tell the first sending did not land ([`Settled::Unconfirmed`] otherwise).
     pub async fn settle(
         &self,
-        reservation: &Reservation,
+        reservation: &CallReservation,
         made: u32,
     ) -> Result<Settled, RateLimitError> {
         if made > reservation.calls {
@@ -344,7 +343,7 @@ impl RateLimits {
     async fn settle_one(
         &self,
         name: &str,
-        reservation: &Reservation,
+        reservation: &CallReservation,
         grant: Grant,
         made: u32,
         mut resend: bool,
@@ -460,7 +459,7 @@ impl RateLimits {
                 })
                 .max()
                 .unwrap_or_default();
-            return Ok(Attempt::Granted(Reservation {
+            return Ok(Attempt::Granted(CallReservation {
                 id,
                 namespace: self.coll.namespace().to_string(),
                 limiters: limits.iter().map(|(name, _)| name.clone()).collect(),

@@ -11,6 +11,12 @@ use sha2::{Digest, Sha256};
 
 use crate::repo::schema::BsonType;
 
+/// The longest id or name a caller may give mongotx, in bytes: document ids and other names
+/// (OBT ids and owners, batch headers, service and claimant names, limiter names, quota scopes,
+/// resources, consumers and request ids) become document ids and indexed values, so they stay
+/// short. Every module refuses a longer one with its own typed error.
+pub const MAX_NAME: usize = 512;
+
 /// The version a document has right after insert into a collection that was never purged.
 pub const FIRST_VERSION: i64 = 1;
 

@@ -13,9 +13,9 @@ use crate::common::refusals::Refusals;
 use crate::common::TestDb;
 use mongotx::collections::META_COLLECTION;
 use mongotx::collections::{FENCES_COLLECTION, OBTS_COLLECTION, TOKENS_COLLECTION};
+use mongotx::fields::MAX_NAME;
 use mongotx::obt::{
-    Fence, FenceError, MemoryFence, MongoFence, NewObt, Obt, ObtError, ObtOptions, Token,
-    MAX_LEASE, MAX_NAME,
+    Fence, FenceError, MemoryFence, MongoFence, NewObt, Obt, ObtError, ObtOptions, Token, MAX_LEASE,
 };
 use mongotx::Update;
 

@@ -11,9 +11,10 @@ use std::time::Duration;
 use crate::common::refusals::Refusals;
 use crate::common::TestDb;
 use mongotx::collections::META_COLLECTION;
+use mongotx::fields::MAX_NAME;
 use mongotx::queue::{
     Batch, BatchStatus, Batches, Claim, NewBatch, QueueError, Submission, Submitter, MAX_CLAIM,
-    MAX_CONTENT, MAX_DELAY, MAX_NAME,
+    MAX_CONTENT, MAX_DELAY,
 };
 use mongotx::testkit::ledger::{Faults, Ledger};
 

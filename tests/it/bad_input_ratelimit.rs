@@ -11,12 +11,12 @@ use crate::common::TestDb;
 use bson::{doc, Document};
 use mongotx::collections::PROVIDERS_COLLECTION;
 use mongotx::ratelimit::{
-    Attempt, Limit, Priority, RateLimitError, RateLimitOptions, RateLimits, Reservation,
+    Attempt, CallReservation, Limit, Priority, RateLimitError, RateLimitOptions, RateLimits,
 };
 
 const MINUTE: Duration = Duration::from_secs(60);
 
-async fn granted(limits: &RateLimits, names: &[&str], n: u32, p: Priority) -> Reservation {
+async fn granted(limits: &RateLimits, names: &[&str], n: u32, p: Priority) -> CallReservation {
     match limits.try_reserve(names, n, p).await.unwrap() {
         Attempt::Granted(r) => r,
         Attempt::Wait { after, .. } => panic!("{names:?}: {n} {p} calls refused, wait {after:?}"),

@@ -11,8 +11,8 @@ use crate::common::TestDb;
 use bson::Document;
 use mongotx::collections::LIMITERS_COLLECTION;
 use mongotx::ratelimit::{
-    Attempt, Limit, Priority, RateLimitError, RateLimitOptions, RateLimits, Reservation, Settled,
-    LIMITERS_SCHEMA,
+    Attempt, CallReservation, Limit, Priority, RateLimitError, RateLimitOptions, RateLimits,
+    Settled, LIMITERS_SCHEMA,
 };
 use mongotx::schema::JsonSchema;
 use mongotx::Store;
@@ -21,7 +21,7 @@ async fn limits(t: &TestDb) -> RateLimits {
     RateLimits::open(&t.store).await.unwrap()
 }
 
-async fn granted(limits: &RateLimits, names: &[&str], n: u32, p: Priority) -> Reservation {
+async fn granted(limits: &RateLimits, names: &[&str], n: u32, p: Priority) -> CallReservation {
     match limits.try_reserve(names, n, p).await.unwrap() {
         Attempt::Granted(r) => r,
         Attempt::Wait { after, .. } => panic!("{names:?}: {n} {p} calls refused, wait {after:?}"),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use mongodb::Client;
-use mongotx::ratelimit::{Priority, RateLimitError, RateLimits, Reservation};
+use mongotx::ratelimit::{CallReservation, Priority, RateLimitError, RateLimits};
 use mongotx::Store;
 
 /// Arguments of a rate-limited worker.
@@ -146,7 +146,7 @@ async fn use_reservation(
     limits: &RateLimits,
     http: &reqwest::Client,
     api: &str,
-    reservation: Result<Reservation, RateLimitError>,
+    reservation: Result<CallReservation, RateLimitError>,
 ) -> Result<(), String> {
     let reservation = match reservation {
         Ok(r) => r,
