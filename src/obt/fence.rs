@@ -20,6 +20,7 @@ use crate::obt::error::FenceError;
 use crate::obt::model::{Token, FENCES_SCHEMA};
 use crate::obt::{collection_problem, name_problem, shown};
 use crate::repo::error::RepoError;
+use crate::repo::open;
 use crate::repo::store::Store;
 use crate::retry::LockWait;
 use crate::retry::Retry;
@@ -156,8 +157,7 @@ impl MongoFence {
                 reason: format!("cannot keep a fence there: {reason}"),
             });
         }
-        let coll = store
-            .validated_protocol_collection(name, FENCES_SCHEMA)
+        let coll = open::validated_protocol_collection(store, name, FENCES_SCHEMA)
             .await
             .map_err(|e| RepoError::database(name, "*", "open", e))?;
         Ok(MongoFence { coll })

@@ -35,6 +35,11 @@
 //!
 //! Every operation is one conditional write on the happy path (create and preempt also take a
 //! token from the counter first). When the write matches nothing, the OBT is read to say why.
+//!
+//! Every method of [`Obt`] is declared in this file and delegates to `ops` (the operations),
+//! `steps` (tokens, reads, the conditional write) or `checks` (input checks, errors).
+
+use crate::repo::open;
 
 mod checks;
 mod error;
@@ -54,6 +59,7 @@ use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
 use crate::repo::store::Store;
 use crate::retry::LockWait;
+use crate::txn::transaction::{Outcome, Transaction};
 
 pub use error::{FenceError, ObtError};
 pub use fence::{Fence, MemoryFence, MongoFence};
@@ -170,8 +176,7 @@ impl Obt {
             store: store.clone(),
             repo,
             coll: protocol(&options.collection).await?,
-            tokens: store
-                .validated_protocol_collection(TOKENS_COLLECTION, TOKENS_SCHEMA)
+            tokens: open::validated_protocol_collection(store, TOKENS_COLLECTION, TOKENS_SCHEMA)
                 .await
                 .map_err(|e| {
                     ObtError::from(crate::repo::error::RepoError::database(
@@ -188,6 +193,147 @@ impl Obt {
     /// The options in force.
     pub fn options(&self) -> &ObtOptions {
         &self.options
+    }
+
+    /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token: one upsert that can
+    /// only insert, stamped with the server's time. Sending the same create again after a lost
+    /// reply returns the same ownership; an id that is taken is [`ObtError::Exists`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(obts: mongotx::obt::Obt) -> Result<(), mongotx::obt::ObtError> {
+    /// use std::time::Duration;
+    /// use mongotx::obt::NewObt;
+    ///
+    /// let new = NewObt::new("volume-7", "server-a").lease(Duration::from_secs(30));
+    /// let mut owned = obts.create(new).await?;
+    /// // Carry owned.token() to every downstream write (see `Fence`), renew the lease while
+    /// // working, and move through the stages of the operation.
+    /// obts.heartbeat(&mut owned).await?;
+    /// obts.advance_owned(&mut owned, 1).await?;
+    /// obts.release_owned(&owned).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create(&self, new: NewObt) -> Result<Ownership, ObtError> {
+        ops::create(self, new).await
+    }
+
+    /// Preemption as in the reference design: takes OBT `id` from `current_owner` (who must own
+    /// it now) for `new_owner`, with a new token. No waiting: the previous owner is fenced off
+    /// from here on.
+    pub async fn preempt(
+        &self,
+        id: &str,
+        current_owner: &str,
+        new_owner: &str,
+    ) -> Result<Ownership, ObtError> {
+        ops::preempt(self, id, current_owner, new_owner).await
+    }
+
+    /// Takes over an OBT whose owner this process has seen silent for its whole lease on its own
+    /// monotonic clock: `observed` must be at least the lease old, and the OBT must be exactly as
+    /// observed (no heartbeat, stage change or other owner since). Never compares wall clocks.
+    /// The lease counted is the committed OBT's, whatever the observation says.
+    pub async fn take_over(
+        &self,
+        observed: &Observation,
+        new_owner: &str,
+    ) -> Result<Ownership, ObtError> {
+        ops::take_over(self, observed, new_owner).await
+    }
+
+    /// Takes over an OBT whose last heartbeat is older than its lease by the server's clock: the
+    /// write itself carries the condition (`beat_at <= $$NOW - lease`), so the server compares
+    /// its own stamps with its own clock and no caller's clock is involved.
+    pub async fn take_over_expired(
+        &self,
+        id: &str,
+        new_owner: &str,
+    ) -> Result<Ownership, ObtError> {
+        ops::take_over_expired(self, id, new_owner).await
+    }
+
+    /// Renews the lease: one conditional write (this owner, this token). A reply that is lost is
+    /// settled by sending it again and reading back; a preempted owner gets
+    /// [`ObtError::Preempted`].
+    pub async fn heartbeat(&self, owned: &mut Ownership) -> Result<(), ObtError> {
+        ops::heartbeat(self, owned).await
+    }
+
+    /// Moves OBT `id` of `owner` forward to `stage`. The same stage again is a no-op (a retry); an
+    /// older one is [`ObtError::StageReplayed`].
+    pub async fn advance(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
+        ops::advance(self, id, owner, stage).await
+    }
+
+    /// Moves this ownership's OBT forward to `stage`, conditioned on the token as well as the
+    /// owner, so no late copy can move a later OBT of the same id and owner name.
+    pub async fn advance_owned(&self, owned: &mut Ownership, stage: i64) -> Result<(), ObtError> {
+        ops::advance_owned(self, owned, stage).await
+    }
+
+    /// Releases (deletes) OBT `id`, which `owner` must own: the reference design's delete call,
+    /// which identifies the owner by name only. A delete delivered late could remove a later OBT
+    /// of the same id and owner name; owners that reuse names should use
+    /// [`release_owned`](Obt::release_owned).
+    pub async fn release(&self, id: &str, owner: &str) -> Result<(), ObtError> {
+        ops::release(self, id, owner).await
+    }
+
+    /// Releases the OBT this ownership holds (owner and token), so that no copy of the delete
+    /// can remove a later OBT of the same id.
+    pub async fn release_owned(&self, owned: &Ownership) -> Result<(), ObtError> {
+        ops::release_owned(self, owned).await
+    }
+
+    // ----- the database fence -----
+
+    /// Commits `tx` only if `owned` still owns its OBT at the commit point: the transaction
+    /// carries a guard on the OBT (this owner, this token) that holds it until the transaction
+    /// ends, so a preemption either happens before (the commit writes nothing and fails
+    /// [`ObtError::Preempted`]) or waits until after. Heartbeats and stage changes by the owner
+    /// itself do not break the guard.
+    ///
+    /// An ownership already lost when the call is made is refused after one read of the OBT,
+    /// before the commit starts: the commit would otherwise write a transaction record and hold
+    /// the transaction's documents, only to roll them back at the guard.
+    pub async fn commit_owned(
+        &self,
+        tx: Transaction,
+        owned: &Ownership,
+    ) -> Result<Outcome, ObtError> {
+        ops::commit_owned(self, tx, owned).await
+    }
+
+    // ----- tokens -----
+
+    /// Issues the namespace's next fencing token: one `findAndModify` `$inc` on its counter.
+    /// Strictly greater than every token issued before it in this namespace, by any process. A
+    /// token whose reply was lost is simply never used, and neither is one taken by a call that a
+    /// racing call beat (tokens may have gaps: fencing needs them to grow, not to be dense). A
+    /// call whose input is wrong (a taken id, a missing OBT, another owner, no lease, a lease
+    /// still running, an observation the OBT has moved past) is refused before it takes one.
+    pub async fn issue_token(&self) -> Result<Token, ObtError> {
+        steps::issue_token(self).await
+    }
+
+    /// The OBT as committed now.
+    pub async fn get(&self, id: &str) -> Result<ObtState, ObtError> {
+        steps::get(self, id).await
+    }
+
+    /// Reads the OBT as a contender: the start of its own count towards a
+    /// [`take_over`](Obt::take_over).
+    pub async fn observe(&self, id: &str) -> Result<Observation, ObtError> {
+        steps::observe(self, id).await
+    }
+
+    /// Checks a call made under the OBT (the `t_id`, `t_owner` and `t_stage` that the reference
+    /// design's HTTP interface passes with every call): `owner` owns it and `stage` is not older
+    /// than its stage. Returns the OBT, whose token the call then carries to downstream fences.
+    pub async fn check(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
+        steps::check(self, id, owner, stage).await
     }
 }
 

@@ -46,7 +46,9 @@ use mongodb::options::ReturnDocument;
 
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Place, Service};
-use crate::queue::store::{name_problem, parse_status, shown, Batches};
+use crate::queue::store;
+use crate::queue::store::{name_problem, parse_status, shown};
+use crate::queue::Batches;
 use crate::server::clock::plus;
 use crate::server::codes;
 
@@ -121,605 +123,577 @@ fn held_by(service: &str, header: &str, token: Option<ObjectId>) -> Document {
     filter
 }
 
-impl Batches {
-    /// Takes `batch` (from a queuer round) for submission, for at most `ttl`. `None` when it
-    /// is not this caller's to submit now: another submitter has it, its service has another
-    /// batch in flight, an older batch of its service must go first, or it moved on. Nothing
-    /// is left taken when it answers `None`.
-    ///
-    /// Two round trips (see the module's doc). The claim lands only before it runs out by the
-    /// server's clock, so a `ttl` too short to reach the server answers `None`.
-    ///
-    /// A batch that does not exist is [`QueueError::UnknownBatch`]; an unusable claimant name
-    /// (empty, over [`MAX_NAME`](crate::fields::MAX_NAME) bytes, with a NUL) or a `ttl` under a
-    /// millisecond or over [`MAX_CLAIM`] is [`QueueError::Invalid`]; nothing is written.
-    pub async fn claim(
-        &self,
-        batch: &Batch,
-        claimant: &str,
-        ttl: Duration,
-    ) -> Result<Option<Claim>, QueueError> {
-        let header = batch.header.as_str();
-        self.check_header(header)?;
-        if let Some(problem) = name_problem(claimant) {
-            return Err(QueueError::Invalid {
-                collection: self.name.clone(),
-                reason: format!(
-                    "batch {}: the claimant name {} is unusable: {problem}",
-                    shown(header),
-                    shown(claimant)
-                ),
-            });
+/// The body of [`Batches::claim`].
+pub(crate) async fn claim(
+    queue: &Batches,
+    batch: &Batch,
+    claimant: &str,
+    ttl: Duration,
+) -> Result<Option<Claim>, QueueError> {
+    let header = batch.header.as_str();
+    store::check_header(queue, header)?;
+    if let Some(problem) = name_problem(claimant) {
+        return Err(QueueError::Invalid {
+            collection: queue.name.clone(),
+            reason: format!(
+                "batch {}: the claimant name {} is unusable: {problem}",
+                shown(header),
+                shown(claimant)
+            ),
+        });
+    }
+    // Claims expire by the server's clock in whole milliseconds: a shorter one has expired
+    // when it is written, and would leave the batch marked submitted for the monitor to sort
+    // out.
+    if ttl.as_millis() == 0 || ttl > MAX_CLAIM {
+        return Err(QueueError::Invalid {
+            collection: queue.name.clone(),
+            reason: format!(
+                "batch {} for {}: a claim of {ttl:?} is not between 1 ms and {MAX_CLAIM:?}",
+                shown(header),
+                shown(claimant)
+            ),
+        });
+    }
+    let token = ObjectId::new();
+    let now = store::now(queue).await?;
+    let until = plus(now, ttl);
+    let deadline = Instant::now() + ttl;
+    let place = Place::of(batch);
+    let service = batch.service_id.as_str();
+    // Round 1: the slot, which is also the claim's fence (see the module's doc).
+    let Some(replaced) = take_slot(queue, service, &place, token, claimant, until).await? else {
+        after_refused_slot(queue, header).await?;
+        return Ok(None);
+    };
+    // Round 2: the batch, claimed and marked submitted, while the service's older batches
+    // are counted. The count must come after the slot was taken (it is the taker's half of
+    // the ordering), not after the claim, so both go together.
+    let claim = queue.coll.find_one_and_update(
+        doc! {
+            "_id": header,
+            "created_at": batch.created_at,
+            "submitted": false,
+            "status": { "$nin": DECIDED.to_vec() },
+            "$or": [
+                { "claim": { "$exists": false } },
+                { "claim.until": { "$lt": now } },
+            ],
+            // Only while the slot is surely ours: a taker frees an abandoned slot only once
+            // the server's clock has passed its `until`.
+            "$expr": { "$lt": ["$$NOW", until] },
+        },
+        // The estimate of the server's time rather than `$currentDate`: it is matched
+        // exactly later, and some servers keep more than milliseconds of the latter.
+        doc! { "$set": {
+            "claim": { "token": token, "by": claimant, "until": until },
+            "submitted": true,
+            "last_submitted_at": now,
+        } },
+    );
+    let mut older = before(service, &place);
+    older.insert("status", doc! { "$nin": SETTLED.to_vec() });
+    let (claimed, waiting) = tokio::join!(
+        async { claim.return_document(ReturnDocument::Before).await },
+        async { queue.coll.count_documents(older).await }
+    );
+    let claimed = claimed.map_err(|e| store::db_error(queue, header, "claim", e));
+    let waiting = waiting.map_err(|e| store::db_error(queue, header, "claim", e));
+    match (claimed, waiting) {
+        (Ok(Some(before)), Ok(0)) => {
+            let mut batch = store::parse(queue, &before)?;
+            let content = before.get_str("content").unwrap_or_default().to_string();
+            batch.submitted = true;
+            batch.last_submitted_at = Some(now.to_chrono());
+            Ok(Some(Claim {
+                batch,
+                content,
+                token,
+                deadline,
+            }))
         }
-        // Claims expire by the server's clock in whole milliseconds: a shorter one has expired
-        // when it is written, and would leave the batch marked submitted for the monitor to sort
-        // out.
-        if ttl.as_millis() == 0 || ttl > MAX_CLAIM {
-            return Err(QueueError::Invalid {
-                collection: self.name.clone(),
-                reason: format!(
-                    "batch {} for {}: a claim of {ttl:?} is not between 1 ms and {MAX_CLAIM:?}",
-                    shown(header),
-                    shown(claimant)
-                ),
-            });
-        }
-        let token = ObjectId::new();
-        let now = self.now().await?;
-        let until = plus(now, ttl);
-        let deadline = Instant::now() + ttl;
-        let place = Place::of(batch);
-        let service = batch.service_id.as_str();
-        // Round 1: the slot, which is also the claim's fence (see the module's doc).
-        let Some(replaced) = self
-            .take_slot(service, &place, token, claimant, until)
-            .await?
-        else {
-            self.after_refused_slot(header).await?;
-            return Ok(None);
-        };
-        // Round 2: the batch, claimed and marked submitted, while the service's older batches
-        // are counted. The count must come after the slot was taken (it is the taker's half of
-        // the ordering), not after the claim, so both go together.
-        let claim = self.coll.find_one_and_update(
-            doc! {
-                "_id": header,
-                "created_at": batch.created_at,
-                "submitted": false,
-                "status": { "$nin": DECIDED.to_vec() },
-                "$or": [
-                    { "claim": { "$exists": false } },
-                    { "claim.until": { "$lt": now } },
-                ],
-                // Only while the slot is surely ours: a taker frees an abandoned slot only once
-                // the server's clock has passed its `until`.
-                "$expr": { "$lt": ["$$NOW", until] },
-            },
-            // The estimate of the server's time rather than `$currentDate`: it is matched
-            // exactly later, and some servers keep more than milliseconds of the latter.
-            doc! { "$set": {
-                "claim": { "token": token, "by": claimant, "until": until },
-                "submitted": true,
-                "last_submitted_at": now,
-            } },
-        );
-        let mut older = before(service, &place);
-        older.insert("status", doc! { "$nin": SETTLED.to_vec() });
-        let (claimed, waiting) = tokio::join!(
-            async { claim.return_document(ReturnDocument::Before).await },
-            async { self.coll.count_documents(older).await }
-        );
-        let claimed = claimed.map_err(|e| self.db_error(header, "claim", e));
-        let waiting = waiting.map_err(|e| self.db_error(header, "claim", e));
-        match (claimed, waiting) {
-            (Ok(Some(before)), Ok(0)) => {
-                let mut batch = self.parse(&before)?;
-                let content = before.get_str("content").unwrap_or_default().to_string();
-                batch.submitted = true;
-                batch.last_submitted_at = Some(now.to_chrono());
-                Ok(Some(Claim {
-                    batch,
-                    content,
-                    token,
-                    deadline,
-                }))
+        (claimed, waiting) => {
+            if let Ok(n @ 1..) = waiting {
+                tracing::debug!(header, service, waiting = n, "an older batch goes first");
             }
-            (claimed, waiting) => {
-                if let Ok(n @ 1..) = waiting {
-                    tracing::debug!(header, service, waiting = n, "an older batch goes first");
-                }
-                // Give back what was taken. Either order leaves something the other roles
-                // clear if this process dies in between: a slot runs out at its `until`, a
-                // batch marked submitted is asked about once its claim has expired.
-                // The batch as the claim found it: its last submission and status.
-                let previous = match &claimed {
-                    Ok(Some(before)) => Some((
-                        before.get_datetime("last_submitted_at").ok().copied(),
-                        before.get_str("status").ok().and_then(parse_status),
-                    )),
-                    _ => None,
-                };
-                // A batch the ledger does not have (unknown, delayed) that an older batch must
-                // precede was never sent in order: either this very step left it marked
-                // submitted when its claimant died before giving it back, or the older batch's
-                // adder died before stamping it again while this one was away. It becomes a
-                // batch like any other, so the older one is queued and goes first (its stamp
-                // says so; this one follows it).
-                let reset = matches!(waiting, Ok(1..))
-                    && previous.is_some_and(|(_, status)| {
-                        matches!(status, Some(BatchStatus::Unknown | BatchStatus::Delayed))
-                    });
-                let (unclaimed, freed) = tokio::join!(
-                    async {
-                        match previous {
-                            Some((at, status)) => {
-                                self.unclaim_submitted(header, token, at, status, reset)
-                                    .await
-                            }
-                            None => Ok(()),
+            // Give back what was taken. Either order leaves something the other roles
+            // clear if this process dies in between: a slot runs out at its `until`, a
+            // batch marked submitted is asked about once its claim has expired.
+            // The batch as the claim found it: its last submission and status.
+            let previous = match &claimed {
+                Ok(Some(before)) => Some((
+                    before.get_datetime("last_submitted_at").ok().copied(),
+                    before.get_str("status").ok().and_then(parse_status),
+                )),
+                _ => None,
+            };
+            // A batch the ledger does not have (unknown, delayed) that an older batch must
+            // precede was never sent in order: either this very step left it marked
+            // submitted when its claimant died before giving it back, or the older batch's
+            // adder died before stamping it again while this one was away. It becomes a
+            // batch like any other, so the older one is queued and goes first (its stamp
+            // says so; this one follows it).
+            let reset = matches!(waiting, Ok(1..))
+                && previous.is_some_and(|(_, status)| {
+                    matches!(status, Some(BatchStatus::Unknown | BatchStatus::Delayed))
+                });
+            let (unclaimed, freed) = tokio::join!(
+                async {
+                    match previous {
+                        Some((at, status)) => {
+                            unclaim_submitted(queue, header, token, at, status, reset).await
                         }
-                    },
-                    self.give_slot_back(service, header, token, replaced)
-                );
-                unclaimed?;
-                freed?;
-                match (claimed?, waiting?) {
-                    // Not claimable after all: only a batch that is not there is an error.
-                    (None, _) => {
-                        self.stored(header).await?;
-                        Ok(None)
+                        None => Ok(()),
                     }
-                    _ => Ok(None),
-                }
-            }
-        }
-    }
-
-    /// Takes `service`'s slot for the batch at `place` until `until`: free, or the batch's own
-    /// and run out (a retry of an unknown or delayed batch, or of a taker that died), and after
-    /// the mark. A slot held by another batch that is done with it is freed once, then tried
-    /// again.
-    async fn take_slot(
-        &self,
-        service: &str,
-        place: &Place,
-        token: ObjectId,
-        claimant: &str,
-        until: DateTime,
-    ) -> Result<Option<Option<Document>>, QueueError> {
-        let header = place.header.as_str();
-        let at = DateTime::from_millis(place.at);
-        for _ in 0..2 {
-            let taken = self
-                .services
-                .find_one_and_update(
-                    doc! {
-                        "_id": service,
-                        // After the mark, or the batch at the mark itself: versions before
-                        // 2026-11-26 moved the mark to a batch when it was sent, and such a
-                        // batch may come back unknown or delayed. (A settled batch at the mark
-                        // takes the slot for a moment only: its claim is refused.)
-                        "$or": [
-                            { "mark_at": { "$exists": false } },
-                            { "mark_at": { "$lt": at } },
-                            { "mark_at": at, "mark_header": { "$lte": header } },
-                        ],
-                        // Free, or this batch's and run out by the server's clock.
-                        "$expr": { "$or": [
-                            { "$eq": [{ "$ifNull": ["$holder", null] }, null] },
-                            { "$and": [{ "$eq": ["$holder.header", header] }, taking_ran_out()] },
-                        ] },
-                    },
-                    doc! { "$set": { "holder": {
-                        "header": header, "at": at, "token": token, "by": claimant, "until": until,
-                    } } },
-                )
-                .projection(doc! { "holder": 1 })
-                .await
-                .map_err(|e| self.db_error(header, "take the slot", e))?;
-            if let Some(before) = taken {
-                return Ok(Some(before.get_document("holder").ok().cloned()));
-            }
-            let Some(current) = self
-                .services
-                .find_one(doc! { "_id": service })
-                .await
-                .map_err(|e| self.db_error(header, "take the slot", e))?
-            else {
-                // The batch's adder died between its insert and the service's first write:
-                // make that write for it (the newest stamp is at least this batch's).
-                let made = self
-                    .services
-                    .update_one(doc! { "_id": service }, doc! { "$max": { "newest": at } })
-                    .upsert(true)
-                    .await;
-                match made {
-                    Ok(_) => continue,
-                    // Made by someone else meanwhile.
-                    Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => continue,
-                    Err(e) => return Err(self.db_error(header, "take the slot", e)),
-                }
-            };
-            let current = Service::parse(&current);
-            let Some(holder) = current.holder.filter(|h| h.header != header) else {
-                return Ok(None);
-            };
-            let holder_token = current.holder_token;
-            // The holder is done with the slot if the ledger settled it (its monitor may have
-            // died before freeing the slot): the slot is freed and the mark moves to it. Or if
-            // it was never sent and nobody is at work on it (its taker died before sending, or
-            // took the slot for a batch that is not there). The latter is decided only from a
-            // reading of the batch made once the server's clock has passed the taking's
-            // `until`: its taker's claim can land only before, so the reading is final.
-            let mut taking = held_by(service, &holder.header, holder_token);
-            taking.insert("$expr", taking_ran_out());
-            let ran_out = self
-                .services
-                .find_one(taking)
-                .projection(doc! { "_id": 1 })
-                .await
-                .map_err(|e| self.db_error(header, "take the slot", e))?
-                .is_some();
-            let stored = self
-                .coll
-                .find_one(doc! { "_id": &holder.header })
-                .projection(doc! { "content": 0 })
-                .await
-                .map_err(|e| self.db_error(header, "take the slot", e))?;
-            let now = self.now().await?;
-            let settled = stored
-                .as_ref()
-                .is_some_and(|d| d.get_str("status").is_ok_and(|s| SETTLED.contains(&s)));
-            let abandoned = ran_out
-                && match &stored {
-                    None => true,
-                    Some(d) => {
-                        d.get("status").is_none()
-                            && !d.get_bool("submitted").unwrap_or(true)
-                            && !d
-                                .get_document("claim")
-                                .and_then(|c| c.get_datetime("until"))
-                                .is_ok_and(|u| *u >= now)
-                    }
-                };
-            if settled {
-                self.slot_done(service, &holder, holder_token).await?;
-            } else if abandoned {
-                self.slot_abandoned(service, &holder.header, holder_token)
-                    .await?;
-            } else {
-                return Ok(None);
-            }
-        }
-        Ok(None)
-    }
-
-    /// The slot was refused. A batch at or before the mark can never take it: its adder died
-    /// before stamping it again, so the claimant does it (only while nobody has a live claim on
-    /// it). A batch that is not there is [`QueueError::UnknownBatch`].
-    async fn after_refused_slot(&self, header: &str) -> Result<(), QueueError> {
-        let batch = self.parse(&self.stored(header).await?)?;
-        if batch.status.is_some() || batch.submitted {
-            return Ok(());
-        }
-        let place = Place::of(&batch);
-        let service = self.service(&batch.service_id).await?;
-        match service.mark {
-            Some(mark) if mark >= place => {
-                let at = DateTime::from_millis(mark.at.saturating_add(1).max(place.at));
-                let now = self.now().await?;
-                let at = at.max(now);
-                self.coll
-                    .update_one(
-                        doc! {
-                            "_id": header,
-                            "created_at": batch.created_at,
-                            "submitted": false,
-                            "status": { "$exists": false },
-                            "$nor": [{ "claim.until": { "$gte": now } }],
-                        },
-                        doc! { "$set": { "created_at": at } },
-                    )
-                    .await
-                    .map_err(|e| self.db_error(header, "stamp", e))?;
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Frees the slot of a batch the ledger has settled, moving the mark to it in the same
-    /// write: whenever the slot is free, the mark is at the last batch that went.
-    pub(crate) async fn slot_done(
-        &self,
-        service: &str,
-        holder: &Place,
-        token: Option<ObjectId>,
-    ) -> Result<(), QueueError> {
-        self.services
-            .update_one(
-                held_by(service, &holder.header, token),
-                doc! {
-                    "$set": {
-                        "mark_at": DateTime::from_millis(holder.at),
-                        "mark_header": &holder.header,
-                    },
-                    "$unset": { "holder": "" },
                 },
-            )
-            .await
-            .map_err(|e| self.db_error(&holder.header, "free the slot", e))?;
-        Ok(())
-    }
-
-    /// Frees the slot of a batch that never went, once its `until` has passed by the server's
-    /// clock (so its taker can no longer claim the batch), leaving the mark.
-    async fn slot_abandoned(
-        &self,
-        service: &str,
-        header: &str,
-        token: Option<ObjectId>,
-    ) -> Result<(), QueueError> {
-        let mut filter = held_by(service, header, token);
-        filter.insert("$expr", taking_ran_out());
-        self.services
-            .update_one(filter, doc! { "$unset": { "holder": "" } })
-            .await
-            .map_err(|e| self.db_error(header, "free the slot", e))?;
-        Ok(())
-    }
-
-    /// Lets `header`'s slot run out now (its batch came back unknown or delayed and may be
-    /// taken again at once).
-    async fn slot_runs_out(&self, service: &str, header: &str) -> Result<(), QueueError> {
-        self.services
-            .update_one(
-                held_by(service, header, None),
-                doc! { "$set": { "holder.until": DateTime::from_millis(0) } },
-            )
-            .await
-            .map_err(|e| self.db_error(header, "free the slot", e))?;
-        Ok(())
-    }
-
-    /// Gives back the slot taken with `token`: as it was before, when the batch's earlier
-    /// holder was replaced (the batch may be in flight under it: only the claim says, and it
-    /// was refused), free otherwise.
-    async fn give_slot_back(
-        &self,
-        service: &str,
-        header: &str,
-        token: ObjectId,
-        replaced: Option<Document>,
-    ) -> Result<(), QueueError> {
-        let filter = doc! { "_id": service, "holder.token": token };
-        let update = match replaced {
-            Some(holder) => doc! { "$set": { "holder": holder } },
-            None => doc! { "$unset": { "holder": "" } },
-        };
-        self.services
-            .update_one(filter, update)
-            .await
-            .map_err(|e| self.db_error(header, "give the slot back", e))?;
-        Ok(())
-    }
-
-    /// Gives back a claim that marked the batch submitted, before anything was sent (and takes
-    /// back what the ledger last said of it, when `reset`).
-    async fn unclaim_submitted(
-        &self,
-        header: &str,
-        token: ObjectId,
-        last_submitted_at: Option<DateTime>,
-        status: Option<BatchStatus>,
-        reset: bool,
-    ) -> Result<(), QueueError> {
-        let mut set = doc! { "submitted": false };
-        let mut unset = doc! { "claim": "" };
-        match last_submitted_at {
-            Some(at) => set.insert("last_submitted_at", at),
-            None => unset.insert("last_submitted_at", ""),
-        };
-        if reset {
-            unset.insert("status", "");
+                give_slot_back(queue, service, header, token, replaced)
+            );
+            unclaimed?;
+            freed?;
+            match (claimed?, waiting?) {
+                // Not claimable after all: only a batch that is not there is an error.
+                (None, _) => {
+                    store::stored(queue, header).await?;
+                    Ok(None)
+                }
+                _ => Ok(None),
+            }
         }
-        let update = doc! { "$set": set, "$unset": unset };
-        // Only over the status the claim found: a monitor that recorded the ledger's word in
-        // between keeps it (and the claim, which its next status clears).
-        let mut filter = doc! { "_id": header, "claim.token": token };
-        match status {
-            Some(status) => filter.insert("status", status.as_str()),
-            None => filter.insert("status", doc! { "$exists": false }),
-        };
-        self.coll
-            .update_one(filter, update)
-            .await
-            .map_err(|e| self.db_error(header, "give the claim back", e))?;
-        Ok(())
     }
+}
 
-    /// Gives a claim back.
-    async fn unclaim(&self, header: &str, token: ObjectId) -> Result<(), QueueError> {
-        self.coll
-            .update_one(
-                doc! { "_id": header, "claim.token": token },
-                doc! { "$unset": { "claim": "" } },
-            )
-            .await
-            .map_err(|e| self.db_error(header, "give the claim back", e))?;
-        Ok(())
-    }
-
-    /// Records what the submission under `claim` came to, and gives the claim back. Accepted:
-    /// the batch is pending and stays with the ledger (`submitted`). Delayed: it is retried
-    /// after the delay window. A claim taken over meanwhile is [`QueueError::NotClaimant`], and
-    /// nothing is written.
-    pub async fn record(&self, claim: &Claim, outcome: Submission) -> Result<Batch, QueueError> {
-        let header = claim.batch.header.as_str();
-        self.check_header(header)?;
-        let update = match outcome {
-            Submission::Accepted => doc! {
-                "$set": { "status": "pending", "submitted": true },
-                "$unset": { "claim": "" },
-            },
-            Submission::Delayed => doc! {
-                "$set": { "status": "delayed", "submitted": false },
-                "$unset": { "claim": "" },
-            },
-        };
-        // Only over what a submission can change: nothing yet, unknown, delayed. A monitor
-        // that already saw the ledger settle it is ahead of us, and keeps its word.
-        let recorded = self
-            .coll
+/// Takes `service`'s slot for the batch at `place` until `until`: free, or the batch's own
+/// and run out (a retry of an unknown or delayed batch, or of a taker that died), and after
+/// the mark. A slot held by another batch that is done with it is freed once, then tried
+/// again.
+async fn take_slot(
+    queue: &Batches,
+    service: &str,
+    place: &Place,
+    token: ObjectId,
+    claimant: &str,
+    until: DateTime,
+) -> Result<Option<Option<Document>>, QueueError> {
+    let header = place.header.as_str();
+    let at = DateTime::from_millis(place.at);
+    for _ in 0..2 {
+        let taken = queue
+            .services
             .find_one_and_update(
                 doc! {
-                    "_id": header,
-                    "claim.token": claim.token,
-                    "status": { "$nin": DECIDED.to_vec() },
+                    "_id": service,
+                    // After the mark, or the batch at the mark itself: versions before
+                    // 2026-11-26 moved the mark to a batch when it was sent, and such a
+                    // batch may come back unknown or delayed. (A settled batch at the mark
+                    // takes the slot for a moment only: its claim is refused.)
+                    "$or": [
+                        { "mark_at": { "$exists": false } },
+                        { "mark_at": { "$lt": at } },
+                        { "mark_at": at, "mark_header": { "$lte": header } },
+                    ],
+                    // Free, or this batch's and run out by the server's clock.
+                    "$expr": { "$or": [
+                        { "$eq": [{ "$ifNull": ["$holder", null] }, null] },
+                        { "$and": [{ "$eq": ["$holder.header", header] }, taking_ran_out()] },
+                    ] },
                 },
-                update,
+                doc! { "$set": { "holder": {
+                    "header": header, "at": at, "token": token, "by": claimant, "until": until,
+                } } },
             )
-            .return_document(ReturnDocument::After)
+            .projection(doc! { "holder": 1 })
             .await
-            .map_err(|e| self.db_error(header, "record", e))?;
-        if let Some(doc) = recorded {
-            let batch = self.parse(&doc)?;
-            if outcome == Submission::Delayed {
-                // Sent again after the delay window, by whoever takes it then.
-                self.slot_runs_out(&batch.service_id, header).await?;
+            .map_err(|e| store::db_error(queue, header, "take the slot", e))?;
+        if let Some(before) = taken {
+            return Ok(Some(before.get_document("holder").ok().cloned()));
+        }
+        let Some(current) = queue
+            .services
+            .find_one(doc! { "_id": service })
+            .await
+            .map_err(|e| store::db_error(queue, header, "take the slot", e))?
+        else {
+            // The batch's adder died between its insert and the service's first write:
+            // make that write for it (the newest stamp is at least this batch's).
+            let made = queue
+                .services
+                .update_one(doc! { "_id": service }, doc! { "$max": { "newest": at } })
+                .upsert(true)
+                .await;
+            match made {
+                Ok(_) => continue,
+                // Made by someone else meanwhile.
+                Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => continue,
+                Err(e) => return Err(store::db_error(queue, header, "take the slot", e)),
             }
-            return Ok(batch);
-        }
-        let stored = self.stored(header).await?;
-        let held = stored
-            .get_document("claim")
-            .ok()
-            .and_then(|c| c.get_object_id("token").ok());
-        if held != Some(claim.token) {
-            return Err(QueueError::NotClaimant {
-                collection: self.name.clone(),
-                header: header.to_string(),
-                token: claim.token,
-                held: held.map_or_else(|| "none".to_string(), |t| t.to_hex()),
-            });
-        }
-        // Ours, and the monitor has recorded the ledger's word already: only give it back.
-        self.unclaim(header, claim.token).await?;
-        self.parse(&self.stored(header).await?)
-    }
-
-    /// Records the ledger's status of a batch with a submitter or at the ledger (the monitor's
-    /// write). `seen` is the batch as read before the ledger was asked: the status is written
-    /// only if the batch is still so (same status, `submitted` and last submission), since an
-    /// answer about an earlier state says nothing about a later one; otherwise
-    /// [`QueueError::Contended`], and the next pass asks again. Unknown clears `submitted`, so
-    /// the batch is queued again; a settled status frees the service's slot. The statuses go
-    /// one way only:
-    ///
-    /// - with a submitter (`submitted`, and nothing yet, unknown or delayed) → pending, valid,
-    ///   committed, invalid, unknown (unknown only once the submitter's claim has expired:
-    ///   until then it may still be sending; it clears `submitted`, also of an unknown batch
-    ///   whose new submitter died);
-    /// - pending → valid, committed, invalid, unknown; valid → committed, unknown;
-    /// - unknown or delayed without a submitter → only by a new submission
-    ///   ([`record`](Batches::record)).
-    ///
-    /// Recording the status a batch already has changes nothing. Anything else is
-    /// [`QueueError::InvalidTransition`], and nothing is written.
-    pub async fn record_status(
-        &self,
-        seen: &Batch,
-        status: BatchStatus,
-    ) -> Result<Batch, QueueError> {
-        let header = seen.header.as_str();
-        self.check_header(header)?;
-        if !seen.needs(status) {
-            return self.get(header).await;
-        }
-        let allowed = match (seen.status, status) {
-            // With a submitter (or one that died): whatever the ledger says of it.
-            (None | Some(BatchStatus::Unknown) | Some(BatchStatus::Delayed), s) => {
-                seen.submitted && s != BatchStatus::Delayed
-            }
-            (Some(BatchStatus::Pending), s) => matches!(
-                s,
-                BatchStatus::Valid
-                    | BatchStatus::Committed
-                    | BatchStatus::Invalid
-                    | BatchStatus::Unknown
-            ),
-            (Some(BatchStatus::Valid), s) => {
-                matches!(s, BatchStatus::Committed | BatchStatus::Unknown)
-            }
-            _ => false,
         };
-        if !allowed {
-            return Err(QueueError::InvalidTransition {
-                collection: self.name.clone(),
-                header: header.to_string(),
-                from: seen.status.map_or("none", BatchStatus::as_str).to_string(),
-                to: status.as_str().to_string(),
-            });
-        }
-        let mut filter = doc! {
-            "_id": header,
-            "submitted": seen.submitted,
-            "last_submitted_at": seen.last_submitted_at,
+        let current = Service::parse(&current);
+        let Some(holder) = current.holder.filter(|h| h.header != header) else {
+            return Ok(None);
         };
-        match seen.status {
-            Some(s) => filter.insert("status", s.as_str()),
-            None => filter.insert("status", doc! { "$exists": false }),
-        };
-        let with_submitter =
-            !matches!(seen.status, Some(BatchStatus::Pending | BatchStatus::Valid));
-        if with_submitter && status == BatchStatus::Unknown {
-            // The ledger not knowing a batch whose submitter is still at work says nothing.
-            let now = self.now().await?;
-            filter.insert(
-                "$or",
-                vec![
-                    doc! { "claim": { "$exists": false } },
-                    doc! { "claim.until": { "$lt": now } },
-                ],
-            );
-        }
-        let mut set = doc! { "status": status.as_str() };
-        let mut update = Document::new();
-        if status == BatchStatus::Unknown {
-            // As the reference design requires of the monitor: recording unknown clears
-            // submitted, so the queuer takes the batch again. A submitter that still holds a
-            // claim on it has lost it.
-            set.insert("submitted", false);
-            update.insert("$unset", doc! { "claim": "" });
-        } else if status.is_final() {
-            // Nothing is left to do under a claim (its submitter may have died after sending).
-            update.insert("$unset", doc! { "claim": "" });
-        }
-        update.insert("$set", set);
-        let written = self
+        let holder_token = current.holder_token;
+        // The holder is done with the slot if the ledger settled it (its monitor may have
+        // died before freeing the slot): the slot is freed and the mark moves to it. Or if
+        // it was never sent and nobody is at work on it (its taker died before sending, or
+        // took the slot for a batch that is not there). The latter is decided only from a
+        // reading of the batch made once the server's clock has passed the taking's
+        // `until`: its taker's claim can land only before, so the reading is final.
+        let mut taking = held_by(service, &holder.header, holder_token);
+        taking.insert("$expr", taking_ran_out());
+        let ran_out = queue
+            .services
+            .find_one(taking)
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(|e| store::db_error(queue, header, "take the slot", e))?
+            .is_some();
+        let stored = queue
             .coll
-            .find_one_and_update(filter, update)
-            .return_document(ReturnDocument::After)
+            .find_one(doc! { "_id": &holder.header })
+            .projection(doc! { "content": 0 })
             .await
-            .map_err(|e| self.db_error(header, "record the status", e))?;
-        let Some(written) = written else {
-            // Unknown header, or the batch moved on since it was read.
-            self.stored(header).await?;
-            return Err(QueueError::Contended {
-                collection: self.name.clone(),
-                header: header.to_string(),
-                what: "record the status (the batch changed since it was read)",
-                tries: 1,
-            });
-        };
-        let batch = self.parse(&written)?;
-        if status.is_final() {
-            self.slot_done(&batch.service_id, &Place::of(&batch), None)
-                .await?;
-        } else if status == BatchStatus::Unknown {
-            // To be sent again: its slot may be taken again at once.
-            self.slot_runs_out(&batch.service_id, header).await?;
+            .map_err(|e| store::db_error(queue, header, "take the slot", e))?;
+        let now = store::now(queue).await?;
+        let settled = stored
+            .as_ref()
+            .is_some_and(|d| d.get_str("status").is_ok_and(|s| SETTLED.contains(&s)));
+        let abandoned = ran_out
+            && match &stored {
+                None => true,
+                Some(d) => {
+                    d.get("status").is_none()
+                        && !d.get_bool("submitted").unwrap_or(true)
+                        && !d
+                            .get_document("claim")
+                            .and_then(|c| c.get_datetime("until"))
+                            .is_ok_and(|u| *u >= now)
+                }
+            };
+        if settled {
+            slot_done(queue, service, &holder, holder_token).await?;
+        } else if abandoned {
+            slot_abandoned(queue, service, &holder.header, holder_token).await?;
+        } else {
+            return Ok(None);
         }
-        Ok(batch)
     }
+    Ok(None)
+}
+
+/// The slot was refused. A batch at or before the mark can never take it: its adder died
+/// before stamping it again, so the claimant does it (only while nobody has a live claim on
+/// it). A batch that is not there is [`QueueError::UnknownBatch`].
+async fn after_refused_slot(queue: &Batches, header: &str) -> Result<(), QueueError> {
+    let batch = store::parse(queue, &store::stored(queue, header).await?)?;
+    if batch.status.is_some() || batch.submitted {
+        return Ok(());
+    }
+    let place = Place::of(&batch);
+    let service = store::service(queue, &batch.service_id).await?;
+    match service.mark {
+        Some(mark) if mark >= place => {
+            let at = DateTime::from_millis(mark.at.saturating_add(1).max(place.at));
+            let now = store::now(queue).await?;
+            let at = at.max(now);
+            queue
+                .coll
+                .update_one(
+                    doc! {
+                        "_id": header,
+                        "created_at": batch.created_at,
+                        "submitted": false,
+                        "status": { "$exists": false },
+                        "$nor": [{ "claim.until": { "$gte": now } }],
+                    },
+                    doc! { "$set": { "created_at": at } },
+                )
+                .await
+                .map_err(|e| store::db_error(queue, header, "stamp", e))?;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Frees the slot of a batch the ledger has settled, moving the mark to it in the same
+/// write: whenever the slot is free, the mark is at the last batch that went.
+pub(crate) async fn slot_done(
+    queue: &Batches,
+    service: &str,
+    holder: &Place,
+    token: Option<ObjectId>,
+) -> Result<(), QueueError> {
+    queue
+        .services
+        .update_one(
+            held_by(service, &holder.header, token),
+            doc! {
+                "$set": {
+                    "mark_at": DateTime::from_millis(holder.at),
+                    "mark_header": &holder.header,
+                },
+                "$unset": { "holder": "" },
+            },
+        )
+        .await
+        .map_err(|e| store::db_error(queue, &holder.header, "free the slot", e))?;
+    Ok(())
+}
+
+/// Frees the slot of a batch that never went, once its `until` has passed by the server's
+/// clock (so its taker can no longer claim the batch), leaving the mark.
+async fn slot_abandoned(
+    queue: &Batches,
+    service: &str,
+    header: &str,
+    token: Option<ObjectId>,
+) -> Result<(), QueueError> {
+    let mut filter = held_by(service, header, token);
+    filter.insert("$expr", taking_ran_out());
+    queue
+        .services
+        .update_one(filter, doc! { "$unset": { "holder": "" } })
+        .await
+        .map_err(|e| store::db_error(queue, header, "free the slot", e))?;
+    Ok(())
+}
+
+/// Lets `header`'s slot run out now (its batch came back unknown or delayed and may be
+/// taken again at once).
+async fn slot_runs_out(queue: &Batches, service: &str, header: &str) -> Result<(), QueueError> {
+    queue
+        .services
+        .update_one(
+            held_by(service, header, None),
+            doc! { "$set": { "holder.until": DateTime::from_millis(0) } },
+        )
+        .await
+        .map_err(|e| store::db_error(queue, header, "free the slot", e))?;
+    Ok(())
+}
+
+/// Gives back the slot taken with `token`: as it was before, when the batch's earlier
+/// holder was replaced (the batch may be in flight under it: only the claim says, and it
+/// was refused), free otherwise.
+async fn give_slot_back(
+    queue: &Batches,
+    service: &str,
+    header: &str,
+    token: ObjectId,
+    replaced: Option<Document>,
+) -> Result<(), QueueError> {
+    let filter = doc! { "_id": service, "holder.token": token };
+    let update = match replaced {
+        Some(holder) => doc! { "$set": { "holder": holder } },
+        None => doc! { "$unset": { "holder": "" } },
+    };
+    queue
+        .services
+        .update_one(filter, update)
+        .await
+        .map_err(|e| store::db_error(queue, header, "give the slot back", e))?;
+    Ok(())
+}
+
+/// Gives back a claim that marked the batch submitted, before anything was sent (and takes
+/// back what the ledger last said of it, when `reset`).
+async fn unclaim_submitted(
+    queue: &Batches,
+    header: &str,
+    token: ObjectId,
+    last_submitted_at: Option<DateTime>,
+    status: Option<BatchStatus>,
+    reset: bool,
+) -> Result<(), QueueError> {
+    let mut set = doc! { "submitted": false };
+    let mut unset = doc! { "claim": "" };
+    match last_submitted_at {
+        Some(at) => set.insert("last_submitted_at", at),
+        None => unset.insert("last_submitted_at", ""),
+    };
+    if reset {
+        unset.insert("status", "");
+    }
+    let update = doc! { "$set": set, "$unset": unset };
+    // Only over the status the claim found: a monitor that recorded the ledger's word in
+    // between keeps it (and the claim, which its next status clears).
+    let mut filter = doc! { "_id": header, "claim.token": token };
+    match status {
+        Some(status) => filter.insert("status", status.as_str()),
+        None => filter.insert("status", doc! { "$exists": false }),
+    };
+    queue
+        .coll
+        .update_one(filter, update)
+        .await
+        .map_err(|e| store::db_error(queue, header, "give the claim back", e))?;
+    Ok(())
+}
+
+/// Gives a claim back.
+async fn unclaim(queue: &Batches, header: &str, token: ObjectId) -> Result<(), QueueError> {
+    queue
+        .coll
+        .update_one(
+            doc! { "_id": header, "claim.token": token },
+            doc! { "$unset": { "claim": "" } },
+        )
+        .await
+        .map_err(|e| store::db_error(queue, header, "give the claim back", e))?;
+    Ok(())
+}
+
+/// The body of [`Batches::record`].
+pub(crate) async fn record(
+    queue: &Batches,
+    claim: &Claim,
+    outcome: Submission,
+) -> Result<Batch, QueueError> {
+    let header = claim.batch.header.as_str();
+    store::check_header(queue, header)?;
+    let update = match outcome {
+        Submission::Accepted => doc! {
+            "$set": { "status": "pending", "submitted": true },
+            "$unset": { "claim": "" },
+        },
+        Submission::Delayed => doc! {
+            "$set": { "status": "delayed", "submitted": false },
+            "$unset": { "claim": "" },
+        },
+    };
+    // Only over what a submission can change: nothing yet, unknown, delayed. A monitor
+    // that already saw the ledger settle it is ahead of us, and keeps its word.
+    let recorded = queue
+        .coll
+        .find_one_and_update(
+            doc! {
+                "_id": header,
+                "claim.token": claim.token,
+                "status": { "$nin": DECIDED.to_vec() },
+            },
+            update,
+        )
+        .return_document(ReturnDocument::After)
+        .await
+        .map_err(|e| store::db_error(queue, header, "record", e))?;
+    if let Some(doc) = recorded {
+        let batch = store::parse(queue, &doc)?;
+        if outcome == Submission::Delayed {
+            // Sent again after the delay window, by whoever takes it then.
+            slot_runs_out(queue, &batch.service_id, header).await?;
+        }
+        return Ok(batch);
+    }
+    let stored = store::stored(queue, header).await?;
+    let held = stored
+        .get_document("claim")
+        .ok()
+        .and_then(|c| c.get_object_id("token").ok());
+    if held != Some(claim.token) {
+        return Err(QueueError::NotClaimant {
+            collection: queue.name.clone(),
+            header: header.to_string(),
+            token: claim.token,
+            held: held.map_or_else(|| "none".to_string(), |t| t.to_hex()),
+        });
+    }
+    // Ours, and the monitor has recorded the ledger's word already: only give it back.
+    unclaim(queue, header, claim.token).await?;
+    store::parse(queue, &store::stored(queue, header).await?)
+}
+
+/// The body of [`Batches::record_status`].
+pub(crate) async fn record_status(
+    queue: &Batches,
+    seen: &Batch,
+    status: BatchStatus,
+) -> Result<Batch, QueueError> {
+    let header = seen.header.as_str();
+    store::check_header(queue, header)?;
+    if !seen.needs(status) {
+        return queue.get(header).await;
+    }
+    let allowed = match (seen.status, status) {
+        // With a submitter (or one that died): whatever the ledger says of it.
+        (None | Some(BatchStatus::Unknown) | Some(BatchStatus::Delayed), s) => {
+            seen.submitted && s != BatchStatus::Delayed
+        }
+        (Some(BatchStatus::Pending), s) => matches!(
+            s,
+            BatchStatus::Valid
+                | BatchStatus::Committed
+                | BatchStatus::Invalid
+                | BatchStatus::Unknown
+        ),
+        (Some(BatchStatus::Valid), s) => {
+            matches!(s, BatchStatus::Committed | BatchStatus::Unknown)
+        }
+        _ => false,
+    };
+    if !allowed {
+        return Err(QueueError::InvalidTransition {
+            collection: queue.name.clone(),
+            header: header.to_string(),
+            from: seen.status.map_or("none", BatchStatus::as_str).to_string(),
+            to: status.as_str().to_string(),
+        });
+    }
+    let mut filter = doc! {
+        "_id": header,
+        "submitted": seen.submitted,
+        "last_submitted_at": seen.last_submitted_at,
+    };
+    match seen.status {
+        Some(s) => filter.insert("status", s.as_str()),
+        None => filter.insert("status", doc! { "$exists": false }),
+    };
+    let with_submitter = !matches!(seen.status, Some(BatchStatus::Pending | BatchStatus::Valid));
+    if with_submitter && status == BatchStatus::Unknown {
+        // The ledger not knowing a batch whose submitter is still at work says nothing.
+        let now = store::now(queue).await?;
+        filter.insert(
+            "$or",
+            vec![
+                doc! { "claim": { "$exists": false } },
+                doc! { "claim.until": { "$lt": now } },
+            ],
+        );
+    }
+    let mut set = doc! { "status": status.as_str() };
+    let mut update = Document::new();
+    if status == BatchStatus::Unknown {
+        // As the reference design requires of the monitor: recording unknown clears
+        // submitted, so the queuer takes the batch again. A submitter that still holds a
+        // claim on it has lost it.
+        set.insert("submitted", false);
+        update.insert("$unset", doc! { "claim": "" });
+    } else if status.is_final() {
+        // Nothing is left to do under a claim (its submitter may have died after sending).
+        update.insert("$unset", doc! { "claim": "" });
+    }
+    update.insert("$set", set);
+    let written = queue
+        .coll
+        .find_one_and_update(filter, update)
+        .return_document(ReturnDocument::After)
+        .await
+        .map_err(|e| store::db_error(queue, header, "record the status", e))?;
+    let Some(written) = written else {
+        // Unknown header, or the batch moved on since it was read.
+        store::stored(queue, header).await?;
+        return Err(QueueError::Contended {
+            collection: queue.name.clone(),
+            header: header.to_string(),
+            what: "record the status (the batch changed since it was read)",
+            tries: 1,
+        });
+    };
+    let batch = store::parse(queue, &written)?;
+    if status.is_final() {
+        slot_done(queue, &batch.service_id, &Place::of(&batch), None).await?;
+    } else if status == BatchStatus::Unknown {
+        // To be sent again: its slot may be taken again at once.
+        slot_runs_out(queue, &batch.service_id, header).await?;
+    }
+    Ok(batch)
 }

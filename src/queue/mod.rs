@@ -8,6 +8,9 @@
 //! database; a [`Submitter`] claims queued batches and submits them, a [`Monitor`] records what
 //! the ledger says. A ledger simulator for tests and examples is in the test rig (`testkit::ledger`,
 //! feature `testkit`).
+//!
+//! Every method of [`Batches`] is declared in this file and delegates: adding batches and queuer
+//! rounds to `store`, claiming and recording to `claim`, the roles' conveniences to `roles`.
 
 mod claim;
 mod error;
@@ -20,4 +23,138 @@ pub use claim::{Claim, Submission, MAX_CLAIM};
 pub use error::QueueError;
 pub use model::{Batch, BatchStatus, DEFAULT_DELAY};
 pub use roles::{Answer, LedgerApi, LedgerStatus, Monitor, Submitter};
-pub use store::{Batches, NewBatch, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, SERVICES_SCHEMA};
+pub use store::{NewBatch, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, SERVICES_SCHEMA};
+
+use std::time::Duration;
+
+use bson::Document;
+use mongodb::Collection;
+
+use crate::repo::store::Store;
+
+/// The batches of one collection; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Batches {
+    store: Store,
+    pub(crate) coll: Collection<Document>,
+    pub(crate) services: Collection<Document>,
+    pub(crate) name: String,
+    delay: Duration,
+}
+
+impl Batches {
+    /// Opens the default collection of batches, with a 15 s delay window ([`DEFAULT_DELAY`], the
+    /// default of the queuer's reference design).
+    pub async fn open(store: &Store) -> Result<Batches, QueueError> {
+        store::open(store).await
+    }
+
+    /// Opens `collection`, retrying delayed batches `delay` after their last submission (zero:
+    /// at once). A collection name the queue cannot use, or a delay over [`MAX_DELAY`], is
+    /// [`QueueError::Invalid`], before anything is created.
+    pub async fn with_collection(
+        store: &Store,
+        collection: &str,
+        delay: Duration,
+    ) -> Result<Batches, QueueError> {
+        store::with_collection(store, collection, delay).await
+    }
+
+    /// Adds a batch, created now. Adding the same batch again changes nothing; reusing its
+    /// header for another service or content is [`QueueError::HeaderReused`].
+    ///
+    /// Its stamp (`created_at`) comes after every batch of its service already added or taken
+    /// for submission, so the order of stamps is the order of `add` calls that did not overlap,
+    /// and no batch is ever stamped before one that went to the ledger ahead of it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(batches: mongotx::queue::Batches) -> Result<(), mongotx::queue::QueueError> {
+    /// use mongotx::queue::NewBatch;
+    ///
+    /// let batch = batches.add(&NewBatch::new("service-a", "batch-0001", "payload")).await?;
+    /// // Submitters take each service's batches one at a time, oldest first:
+    /// for next in batches.round().await? {
+    ///     println!("submit {} of {}", next.header, next.service_id);
+    /// }
+    /// # let _ = batch;
+    /// # Ok(()) }
+    /// ```
+    pub async fn add(&self, batch: &NewBatch) -> Result<Batch, QueueError> {
+        store::add(self, batch).await
+    }
+
+    /// One queuer round: the batches to submit now, by the one-round serial strategy (batches
+    /// the ledger does not know, delayed batches past their window, then the oldest batch of each
+    /// service with nothing in flight), over every stored batch the ledger has not settled, at the
+    /// server's time.
+    pub async fn round(&self) -> Result<Vec<Batch>, QueueError> {
+        store::round(self).await
+    }
+
+    /// The stored batch `header`.
+    pub async fn get(&self, header: &str) -> Result<Batch, QueueError> {
+        store::get(self, header).await
+    }
+
+    /// Takes `batch` (from a queuer round) for submission, for at most `ttl`. `None` when it
+    /// is not this caller's to submit now: another submitter has it, its service has another
+    /// batch in flight, an older batch of its service must go first, or it moved on. Nothing
+    /// is left taken when it answers `None`.
+    ///
+    /// Two round trips (see the module's doc). The claim lands only before it runs out by the
+    /// server's clock, so a `ttl` too short to reach the server answers `None`.
+    ///
+    /// A batch that does not exist is [`QueueError::UnknownBatch`]; an unusable claimant name
+    /// (empty, over [`MAX_NAME`](crate::fields::MAX_NAME) bytes, with a NUL) or a `ttl` under a
+    /// millisecond or over [`MAX_CLAIM`] is [`QueueError::Invalid`]; nothing is written.
+    pub async fn claim(
+        &self,
+        batch: &Batch,
+        claimant: &str,
+        ttl: Duration,
+    ) -> Result<Option<Claim>, QueueError> {
+        claim::claim(self, batch, claimant, ttl).await
+    }
+
+    /// Records what the submission under `claim` came to, and gives the claim back. Accepted:
+    /// the batch is pending and stays with the ledger (`submitted`). Delayed: it is retried
+    /// after the delay window. A claim taken over meanwhile is [`QueueError::NotClaimant`], and
+    /// nothing is written.
+    pub async fn record(&self, claim: &Claim, outcome: Submission) -> Result<Batch, QueueError> {
+        claim::record(self, claim, outcome).await
+    }
+
+    /// Records the ledger's status of a batch with a submitter or at the ledger (the monitor's
+    /// write). `seen` is the batch as read before the ledger was asked: the status is written
+    /// only if the batch is still so (same status, `submitted` and last submission), since an
+    /// answer about an earlier state says nothing about a later one; otherwise
+    /// [`QueueError::Contended`], and the next pass asks again. Unknown clears `submitted`, so
+    /// the batch is queued again; a settled status frees the service's slot. The statuses go
+    /// one way only:
+    ///
+    /// - with a submitter (`submitted`, and nothing yet, unknown or delayed) → pending, valid,
+    ///   committed, invalid, unknown (unknown only once the submitter's claim has expired:
+    ///   until then it may still be sending; it clears `submitted`, also of an unknown batch
+    ///   whose new submitter died);
+    /// - pending → valid, committed, invalid, unknown; valid → committed, unknown;
+    /// - unknown or delayed without a submitter → only by a new submission
+    ///   ([`record`](Batches::record)).
+    ///
+    /// Recording the status a batch already has changes nothing. Anything else is
+    /// [`QueueError::InvalidTransition`], and nothing is written.
+    pub async fn record_status(
+        &self,
+        seen: &Batch,
+        status: BatchStatus,
+    ) -> Result<Batch, QueueError> {
+        claim::record_status(self, seen, status).await
+    }
+
+    /// The batches a monitor asks the ledger about: at the ledger (pending, valid), or with a
+    /// submitter (which may have died after sending) and no answer recorded since.
+    pub async fn watched(&self) -> Result<Vec<Batch>, QueueError> {
+        roles::watched(self).await
+    }
+}

@@ -11,7 +11,8 @@ use futures::TryStreamExt;
 use crate::queue::claim::{Claim, Submission};
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus};
-use crate::queue::store::Batches;
+use crate::queue::store;
+use crate::queue::Batches;
 
 /// The external ledger, as submitters and monitors use it. Errors are the transport's, in
 /// words. A submission without an answer may still have arrived, so it is not taken for
@@ -173,22 +174,19 @@ impl<L: LedgerApi> Monitor<L> {
     }
 }
 
-impl Batches {
-    /// The batches a monitor asks the ledger about: at the ledger (pending, valid), or with a
-    /// submitter (which may have died after sending) and no answer recorded since.
-    pub async fn watched(&self) -> Result<Vec<Batch>, QueueError> {
-        let docs: Vec<bson::Document> = self
-            .coll
-            .find(doc! { "$or": [
-                { "status": { "$in": ["pending", "valid"] } },
-                { "submitted": true, "status": { "$nin": ["pending", "valid", "committed", "invalid"] } },
-            ] })
-            .projection(doc! { "content": 0 })
-            .await
-            .map_err(|e| self.db_error("*", "watch", e))?
-            .try_collect()
-            .await
-            .map_err(|e| self.db_error("*", "watch", e))?;
-        docs.iter().map(|d| self.parse(d)).collect()
-    }
+/// The body of [`Batches::watched`].
+pub(crate) async fn watched(queue: &Batches) -> Result<Vec<Batch>, QueueError> {
+    let docs: Vec<bson::Document> = queue
+        .coll
+        .find(doc! { "$or": [
+            { "status": { "$in": ["pending", "valid"] } },
+            { "submitted": true, "status": { "$nin": ["pending", "valid", "committed", "invalid"] } },
+        ] })
+        .projection(doc! { "content": 0 })
+        .await
+        .map_err(|e| store::db_error(queue, "*", "watch", e))?
+        .try_collect()
+        .await
+        .map_err(|e| store::db_error(queue, "*", "watch", e))?;
+    docs.iter().map(|d| store::parse(queue, d)).collect()
 }

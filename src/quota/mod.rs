@@ -37,6 +37,10 @@
 //! ([`Quota::sweep`], run by `mongotx-gc`) returns an expired one, so a caller's clock never
 //! decides. Confirming one that has expired is [`QuotaError::ReservationExpired`] and changes
 //! nothing.
+//!
+//! Every method of [`Quota`] is declared in this file and delegates: consuming and reserving to
+//! `consume`, giving back to `release`, the provider operations to `providers`, reading providers
+//! and writing decisions to `access`; the decisions themselves are `decide`'s, free of I/O.
 
 mod access;
 mod consume;
@@ -44,6 +48,7 @@ mod decide;
 mod error;
 mod model;
 mod ops;
+mod providers;
 mod release;
 mod stripes;
 
@@ -299,12 +304,139 @@ impl Quota {
                     .collect(),
             ),
         };
-        quota.create_indexes().await?;
+        ops::create_indexes(&quota).await?;
         Ok(quota)
     }
 
     /// The options in force.
     pub fn options(&self) -> &QuotaOptions {
         &self.options
+    }
+
+    /// Takes the request's amounts from its providers and their ancestors, all or nothing, and
+    /// records them under the request's consumer. Applying the same request again (a retry after
+    /// a lost reply) counts once and returns `replayed`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(quota: mongotx::quota::Quota) -> Result<(), mongotx::quota::QuotaError> {
+    /// use mongotx::quota::{ProviderId, Request};
+    ///
+    /// let cores = ProviderId::new("team-a", "cores");
+    /// // An id the caller keeps: the same request sent again after a lost reply counts once.
+    /// let request = Request::with_id("job-7", "job-7-start").take(cores, 4);
+    /// let consumed = quota.consume(&request).await?;
+    /// println!("replayed: {}", consumed.replayed);
+    /// quota.release("job-7").await?; // every unit job-7 holds goes back
+    /// # Ok(()) }
+    /// ```
+    pub async fn consume(&self, request: &Request) -> Result<Consumed, QuotaError> {
+        consume::consume(self, request).await
+    }
+
+    /// Holds the request's amounts like [`consume`](Quota::consume) until
+    /// [`confirm`](Quota::confirm)ed or [`cancel`](Quota::cancel)led; after `ttl` (server time)
+    /// the GC returns them. Reserving the same request again returns the same reservation.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(quota: mongotx::quota::Quota) -> Result<(), mongotx::quota::QuotaError> {
+    /// use std::time::Duration;
+    /// use mongotx::quota::{ProviderId, Request};
+    ///
+    /// let seats = ProviderId::new("tenant-9", "seats");
+    /// let request = Request::new("checkout-41").take(seats, 2);
+    /// let held = quota.reserve(&request, Duration::from_secs(300)).await?;
+    /// // ... payment succeeded:
+    /// quota.confirm(&held).await?; // or quota.cancel(&held), or let the GC return it
+    /// # Ok(()) }
+    /// ```
+    pub async fn reserve(
+        &self,
+        request: &Request,
+        ttl: Duration,
+    ) -> Result<Reservation, QuotaError> {
+        consume::reserve(self, request, ttl).await
+    }
+
+    // ----- providers -----
+
+    /// Creates a provider. A parent must exist already; parents never change afterwards, so a
+    /// hierarchy can have no cycle.
+    pub async fn create(&self, new: NewProvider) -> Result<Provider, QuotaError> {
+        providers::create(self, new).await
+    }
+
+    /// Reads a provider: limit, usage, generation and who holds what, all of one moment.
+    pub async fn provider(&self, id: impl Into<ProviderId>) -> Result<Provider, QuotaError> {
+        providers::provider(self, id).await
+    }
+
+    /// Sets a provider's limit. Lowering it below the usage is allowed: nothing is taken back,
+    /// only new consumption is refused until usage falls under it.
+    pub async fn set_limit(
+        &self,
+        id: impl Into<ProviderId>,
+        limit: i64,
+    ) -> Result<Provider, QuotaError> {
+        providers::set_limit(self, id, limit).await
+    }
+
+    /// Every provider of `scope`, by resource.
+    pub async fn usage(&self, scope: &str) -> Result<Vec<Provider>, QuotaError> {
+        providers::usage(self, scope).await
+    }
+
+    /// Returns everything `consumer` holds (allocations and reservations, on every provider and
+    /// ancestor), all at once. A consumer holding nothing is [`QuotaError::UnknownConsumer`],
+    /// so a second release returns nothing twice.
+    pub async fn release(&self, consumer: &str) -> Result<Released, QuotaError> {
+        release::release(self, consumer).await
+    }
+
+    /// Returns what one consume took (from its providers and their ancestors), all at once,
+    /// leaving the consumer's other requests as they are. The [`Consumed`] names the providers,
+    /// so on one provider without a parent this is a single conditional update, where
+    /// [`release`](Quota::release) first has to find what the consumer holds. Releasing the same
+    /// request again is [`QuotaError::UnknownRequest`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(quota: mongotx::quota::Quota) -> Result<(), mongotx::quota::QuotaError> {
+    /// use mongotx::quota::{ProviderId, Request};
+    ///
+    /// let slots = ProviderId::new("team-a", "upload-slots");
+    /// let taken = quota.consume(&Request::new("upload-9").take(slots, 1)).await?;
+    /// // ... the upload ends:
+    /// quota.release_consumed(&taken).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn release_consumed(&self, consumed: &Consumed) -> Result<Released, QuotaError> {
+        release::release_consumed(self, consumed).await
+    }
+
+    /// Turns a live reservation into an allocation (released with the consumer). Confirming it
+    /// again is a no-op; after its expiry (server time) it is
+    /// [`QuotaError::ReservationExpired`] and nothing changes.
+    pub async fn confirm(&self, reservation: &Reservation) -> Result<(), QuotaError> {
+        release::confirm(self, reservation).await
+    }
+
+    /// Returns a reservation that was not confirmed. Once it has expired and the GC returned it,
+    /// this is [`QuotaError::ReservationExpired`]. A reservation this handle's `reserve` returned
+    /// on one provider without a parent goes back in a single conditional update; one rebuilt
+    /// with [`Reservation::new`] is first looked up.
+    pub async fn cancel(&self, reservation: &Reservation) -> Result<Released, QuotaError> {
+        release::cancel(self, reservation).await
+    }
+
+    /// One GC pass: returns every reservation past its expiry (server time), each across all its
+    /// providers at once, and forgets released requests whose late copies can no longer land.
+    /// Safe to run from any number of processes at once.
+    pub async fn sweep(&self) -> Result<SweepSummary, QuotaError> {
+        release::sweep(self).await
     }
 }

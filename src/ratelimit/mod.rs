@@ -37,6 +37,11 @@
 //!
 //! Priorities and the queue are described on [`RateLimits`]; the exhaustive model of the protocol
 //! (`testkit::ratelimit_model`) comes with the `testkit` feature.
+//!
+//! Every method of [`RateLimits`] is declared in this file and delegates to `ops` (one conditional
+//! write per operation, and the read that explains a refusal), whose writes `plan` computes.
+
+use crate::repo::open;
 
 mod error;
 mod limit;
@@ -233,8 +238,7 @@ impl RateLimits {
                 ),
             });
         }
-        let coll = store
-            .validated_protocol_collection(&options.collection, LIMITERS_SCHEMA)
+        let coll = open::validated_protocol_collection(store, &options.collection, LIMITERS_SCHEMA)
             .await
             .map_err(|e| RateLimitError::database(&options.collection, "*", "open", e))?;
         Ok(RateLimits {
@@ -248,5 +252,94 @@ impl RateLimits {
     /// The options in force.
     pub fn options(&self) -> &RateLimitOptions {
         &self.options
+    }
+
+    /// Prunes every limiter's log of entries that stopped counting and its queue of callers
+    /// gone (what each grant does to the limiter it writes), for limiters nobody writes to now;
+    /// the GC runner calls it each round. One read of the limiter names, then one conditional
+    /// write per limiter; returns how many limiters it changed. It never changes what counts.
+    pub async fn sweep(&self) -> Result<u64, RateLimitError> {
+        ops::sweep(self).await
+    }
+
+    /// Defines a limiter, or confirms an existing one has exactly this limit
+    /// ([`RateLimitError::LimitMismatch`] otherwise: a live limit is never changed under the
+    /// workers counting by it).
+    pub async fn define(&self, name: &str, limit: Limit) -> Result<(), RateLimitError> {
+        ops::define(self, name, limit).await
+    }
+
+    /// The limit of `name` (read once, then remembered: a limit never changes).
+    pub async fn limit(&self, name: &str) -> Result<Limit, RateLimitError> {
+        ops::limit(self, name).await
+    }
+
+    /// What `name` counts now, by the server's clock.
+    pub async fn usage(&self, name: &str) -> Result<Usage, RateLimitError> {
+        ops::usage(self, name).await
+    }
+
+    /// Asks once for `n` calls on every limiter in `limiters` (all of them or none): granted, or
+    /// when the log will have room. Nothing is left behind when refused.
+    pub async fn try_reserve(
+        &self,
+        limiters: &[&str],
+        n: u32,
+        priority: Priority,
+    ) -> Result<Attempt, RateLimitError> {
+        ops::try_reserve(self, limiters, n, priority).await
+    }
+
+    /// Reserves `n` calls on every limiter in `limiters` (all of them or none), waiting for
+    /// room up to [`RateLimitOptions::max_wait`](crate::ratelimit::RateLimitOptions::max_wait).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(limits: mongotx::ratelimit::RateLimits)
+    /// # -> Result<(), mongotx::ratelimit::RateLimitError> {
+    /// use std::time::Duration;
+    /// use mongotx::ratelimit::{Limit, Priority};
+    ///
+    /// limits.define("partner-api", Limit::new(100, Duration::from_secs(60))).await?;
+    /// let reservation = limits.reserve(&["partner-api"], 1, Priority::High).await?;
+    /// // ... make the call, then say how many were made (unused calls go back):
+    /// limits.settle(&reservation, 1).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn reserve(
+        &self,
+        limiters: &[&str],
+        n: u32,
+        priority: Priority,
+    ) -> Result<CallReservation, RateLimitError> {
+        ops::reserve(self, limiters, n, priority).await
+    }
+
+    /// [`reserve`](RateLimits::reserve), waiting at most `max_wait`.
+    pub async fn reserve_within(
+        &self,
+        limiters: &[&str],
+        n: u32,
+        priority: Priority,
+        max_wait: Duration,
+    ) -> Result<CallReservation, RateLimitError> {
+        ops::reserve_within(self, limiters, n, priority, max_wait).await
+    }
+
+    /// Settles `reservation`: `made` calls were made (and have completed), the rest return to
+    /// every limiter at once. A reservation past its expiry was counted in full and is left
+    /// alone ([`Settled::Expired`]). One write per limiter, all sent at once.
+    ///
+    /// A reservation is settled once: settling it again, or a clone of it, is
+    /// [`RateLimitError::AlreadySettled`] and writes nothing. A settlement that failed with a
+    /// retryable error may be sent again with the same call; the limiter then applies it only if
+    /// it can tell the first sending did not land ([`Settled::Unconfirmed`] otherwise).
+    pub async fn settle(
+        &self,
+        reservation: &CallReservation,
+        made: u32,
+    ) -> Result<Settled, RateLimitError> {
+        ops::settle(self, reservation, made).await
     }
 }

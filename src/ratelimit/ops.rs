@@ -45,752 +45,742 @@ enum One {
     },
 }
 
-impl RateLimits {
-    fn coll_name(&self) -> &str {
-        &self.options.collection
-    }
+fn coll_name(rate: &RateLimits) -> &str {
+    &rate.options.collection
+}
 
-    fn db_error(
-        &self,
-        limiter: &str,
-        op: &'static str,
-        e: mongodb::error::Error,
-    ) -> RateLimitError {
-        RateLimitError::database(self.coll_name(), limiter, op, e)
-    }
+fn db_error(
+    rate: &RateLimits,
+    limiter: &str,
+    op: &'static str,
+    e: mongodb::error::Error,
+) -> RateLimitError {
+    RateLimitError::database(coll_name(rate), limiter, op, e)
+}
 
-    /// Prunes every limiter's log of entries that stopped counting and its queue of callers
-    /// gone (what each grant does to the limiter it writes), for limiters nobody writes to now;
-    /// the GC runner calls it each round. One read of the limiter names, then one conditional
-    /// write per limiter; returns how many limiters it changed. It never changes what counts.
-    pub async fn sweep(&self) -> Result<u64, RateLimitError> {
-        let names: Vec<Document> = self
+/// The body of [`RateLimits::sweep`].
+pub(crate) async fn sweep(rate: &RateLimits) -> Result<u64, RateLimitError> {
+    let names: Vec<Document> = rate
+        .coll
+        .find(doc! {})
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(|e| db_error(rate, "*", "list the limiters", e))?
+        .try_collect()
+        .await
+        .map_err(|e| db_error(rate, "*", "list the limiters", e))?;
+    let mut changed = 0;
+    for name in names.iter().filter_map(|d| d.get_str("_id").ok()) {
+        let result = rate
             .coll
-            .find(doc! {})
-            .projection(doc! { "_id": 1 })
+            .update_one(doc! { "_id": name }, plan::prune_update())
             .await
-            .map_err(|e| self.db_error("*", "list the limiters", e))?
-            .try_collect()
-            .await
-            .map_err(|e| self.db_error("*", "list the limiters", e))?;
-        let mut changed = 0;
-        for name in names.iter().filter_map(|d| d.get_str("_id").ok()) {
-            let result = self
-                .coll
-                .update_one(doc! { "_id": name }, plan::prune_update())
-                .await
-                .map_err(|e| self.db_error(name, "prune the limiter", e))?;
-            changed += result.modified_count;
-        }
-        Ok(changed)
+            .map_err(|e| db_error(rate, name, "prune the limiter", e))?;
+        changed += result.modified_count;
     }
+    Ok(changed)
+}
 
-    /// Defines a limiter, or confirms an existing one has exactly this limit
-    /// ([`RateLimitError::LimitMismatch`] otherwise: a live limit is never changed under the
-    /// workers counting by it).
-    pub async fn define(&self, name: &str, limit: Limit) -> Result<(), RateLimitError> {
-        self.check_name(name)?;
-        if let Some(reason) = limit.problem() {
-            return Err(RateLimitError::InvalidLimit {
-                collection: self.coll_name().to_string(),
-                limiter: name.to_string(),
-                reason,
-            });
-        }
-        let mut fields = limit.to_fields();
-        fields.extend(plan::initial_fields(&limit));
-        let mut attempt = 0;
-        let stored = loop {
-            attempt += 1;
-            let result = self
-                .coll
-                .find_one_and_update(
-                    doc! { "_id": name },
-                    doc! { "$setOnInsert": fields.clone() },
-                )
-                .upsert(true)
-                .return_document(ReturnDocument::After)
-                .await;
-            match result {
-                Ok(Some(doc)) => break doc,
-                Ok(None) => {}
-                // Two definers raced on the upsert; the loser finds the winner's document.
-                Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) && attempt < 3 => {}
-                Err(e) => return Err(self.db_error(name, "define", e)),
-            }
-            if attempt >= 3 {
-                return Err(self.malformed(name, "the upsert returned no document"));
-            }
-        };
-        match Limit::from_fields(&stored) {
-            Some(existing) if existing == limit => {
-                if !stored.contains_key("slot_ms") {
-                    // Written by an earlier mongotx: its log of reservations becomes slots.
-                    self.coll
-                        .update_one(
-                            doc! { "_id": name, "slot_ms": { "$exists": false } },
-                            plan::upgrade_update(&limit),
-                        )
-                        .await
-                        .map_err(|e| self.db_error(name, "move to slots", e))?;
-                }
-                self.cache(name, limit);
-                Ok(())
-            }
-            Some(existing) => Err(RateLimitError::LimitMismatch {
-                collection: self.coll_name().to_string(),
-                limiter: name.to_string(),
-                existing: existing.to_string(),
-                wanted: limit.to_string(),
-            }),
-            None => Err(self.malformed(name, "its limit fields are missing or out of range")),
-        }
-    }
-
-    /// The limit of `name` (read once, then remembered: a limit never changes).
-    pub async fn limit(&self, name: &str) -> Result<Limit, RateLimitError> {
-        if let Some(limit) = self.cached(name) {
-            return Ok(limit);
-        }
-        self.check_name(name)?;
-        let doc = self
-            .coll
-            .find_one(doc! { "_id": name })
-            .projection(doc! { "slots": 0, "granted": 0, "settled": 0, "log": 0, "wait": 0 })
-            .await
-            .map_err(|e| self.db_error(name, "read", e))?
-            .ok_or_else(|| self.unknown(name))?;
-        let limit = Limit::from_fields(&doc)
-            .ok_or_else(|| self.malformed(name, "its limit fields are missing or out of range"))?;
-        self.cache(name, limit);
-        Ok(limit)
-    }
-
-    /// What `name` counts now, by the server's clock.
-    pub async fn usage(&self, name: &str) -> Result<Usage, RateLimitError> {
-        self.check_name(name)?;
-        Ok(self.read(name).await?.usage())
-    }
-
-    /// Asks once for `n` calls on every limiter in `limiters` (all of them or none): granted, or
-    /// when the log will have room. Nothing is left behind when refused.
-    pub async fn try_reserve(
-        &self,
-        limiters: &[&str],
-        n: u32,
-        priority: Priority,
-    ) -> Result<Attempt, RateLimitError> {
-        let limits = self.validate(limiters, n, priority).await?;
-        self.attempt(&limits, n, priority, None).await
-    }
-
-    /// Reserves `n` calls on every limiter in `limiters` (all of them or none), waiting for
-    /// room up to [`RateLimitOptions::max_wait`](crate::ratelimit::RateLimitOptions::max_wait).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(limits: mongotx::ratelimit::RateLimits)
-    /// # -> Result<(), mongotx::ratelimit::RateLimitError> {
-    /// use std::time::Duration;
-    /// use mongotx::ratelimit::{Limit, Priority};
-    ///
-    /// limits.define("partner-api", Limit::new(100, Duration::from_secs(60))).await?;
-    /// let reservation = limits.reserve(&["partner-api"], 1, Priority::High).await?;
-    /// // ... make the call, then say how many were made (unused calls go back):
-    /// limits.settle(&reservation, 1).await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn reserve(
-        &self,
-        limiters: &[&str],
-        n: u32,
-        priority: Priority,
-    ) -> Result<CallReservation, RateLimitError> {
-        self.reserve_within(limiters, n, priority, self.options.max_wait)
-            .await
-    }
-
-    /// [`reserve`](RateLimits::reserve), waiting at most `max_wait`.
-    pub async fn reserve_within(
-        &self,
-        limiters: &[&str],
-        n: u32,
-        priority: Priority,
-        max_wait: Duration,
-    ) -> Result<CallReservation, RateLimitError> {
-        let limits = self.validate(limiters, n, priority).await?;
-        let started = Instant::now();
-        let mut queue = Queue {
-            key: ObjectId::new().to_hex(),
-            tickets: HashMap::new(),
-        };
-        let poll = self.poll(Self::shortest_window(&limits));
-        let result = loop {
-            let wakers: Vec<Arc<Notify>> =
-                limits.iter().map(|(name, _)| self.waker(name)).collect();
-            let mut woken: Vec<_> = wakers.iter().map(|w| Box::pin(w.notified())).collect();
-            for w in &mut woken {
-                w.as_mut().enable();
-            }
-            let queued = (priority == Priority::Bulk).then_some(&mut queue);
-            let attempt = match self.attempt(&limits, n, priority, queued).await {
-                Ok(attempt) => attempt,
-                Err(e) => break Err(e),
-            };
-            let after = match attempt {
-                Attempt::Granted(reservation) => break Ok(reservation),
-                Attempt::Wait { after, .. } => after,
-            };
-            let waited = started.elapsed();
-            if waited >= max_wait {
-                break Err(RateLimitError::TimedOut {
-                    collection: self.coll_name().to_string(),
-                    limiters: limiters.join(","),
-                    requested: n,
-                    waited,
-                });
-            }
-            let sleep = after.min(poll).min(max_wait - waited);
-            tokio::select! {
-                _ = tokio::time::sleep(sleep) => {}
-                _ = futures::future::select_all(woken) => {}
-            }
-        };
-        if !queue.tickets.is_empty() {
-            self.leave_queues(&queue.key, queue.tickets.keys()).await;
-        }
-        result
-    }
-
-    /// Settles `reservation`: `made` calls were made (and have completed), the rest return to
-    /// every limiter at once. A reservation past its expiry was counted in full and is left
-    /// alone ([`Settled::Expired`]). One write per limiter, all sent at once.
-    ///
-    /// A reservation is settled once: settling it again, or a clone of it, is
-    /// [`RateLimitError::AlreadySettled`] and writes nothing. A settlement that failed with a
-    /// retryable error may be sent again with the same call; the limiter then applies it only if
-    /// it can tell the first sending did not land ([`Settled::Unconfirmed`] otherwise).
-    pub async fn settle(
-        &self,
-        reservation: &CallReservation,
-        made: u32,
-    ) -> Result<Settled, RateLimitError> {
-        if made > reservation.calls {
-            return Err(RateLimitError::MadeExceedsReserved {
-                reservation: reservation.id,
-                made,
-                reserved: reservation.calls,
-            });
-        }
-        if reservation.namespace != self.coll.namespace().to_string() {
-            // Granted by another collection of limiters: its slots mean nothing here.
-            for name in &reservation.limiters {
-                self.limit(name).await?;
-            }
-            return Err(RateLimitError::UnknownReservation {
-                collection: self.coll_name().to_string(),
-                limiter: reservation.limiters.join(","),
-                reservation: reservation.id,
-            });
-        }
-        let resend =
-            match reservation
-                .state
-                .compare_exchange(OPEN, SENT, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) => false,
-                Err(SENT) => true,
-                Err(_) => {
-                    return Err(RateLimitError::AlreadySettled {
-                        collection: self.coll_name().to_string(),
-                        limiter: reservation.limiters.join(","),
-                        reservation: reservation.id,
-                        made: reservation.made.load(Ordering::SeqCst),
-                    })
-                }
-            };
-        let outcomes = join_all(reservation.limiters.iter().zip(&reservation.grants).map(
-            |(name, grant)| {
-                self.settle_one(name, reservation, *grant, made, resend, &reservation.state)
-            },
-        ))
-        .await;
-        let mut settled = Settled::Returned {
-            unused: reservation.calls - made,
-        };
-        for outcome in outcomes {
-            match outcome? {
-                Settled::Expired if settled != Settled::Unconfirmed => settled = Settled::Expired,
-                Settled::Unconfirmed => settled = Settled::Unconfirmed,
-                _ => {}
-            }
-        }
-        reservation.made.store(made, Ordering::SeqCst);
-        reservation.state.store(DONE, Ordering::SeqCst);
-        // Only unused calls free room now; calls made keep theirs for a window, and waiters
-        // already sleep until then.
-        if made < reservation.calls {
-            for name in &reservation.limiters {
-                self.waker(name).notify_waiters();
-            }
-        }
-        Ok(settled)
-    }
-
-    /// Settles a reservation on one limiter: one write, sent again (as a resend) when its reply
-    /// is lost. `state` becomes [`SENT`] before anything is sent.
-    async fn settle_one(
-        &self,
-        name: &str,
-        reservation: &CallReservation,
-        grant: Grant,
-        made: u32,
-        mut resend: bool,
-        state: &AtomicU8,
-    ) -> Result<Settled, RateLimitError> {
-        let key = reservation.id.to_hex();
-        for round in 1..=TRIES {
-            let update = settle_update(
-                &key,
-                reservation.calls,
-                reservation.priority,
-                grant,
-                made,
-                resend,
-            );
-            let written = self
-                .coll
-                .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
-                .projection(doc! { "out": 1 })
-                .return_document(ReturnDocument::After)
-                .await;
-            let doc = match written {
-                Ok(Some(doc)) => doc,
-                Ok(None) => return Err(self.absent(name).await),
-                Err(e) if crate::server::is_transient(&e) && round < TRIES => {
-                    state.store(SENT, Ordering::SeqCst);
-                    resend = true;
-                    continue;
-                }
-                Err(e) => return Err(self.db_error(name, "settle", e)),
-            };
-            let out = Out::of(&doc, &key)
-                .ok_or_else(|| self.malformed(name, "the settling write returned no outcome"))?;
-            return Ok(if out.ok || out.seen {
-                Settled::Returned {
-                    unused: reservation.calls - made,
-                }
-            } else if out.lost {
-                Settled::Unconfirmed
-            } else {
-                // Its end's slot stopped counting: it aged out whole.
-                Settled::Expired
-            });
-        }
-        Err(RateLimitError::Contended {
-            collection: self.coll_name().to_string(),
+/// The body of [`RateLimits::define`].
+pub(crate) async fn define(
+    rate: &RateLimits,
+    name: &str,
+    limit: Limit,
+) -> Result<(), RateLimitError> {
+    check_name(rate, name)?;
+    if let Some(reason) = limit.problem() {
+        return Err(RateLimitError::InvalidLimit {
+            collection: coll_name(rate).to_string(),
             limiter: name.to_string(),
-            what: "settle",
-            tries: TRIES,
-        })
+            reason,
+        });
     }
-
-    /// Why a write on `name` found no limiter to write: none, or one in an earlier format.
-    async fn absent(&self, name: &str) -> RateLimitError {
-        match self.coll.find_one(doc! { "_id": name }).await {
-            Ok(None) => self.unknown(name),
-            Ok(Some(doc)) => match View::parse(&doc, DateTime::now()) {
-                Err(reason) => self.malformed(name, &reason),
-                Ok(_) => self.malformed(name, "it changed format while being written"),
-            },
-            Err(e) => self.db_error(name, "read", e),
-        }
-    }
-
-    /// One grant on every limiter, all or nothing. A bulk caller that waits passes its
-    /// `queue`: limiters that refuse it queue it.
-    async fn attempt(
-        &self,
-        limits: &[(String, Limit)],
-        n: u32,
-        priority: Priority,
-        mut queue: Option<&mut Queue>,
-    ) -> Result<Attempt, RateLimitError> {
-        let id = ObjectId::new();
-        let sent = Instant::now();
-        let single = limits.len() == 1;
-        let answers = {
-            let tickets = queue.as_deref().map(|q| &q.tickets);
-            join_all(limits.iter().map(|(name, _)| {
-                let ticket = tickets.and_then(|t| t.get(name));
-                self.grant_one(name, id, n, priority, ticket, single)
-            }))
-            .await
-        };
-        let mut granted = Vec::new();
-        let mut refused = Vec::new();
-        let mut failure = None;
-        for ((name, limit), answer) in limits.iter().zip(answers) {
-            match answer {
-                Ok(One::Granted(grant)) => granted.push((name, grant)),
-                Ok(One::Refused { view }) => refused.push((name, limit, view)),
-                Err(e) => failure = failure.or(Some(e)),
-            }
-        }
-        if failure.is_none() && refused.is_empty() {
-            if let Some(q) = queue {
-                if !single {
-                    self.leave_queues(&q.key, q.tickets.keys()).await;
-                }
-                q.tickets.clear();
-            }
-            let hold = limits.iter().map(|(_, l)| l.hold).min().unwrap_or_default();
-            let counted_for = limits
-                .iter()
-                .map(|(_, l)| {
-                    l.hold - hold
-                        + l.grace
-                        + l.window
-                        + SLACK
-                        + Duration::from_millis(
-                            u64::try_from(plan::slot_ms(l)).unwrap_or(u64::MAX / 4),
-                        )
-                })
-                .max()
-                .unwrap_or_default();
-            return Ok(Attempt::Granted(CallReservation {
-                id,
-                namespace: self.coll.namespace().to_string(),
-                limiters: limits.iter().map(|(name, _)| name.clone()).collect(),
-                grants: granted.iter().map(|(_, g)| *g).collect(),
-                state: Arc::new(AtomicU8::new(OPEN)),
-                made: Arc::default(),
-                calls: n,
-                priority,
-                deadline: sent + hold,
-                counted_for,
-            }));
-        }
-        // All or nothing: take back what was granted. No call was made under it.
-        let key = id.to_hex();
-        join_all(
-            granted
-                .iter()
-                .map(|(name, grant)| self.withdraw(name, &key, n, priority, *grant)),
-        )
-        .await;
-        for (name, _) in &granted {
-            self.waker(name).notify_waiters();
-        }
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        let mut at: Option<DateTime> = None;
-        let mut after = Duration::ZERO;
-        for (name, limit, view) in refused {
-            let ttl = self.queue_ttl(limit);
-            let view = match queue.as_deref_mut() {
-                None => view,
-                Some(q) => {
-                    let queued = self.join_queue(name, ttl, &q.key, n).await?;
-                    if let Some(w) = queued.wait.iter().find(|w| w.key == q.key) {
-                        let ticket = Ticket {
-                            key: q.key.clone(),
-                            since: w.since,
-                            exp: w.exp,
-                        };
-                        q.tickets.insert(name.clone(), ticket);
-                    }
-                    Box::new(queued)
-                }
-            };
-            let ticket = queue.as_deref().and_then(|q| q.tickets.get(name.as_str()));
-            // Pending reservations are usually settled with their calls made, which frees room
-            // sooner than their ends say: wake then, and look again.
-            let when = view
-                .likely_fits_at(n, priority, ticket)
-                .unwrap_or_else(|| plus(view.now, self.poll(Self::shortest_window(limits))));
-            let wait = Duration::from_millis(
-                u64::try_from(when.timestamp_millis() - view.now.timestamp_millis()).unwrap_or(0),
-            );
-            if at.is_none() || wait > after {
-                after = wait;
-                at = Some(when);
-            }
-        }
-        Ok(Attempt::Wait {
-            at: at.unwrap_or_else(DateTime::now).to_chrono(),
-            after,
-        })
-    }
-
-    /// Asks `name` for `n` calls under reservation `id`: one write that answers with the
-    /// limiter, granted or not; sent again with the same key when its reply is lost (the
-    /// limiter then finds the earlier grant instead of counting it twice).
-    async fn grant_one(
-        &self,
-        name: &str,
-        id: ObjectId,
-        n: u32,
-        priority: Priority,
-        ticket: Option<&Ticket>,
-        leave_queue: bool,
-    ) -> Result<One, RateLimitError> {
-        let key = id.to_hex();
-        let leaving = ticket.filter(|_| leave_queue).map(|t| t.key.as_str());
-        let mut round = 0;
-        let doc = loop {
-            round += 1;
-            let update = grant_update(&key, n, priority, ticket, leaving);
-            let written = self
-                .coll
-                .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
-                // The recent grants and settlements stay on the server: `out` says what a caller
-                // needs of them.
-                .projection(doc! { "granted": 0, "settled": 0 })
-                .return_document(ReturnDocument::After)
-                .await;
-            match written {
-                Ok(Some(doc)) => break doc,
-                Ok(None) => return Err(self.absent(name).await),
-                Err(e) if crate::server::is_transient(&e) && round < TRIES => {}
-                Err(e) => return Err(self.db_error(name, "reserve", e)),
-            }
-        };
-        let out = Out::of(&doc, &key)
-            .ok_or_else(|| self.malformed(name, "the granting write returned no outcome"))?;
-        if out.ok {
-            return plan::granted(&doc).map(One::Granted).ok_or_else(|| {
-                self.malformed(
-                    name,
-                    "a grant is missing from the recent grants it was added to",
-                )
-            });
-        }
-        Ok(One::Refused {
-            view: Box::new(self.reading(name, &doc)?),
-        })
-    }
-
-    /// Puts (or keeps) a bulk caller in `name`'s queue and reads the limiter.
-    async fn join_queue(
-        &self,
-        name: &str,
-        ttl: Duration,
-        key: &str,
-        n: u32,
-    ) -> Result<View, RateLimitError> {
-        let now = self
-            .store
-            .now()
-            .await
-            .map_err(|e| RateLimitError::Clock(Box::new(e)))?;
-        let doc = self
+    let mut fields = limit.to_fields();
+    fields.extend(plan::initial_fields(&limit));
+    let mut attempt = 0;
+    let stored = loop {
+        attempt += 1;
+        let result = rate
             .coll
             .find_one_and_update(
                 doc! { "_id": name },
-                queue_update(key, n, now, plus(now, ttl)),
+                doc! { "$setOnInsert": fields.clone() },
             )
+            .upsert(true)
             .return_document(ReturnDocument::After)
-            .await
-            .map_err(|e| self.db_error(name, "queue", e))?
-            .ok_or_else(|| self.unknown(name))?;
-        self.reading(name, &doc)
-    }
-
-    /// Takes a caller out of the queues of `names` (best effort: an entry left behind expires).
-    async fn leave_queues<'a>(&self, key: &str, names: impl Iterator<Item = &'a String>) {
-        let path = format!("wait.{key}");
-        let removals = names.map(|name| {
-            let path = path.clone();
-            async move {
-                if let Err(e) = self
-                    .coll
-                    .update_one(doc! { "_id": name }, doc! { "$unset": { path: "" } })
-                    .await
-                {
-                    tracing::debug!(limiter = %name, error = %e, "leaving the queue failed; the entry expires");
-                }
-            }
-        });
-        join_all(removals).await;
-    }
-
-    /// Takes back a grant no call was made under (another limiter of the request refused): a
-    /// settlement of none of its calls. Best effort: a grant left in place only counts until it
-    /// ages out, as a dead worker's would.
-    async fn withdraw(&self, name: &str, key: &str, n: u32, priority: Priority, grant: Grant) {
-        let result = self
-            .coll
-            .update_one(
-                doc! { "_id": name, "slot_ms": { "$exists": true } },
-                settle_update(key, n, priority, grant, 0, false),
-            )
             .await;
-        if let Err(e) = result {
-            tracing::debug!(limiter = name, error = %e, "withdrawing a partial grant failed");
+        match result {
+            Ok(Some(doc)) => break doc,
+            Ok(None) => {}
+            // Two definers raced on the upsert; the loser finds the winner's document.
+            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) && attempt < 3 => {}
+            Err(e) => return Err(db_error(rate, name, "define", e)),
         }
+        if attempt >= 3 {
+            return Err(malformed(rate, name, "the upsert returned no document"));
+        }
+    };
+    match Limit::from_fields(&stored) {
+        Some(existing) if existing == limit => {
+            if !stored.contains_key("slot_ms") {
+                // Written by an earlier mongotx: its log of reservations becomes slots.
+                rate.coll
+                    .update_one(
+                        doc! { "_id": name, "slot_ms": { "$exists": false } },
+                        plan::upgrade_update(&limit),
+                    )
+                    .await
+                    .map_err(|e| db_error(rate, name, "move to slots", e))?;
+            }
+            cache(rate, name, limit);
+            Ok(())
+        }
+        Some(existing) => Err(RateLimitError::LimitMismatch {
+            collection: coll_name(rate).to_string(),
+            limiter: name.to_string(),
+            existing: existing.to_string(),
+            wanted: limit.to_string(),
+        }),
+        None => Err(malformed(
+            rate,
+            name,
+            "its limit fields are missing or out of range",
+        )),
     }
+}
 
-    /// Reads a limiter with the server's time of the reading.
-    async fn read(&self, name: &str) -> Result<View, RateLimitError> {
-        let mut cursor = self
-            .coll
-            .aggregate(vec![
-                doc! { "$match": { "_id": name } },
-                doc! { "$addFields": { "read_at": "$$NOW" } },
-            ])
-            .await
-            .map_err(|e| self.db_error(name, "read", e))?;
-        let doc = cursor
-            .try_next()
-            .await
-            .map_err(|e| self.db_error(name, "read", e))?
-            .ok_or_else(|| self.unknown(name))?;
-        self.reading(name, &doc)
+/// The body of [`RateLimits::limit`].
+pub(crate) async fn limit(rate: &RateLimits, name: &str) -> Result<Limit, RateLimitError> {
+    if let Some(limit) = cached(rate, name) {
+        return Ok(limit);
     }
+    check_name(rate, name)?;
+    let doc = rate
+        .coll
+        .find_one(doc! { "_id": name })
+        .projection(doc! { "slots": 0, "granted": 0, "settled": 0, "log": 0, "wait": 0 })
+        .await
+        .map_err(|e| db_error(rate, name, "read", e))?
+        .ok_or_else(|| unknown(rate, name))?;
+    let limit = Limit::from_fields(&doc)
+        .ok_or_else(|| malformed(rate, name, "its limit fields are missing or out of range"))?;
+    cache(rate, name, limit);
+    Ok(limit)
+}
 
-    /// A limiter document with `read_at`, the server's time it was read (or written) at.
-    fn reading(&self, name: &str, doc: &Document) -> Result<View, RateLimitError> {
-        let now = doc
-            .get_datetime("read_at")
-            .copied()
-            .map_err(|_| self.malformed(name, "the server did not report its time (read_at)"))?;
-        View::parse(doc, now).map_err(|reason| self.malformed(name, &reason))
-    }
+/// The body of [`RateLimits::usage`].
+pub(crate) async fn usage(rate: &RateLimits, name: &str) -> Result<Usage, RateLimitError> {
+    check_name(rate, name)?;
+    Ok(read(rate, name).await?.usage())
+}
 
-    // The maps only ever gain entries, so one left by a panicking task is still sound.
-    fn waker(&self, name: &str) -> Arc<Notify> {
-        let mut wakers = self
-            .shared
-            .wakers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        wakers.entry(name.to_string()).or_default().clone()
-    }
+/// The body of [`RateLimits::try_reserve`].
+pub(crate) async fn try_reserve(
+    rate: &RateLimits,
+    limiters: &[&str],
+    n: u32,
+    priority: Priority,
+) -> Result<Attempt, RateLimitError> {
+    let limits = validate(rate, limiters, n, priority).await?;
+    attempt(rate, &limits, n, priority, None).await
+}
 
-    fn cached(&self, name: &str) -> Option<Limit> {
-        let limits = self
-            .shared
-            .limits
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        limits.get(name).copied()
-    }
+/// The body of [`RateLimits::reserve`].
+pub(crate) async fn reserve(
+    rate: &RateLimits,
+    limiters: &[&str],
+    n: u32,
+    priority: Priority,
+) -> Result<CallReservation, RateLimitError> {
+    rate.reserve_within(limiters, n, priority, rate.options.max_wait)
+        .await
+}
 
-    fn cache(&self, name: &str, limit: Limit) {
-        let mut limits = self
-            .shared
-            .limits
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        limits.insert(name.to_string(), limit);
-    }
-
-    /// How long a queued caller stays in the queue without coming back. A waiter comes back at
-    /// least once a poll; a dead one should not hold the queue up for much longer than that.
-    fn queue_ttl(&self, limit: &Limit) -> Duration {
-        self.poll(limit.window) * 3 / 2 + Duration::from_millis(200)
-    }
-
-    /// The longest a waiter on limiters whose shortest window is `window` sleeps without news.
-    fn poll(&self, window: Duration) -> Duration {
-        self.options
-            .poll
-            .unwrap_or_else(|| (window / 8).clamp(Duration::from_millis(5), Duration::from_secs(5)))
-    }
-
-    /// The shortest window of `limits`.
-    fn shortest_window(limits: &[(String, Limit)]) -> Duration {
-        limits
-            .iter()
-            .map(|(_, l)| l.window)
-            .min()
-            .unwrap_or(Duration::from_secs(1))
-    }
-
-    async fn validate(
-        &self,
-        limiters: &[&str],
-        n: u32,
-        priority: Priority,
-    ) -> Result<Vec<(String, Limit)>, RateLimitError> {
-        if limiters.is_empty() {
-            return Err(RateLimitError::InvalidRequest {
-                reason: format!("{}: a reservation names no limiter", self.coll_name()),
+/// The body of [`RateLimits::reserve_within`].
+pub(crate) async fn reserve_within(
+    rate: &RateLimits,
+    limiters: &[&str],
+    n: u32,
+    priority: Priority,
+    max_wait: Duration,
+) -> Result<CallReservation, RateLimitError> {
+    let limits = validate(rate, limiters, n, priority).await?;
+    let started = Instant::now();
+    let mut queue = Queue {
+        key: ObjectId::new().to_hex(),
+        tickets: HashMap::new(),
+    };
+    let poll = poll(rate, shortest_window(&limits));
+    let result = loop {
+        let wakers: Vec<Arc<Notify>> = limits.iter().map(|(name, _)| waker(rate, name)).collect();
+        let mut woken: Vec<_> = wakers.iter().map(|w| Box::pin(w.notified())).collect();
+        for w in &mut woken {
+            w.as_mut().enable();
+        }
+        let queued = (priority == Priority::Bulk).then_some(&mut queue);
+        let attempt = match attempt(rate, &limits, n, priority, queued).await {
+            Ok(attempt) => attempt,
+            Err(e) => break Err(e),
+        };
+        let after = match attempt {
+            Attempt::Granted(reservation) => break Ok(reservation),
+            Attempt::Wait { after, .. } => after,
+        };
+        let waited = started.elapsed();
+        if waited >= max_wait {
+            break Err(RateLimitError::TimedOut {
+                collection: coll_name(rate).to_string(),
+                limiters: limiters.join(","),
+                requested: n,
+                waited,
             });
         }
-        let mut seen = HashSet::new();
-        for name in limiters {
-            self.check_name(name)?;
-            if !seen.insert(*name) {
-                return Err(RateLimitError::InvalidRequest {
-                    reason: format!(
-                        "{}: limiter {} is named twice in one reservation",
-                        self.coll_name(),
-                        shown(name)
-                    ),
-                });
-            }
+        let sleep = after.min(poll).min(max_wait - waited);
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = futures::future::select_all(woken) => {}
         }
-        let mut limits = Vec::with_capacity(limiters.len());
-        for name in limiters {
-            let limit = self.limit(name).await?;
-            if n == 0 {
-                return Err(RateLimitError::ZeroCalls {
-                    collection: self.coll_name().to_string(),
-                    limiter: name.to_string(),
-                });
-            }
-            let most = limit.max_for(priority);
-            if n > most {
-                return Err(RateLimitError::TooManyCalls {
-                    collection: self.coll_name().to_string(),
-                    limiter: name.to_string(),
-                    requested: n,
-                    most,
-                    priority: priority.to_string(),
-                });
-            }
-            limits.push((name.to_string(), limit));
-        }
-        Ok(limits)
+    };
+    if !queue.tickets.is_empty() {
+        leave_queues(rate, &queue.key, queue.tickets.keys()).await;
     }
+    result
+}
 
-    fn check_name(&self, name: &str) -> Result<(), RateLimitError> {
-        let invalid = |why: String| RateLimitError::InvalidRequest {
-            reason: format!("{}: limiter name {} {why}", self.coll_name(), shown(name)),
+/// The body of [`RateLimits::settle`].
+pub(crate) async fn settle(
+    rate: &RateLimits,
+    reservation: &CallReservation,
+    made: u32,
+) -> Result<Settled, RateLimitError> {
+    if made > reservation.calls {
+        return Err(RateLimitError::MadeExceedsReserved {
+            reservation: reservation.id,
+            made,
+            reserved: reservation.calls,
+        });
+    }
+    if reservation.namespace != rate.coll.namespace().to_string() {
+        // Granted by another collection of limiters: its slots mean nothing here.
+        for name in &reservation.limiters {
+            rate.limit(name).await?;
+        }
+        return Err(RateLimitError::UnknownReservation {
+            collection: coll_name(rate).to_string(),
+            limiter: reservation.limiters.join(","),
+            reservation: reservation.id,
+        });
+    }
+    let resend =
+        match reservation
+            .state
+            .compare_exchange(OPEN, SENT, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => false,
+            Err(SENT) => true,
+            Err(_) => {
+                return Err(RateLimitError::AlreadySettled {
+                    collection: coll_name(rate).to_string(),
+                    limiter: reservation.limiters.join(","),
+                    reservation: reservation.id,
+                    made: reservation.made.load(Ordering::SeqCst),
+                })
+            }
         };
-        if name.is_empty() || name.len() > MAX_NAME {
-            return Err(invalid(format!(
-                "must have 1 to {MAX_NAME} bytes, not {}",
-                name.len()
-            )));
+    let outcomes = join_all(reservation.limiters.iter().zip(&reservation.grants).map(
+        |(name, grant)| {
+            settle_one(
+                rate,
+                name,
+                reservation,
+                *grant,
+                made,
+                resend,
+                &reservation.state,
+            )
+        },
+    ))
+    .await;
+    let mut settled = Settled::Returned {
+        unused: reservation.calls - made,
+    };
+    for outcome in outcomes {
+        match outcome? {
+            Settled::Expired if settled != Settled::Unconfirmed => settled = Settled::Expired,
+            Settled::Unconfirmed => settled = Settled::Unconfirmed,
+            _ => {}
         }
-        // A NUL or a line break in a name is almost always a caller's encoding bug, and would
-        // make errors and logs lie about which limiter was asked.
-        if let Some(c) = name.chars().find(|c| c.is_control()) {
-            return Err(invalid(format!(
-                "holds the control character U+{:04X}",
-                u32::from(c)
-            )));
-        }
-        Ok(())
     }
-
-    fn unknown(&self, name: &str) -> RateLimitError {
-        RateLimitError::UnknownLimiter {
-            collection: self.coll_name().to_string(),
-            limiter: name.to_string(),
+    reservation.made.store(made, Ordering::SeqCst);
+    reservation.state.store(DONE, Ordering::SeqCst);
+    // Only unused calls free room now; calls made keep theirs for a window, and waiters
+    // already sleep until then.
+    if made < reservation.calls {
+        for name in &reservation.limiters {
+            waker(rate, name).notify_waiters();
         }
     }
+    Ok(settled)
+}
 
-    fn malformed(&self, name: &str, reason: &str) -> RateLimitError {
-        RateLimitError::Malformed {
-            collection: self.coll_name().to_string(),
-            limiter: name.to_string(),
-            reason: reason.to_string(),
+/// Settles a reservation on one limiter: one write, sent again (as a resend) when its reply
+/// is lost. `state` becomes [`SENT`] before anything is sent.
+async fn settle_one(
+    rate: &RateLimits,
+    name: &str,
+    reservation: &CallReservation,
+    grant: Grant,
+    made: u32,
+    mut resend: bool,
+    state: &AtomicU8,
+) -> Result<Settled, RateLimitError> {
+    let key = reservation.id.to_hex();
+    for round in 1..=TRIES {
+        let update = settle_update(
+            &key,
+            reservation.calls,
+            reservation.priority,
+            grant,
+            made,
+            resend,
+        );
+        let written = rate
+            .coll
+            .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
+            .projection(doc! { "out": 1 })
+            .return_document(ReturnDocument::After)
+            .await;
+        let doc = match written {
+            Ok(Some(doc)) => doc,
+            Ok(None) => return Err(absent(rate, name).await),
+            Err(e) if crate::server::is_transient(&e) && round < TRIES => {
+                state.store(SENT, Ordering::SeqCst);
+                resend = true;
+                continue;
+            }
+            Err(e) => return Err(db_error(rate, name, "settle", e)),
+        };
+        let out = Out::of(&doc, &key)
+            .ok_or_else(|| malformed(rate, name, "the settling write returned no outcome"))?;
+        return Ok(if out.ok || out.seen {
+            Settled::Returned {
+                unused: reservation.calls - made,
+            }
+        } else if out.lost {
+            Settled::Unconfirmed
+        } else {
+            // Its end's slot stopped counting: it aged out whole.
+            Settled::Expired
+        });
+    }
+    Err(RateLimitError::Contended {
+        collection: coll_name(rate).to_string(),
+        limiter: name.to_string(),
+        what: "settle",
+        tries: TRIES,
+    })
+}
+
+/// Why a write on `name` found no limiter to write: none, or one in an earlier format.
+async fn absent(rate: &RateLimits, name: &str) -> RateLimitError {
+    match rate.coll.find_one(doc! { "_id": name }).await {
+        Ok(None) => unknown(rate, name),
+        Ok(Some(doc)) => match View::parse(&doc, DateTime::now()) {
+            Err(reason) => malformed(rate, name, &reason),
+            Ok(_) => malformed(rate, name, "it changed format while being written"),
+        },
+        Err(e) => db_error(rate, name, "read", e),
+    }
+}
+
+/// One grant on every limiter, all or nothing. A bulk caller that waits passes its
+/// `queue`: limiters that refuse it queue it.
+async fn attempt(
+    rate: &RateLimits,
+    limits: &[(String, Limit)],
+    n: u32,
+    priority: Priority,
+    mut queue: Option<&mut Queue>,
+) -> Result<Attempt, RateLimitError> {
+    let id = ObjectId::new();
+    let sent = Instant::now();
+    let single = limits.len() == 1;
+    let answers = {
+        let tickets = queue.as_deref().map(|q| &q.tickets);
+        join_all(limits.iter().map(|(name, _)| {
+            let ticket = tickets.and_then(|t| t.get(name));
+            grant_one(rate, name, id, n, priority, ticket, single)
+        }))
+        .await
+    };
+    let mut granted = Vec::new();
+    let mut refused = Vec::new();
+    let mut failure = None;
+    for ((name, limit), answer) in limits.iter().zip(answers) {
+        match answer {
+            Ok(One::Granted(grant)) => granted.push((name, grant)),
+            Ok(One::Refused { view }) => refused.push((name, limit, view)),
+            Err(e) => failure = failure.or(Some(e)),
         }
+    }
+    if failure.is_none() && refused.is_empty() {
+        if let Some(q) = queue {
+            if !single {
+                leave_queues(rate, &q.key, q.tickets.keys()).await;
+            }
+            q.tickets.clear();
+        }
+        let hold = limits.iter().map(|(_, l)| l.hold).min().unwrap_or_default();
+        let counted_for = limits
+            .iter()
+            .map(|(_, l)| {
+                l.hold - hold
+                    + l.grace
+                    + l.window
+                    + SLACK
+                    + Duration::from_millis(u64::try_from(plan::slot_ms(l)).unwrap_or(u64::MAX / 4))
+            })
+            .max()
+            .unwrap_or_default();
+        return Ok(Attempt::Granted(CallReservation {
+            id,
+            namespace: rate.coll.namespace().to_string(),
+            limiters: limits.iter().map(|(name, _)| name.clone()).collect(),
+            grants: granted.iter().map(|(_, g)| *g).collect(),
+            state: Arc::new(AtomicU8::new(OPEN)),
+            made: Arc::default(),
+            calls: n,
+            priority,
+            deadline: sent + hold,
+            counted_for,
+        }));
+    }
+    // All or nothing: take back what was granted. No call was made under it.
+    let key = id.to_hex();
+    join_all(
+        granted
+            .iter()
+            .map(|(name, grant)| withdraw(rate, name, &key, n, priority, *grant)),
+    )
+    .await;
+    for (name, _) in &granted {
+        waker(rate, name).notify_waiters();
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let mut at: Option<DateTime> = None;
+    let mut after = Duration::ZERO;
+    for (name, limit, view) in refused {
+        let ttl = queue_ttl(rate, limit);
+        let view = match queue.as_deref_mut() {
+            None => view,
+            Some(q) => {
+                let queued = join_queue(rate, name, ttl, &q.key, n).await?;
+                if let Some(w) = queued.wait.iter().find(|w| w.key == q.key) {
+                    let ticket = Ticket {
+                        key: q.key.clone(),
+                        since: w.since,
+                        exp: w.exp,
+                    };
+                    q.tickets.insert(name.clone(), ticket);
+                }
+                Box::new(queued)
+            }
+        };
+        let ticket = queue.as_deref().and_then(|q| q.tickets.get(name.as_str()));
+        // Pending reservations are usually settled with their calls made, which frees room
+        // sooner than their ends say: wake then, and look again.
+        let when = view
+            .likely_fits_at(n, priority, ticket)
+            .unwrap_or_else(|| plus(view.now, poll(rate, shortest_window(limits))));
+        let wait = Duration::from_millis(
+            u64::try_from(when.timestamp_millis() - view.now.timestamp_millis()).unwrap_or(0),
+        );
+        if at.is_none() || wait > after {
+            after = wait;
+            at = Some(when);
+        }
+    }
+    Ok(Attempt::Wait {
+        at: at.unwrap_or_else(DateTime::now).to_chrono(),
+        after,
+    })
+}
+
+/// Asks `name` for `n` calls under reservation `id`: one write that answers with the
+/// limiter, granted or not; sent again with the same key when its reply is lost (the
+/// limiter then finds the earlier grant instead of counting it twice).
+async fn grant_one(
+    rate: &RateLimits,
+    name: &str,
+    id: ObjectId,
+    n: u32,
+    priority: Priority,
+    ticket: Option<&Ticket>,
+    leave_queue: bool,
+) -> Result<One, RateLimitError> {
+    let key = id.to_hex();
+    let leaving = ticket.filter(|_| leave_queue).map(|t| t.key.as_str());
+    let mut round = 0;
+    let doc = loop {
+        round += 1;
+        let update = grant_update(&key, n, priority, ticket, leaving);
+        let written = rate
+            .coll
+            .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
+            // The recent grants and settlements stay on the server: `out` says what a caller
+            // needs of them.
+            .projection(doc! { "granted": 0, "settled": 0 })
+            .return_document(ReturnDocument::After)
+            .await;
+        match written {
+            Ok(Some(doc)) => break doc,
+            Ok(None) => return Err(absent(rate, name).await),
+            Err(e) if crate::server::is_transient(&e) && round < TRIES => {}
+            Err(e) => return Err(db_error(rate, name, "reserve", e)),
+        }
+    };
+    let out = Out::of(&doc, &key)
+        .ok_or_else(|| malformed(rate, name, "the granting write returned no outcome"))?;
+    if out.ok {
+        return plan::granted(&doc).map(One::Granted).ok_or_else(|| {
+            malformed(
+                rate,
+                name,
+                "a grant is missing from the recent grants it was added to",
+            )
+        });
+    }
+    Ok(One::Refused {
+        view: Box::new(reading(rate, name, &doc)?),
+    })
+}
+
+/// Puts (or keeps) a bulk caller in `name`'s queue and reads the limiter.
+async fn join_queue(
+    rate: &RateLimits,
+    name: &str,
+    ttl: Duration,
+    key: &str,
+    n: u32,
+) -> Result<View, RateLimitError> {
+    let now = rate
+        .store
+        .now()
+        .await
+        .map_err(|e| RateLimitError::Clock(Box::new(e)))?;
+    let doc = rate
+        .coll
+        .find_one_and_update(
+            doc! { "_id": name },
+            queue_update(key, n, now, plus(now, ttl)),
+        )
+        .return_document(ReturnDocument::After)
+        .await
+        .map_err(|e| db_error(rate, name, "queue", e))?
+        .ok_or_else(|| unknown(rate, name))?;
+    reading(rate, name, &doc)
+}
+
+/// Takes a caller out of the queues of `names` (best effort: an entry left behind expires).
+async fn leave_queues<'a>(rate: &RateLimits, key: &str, names: impl Iterator<Item = &'a String>) {
+    let path = format!("wait.{key}");
+    let removals = names.map(|name| {
+        let path = path.clone();
+        async move {
+            if let Err(e) = rate
+                .coll
+                .update_one(doc! { "_id": name }, doc! { "$unset": { path: "" } })
+                .await
+            {
+                tracing::debug!(limiter = %name, error = %e, "leaving the queue failed; the entry expires");
+            }
+        }
+    });
+    join_all(removals).await;
+}
+
+/// Takes back a grant no call was made under (another limiter of the request refused): a
+/// settlement of none of its calls. Best effort: a grant left in place only counts until it
+/// ages out, as a dead worker's would.
+async fn withdraw(
+    rate: &RateLimits,
+    name: &str,
+    key: &str,
+    n: u32,
+    priority: Priority,
+    grant: Grant,
+) {
+    let result = rate
+        .coll
+        .update_one(
+            doc! { "_id": name, "slot_ms": { "$exists": true } },
+            settle_update(key, n, priority, grant, 0, false),
+        )
+        .await;
+    if let Err(e) = result {
+        tracing::debug!(limiter = name, error = %e, "withdrawing a partial grant failed");
+    }
+}
+
+/// Reads a limiter with the server's time of the reading.
+async fn read(rate: &RateLimits, name: &str) -> Result<View, RateLimitError> {
+    let mut cursor = rate
+        .coll
+        .aggregate(vec![
+            doc! { "$match": { "_id": name } },
+            doc! { "$addFields": { "read_at": "$$NOW" } },
+        ])
+        .await
+        .map_err(|e| db_error(rate, name, "read", e))?;
+    let doc = cursor
+        .try_next()
+        .await
+        .map_err(|e| db_error(rate, name, "read", e))?
+        .ok_or_else(|| unknown(rate, name))?;
+    reading(rate, name, &doc)
+}
+
+/// A limiter document with `read_at`, the server's time it was read (or written) at.
+fn reading(rate: &RateLimits, name: &str, doc: &Document) -> Result<View, RateLimitError> {
+    let now = doc
+        .get_datetime("read_at")
+        .copied()
+        .map_err(|_| malformed(rate, name, "the server did not report its time (read_at)"))?;
+    View::parse(doc, now).map_err(|reason| malformed(rate, name, &reason))
+}
+
+// The maps only ever gain entries, so one left by a panicking task is still sound.
+fn waker(rate: &RateLimits, name: &str) -> Arc<Notify> {
+    let mut wakers = rate
+        .shared
+        .wakers
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    wakers.entry(name.to_string()).or_default().clone()
+}
+
+fn cached(rate: &RateLimits, name: &str) -> Option<Limit> {
+    let limits = rate
+        .shared
+        .limits
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    limits.get(name).copied()
+}
+
+fn cache(rate: &RateLimits, name: &str, limit: Limit) {
+    let mut limits = rate
+        .shared
+        .limits
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    limits.insert(name.to_string(), limit);
+}
+
+/// How long a queued caller stays in the queue without coming back. A waiter comes back at
+/// least once a poll; a dead one should not hold the queue up for much longer than that.
+fn queue_ttl(rate: &RateLimits, limit: &Limit) -> Duration {
+    poll(rate, limit.window) * 3 / 2 + Duration::from_millis(200)
+}
+
+/// The longest a waiter on limiters whose shortest window is `window` sleeps without news.
+fn poll(rate: &RateLimits, window: Duration) -> Duration {
+    rate.options
+        .poll
+        .unwrap_or_else(|| (window / 8).clamp(Duration::from_millis(5), Duration::from_secs(5)))
+}
+
+/// The shortest window of `limits`.
+fn shortest_window(limits: &[(String, Limit)]) -> Duration {
+    limits
+        .iter()
+        .map(|(_, l)| l.window)
+        .min()
+        .unwrap_or(Duration::from_secs(1))
+}
+
+async fn validate(
+    rate: &RateLimits,
+    limiters: &[&str],
+    n: u32,
+    priority: Priority,
+) -> Result<Vec<(String, Limit)>, RateLimitError> {
+    if limiters.is_empty() {
+        return Err(RateLimitError::InvalidRequest {
+            reason: format!("{}: a reservation names no limiter", coll_name(rate)),
+        });
+    }
+    let mut seen = HashSet::new();
+    for name in limiters {
+        check_name(rate, name)?;
+        if !seen.insert(*name) {
+            return Err(RateLimitError::InvalidRequest {
+                reason: format!(
+                    "{}: limiter {} is named twice in one reservation",
+                    coll_name(rate),
+                    shown(name)
+                ),
+            });
+        }
+    }
+    let mut limits = Vec::with_capacity(limiters.len());
+    for name in limiters {
+        let limit = rate.limit(name).await?;
+        if n == 0 {
+            return Err(RateLimitError::ZeroCalls {
+                collection: coll_name(rate).to_string(),
+                limiter: name.to_string(),
+            });
+        }
+        let most = limit.max_for(priority);
+        if n > most {
+            return Err(RateLimitError::TooManyCalls {
+                collection: coll_name(rate).to_string(),
+                limiter: name.to_string(),
+                requested: n,
+                most,
+                priority: priority.to_string(),
+            });
+        }
+        limits.push((name.to_string(), limit));
+    }
+    Ok(limits)
+}
+
+fn check_name(rate: &RateLimits, name: &str) -> Result<(), RateLimitError> {
+    let invalid = |why: String| RateLimitError::InvalidRequest {
+        reason: format!("{}: limiter name {} {why}", coll_name(rate), shown(name)),
+    };
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(invalid(format!(
+            "must have 1 to {MAX_NAME} bytes, not {}",
+            name.len()
+        )));
+    }
+    // A NUL or a line break in a name is almost always a caller's encoding bug, and would
+    // make errors and logs lie about which limiter was asked.
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(invalid(format!(
+            "holds the control character U+{:04X}",
+            u32::from(c)
+        )));
+    }
+    Ok(())
+}
+
+fn unknown(rate: &RateLimits, name: &str) -> RateLimitError {
+    RateLimitError::UnknownLimiter {
+        collection: coll_name(rate).to_string(),
+        limiter: name.to_string(),
+    }
+}
+
+fn malformed(rate: &RateLimits, name: &str, reason: &str) -> RateLimitError {
+    RateLimitError::Malformed {
+        collection: coll_name(rate).to_string(),
+        limiter: name.to_string(),
+        reason: reason.to_string(),
     }
 }

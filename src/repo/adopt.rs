@@ -42,6 +42,7 @@ use serde::Serialize;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
+use crate::repo::open;
 use crate::repo::plain::{self, Stamping};
 use crate::repo::repository::Repository;
 use crate::repo::store::Store;
@@ -178,73 +179,46 @@ impl AdoptReport {
     }
 }
 
-impl<T> Repository<T>
+/// The body of [`Repository::adopt`].
+pub(crate) async fn adopt<T>(
+    repo: &Repository<T>,
+    options: AdoptOptions,
+) -> Result<AdoptReport, RepoError>
 where
     T: Serialize + DeserializeOwned + Send + Sync,
 {
-    /// Stamps every plain document of the collection (one written without system fields: before
-    /// the collection was adopted, or by another writer since), in batches, while other writers
-    /// keep working; returns what it did. Each document is checked against the schema as it will
-    /// read (upgraded from [`CollectionSpec::plain_documents`](crate::CollectionSpec::plain_documents)'s
-    /// version) and stamped only while its content is the one checked; refused documents stay
-    /// plain and are reported. Nothing but `_schema` and `_version` is added to any document.
-    ///
-    /// Idempotent and resumable: a run stopped anywhere (the process killed, the future
-    /// dropped) leaves every document stamped or plain, and the next run stamps the plain ones.
-    /// Documents read before the adoption are not needed: every document reads the same way
-    /// stamped or plain (a plain one's first write stamps it, see [`Stamped::is_plain`](crate::Stamped::is_plain)).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn demo(accounts: mongotx::Repository<bson::Document>) -> Result<(), mongotx::RepoError> {
-    /// use mongotx::adopt::AdoptOptions;
-    ///
-    /// let planned = accounts.adopt(AdoptOptions::new().dry_run(true)).await?;
-    /// println!("{} to stamp, {} refused", planned.stamped, planned.refused);
-    /// let done = accounts.adopt(AdoptOptions::new()).await?;
-    /// for refusal in &done.refusals {
-    ///     println!("left plain: {} ({}: {})", refusal.id, refusal.field, refusal.rule);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn adopt(&self, options: AdoptOptions) -> Result<AdoptReport, RepoError> {
-        Adoption {
-            store: &self.store,
-            spec: &self.spec,
-            coll: &self.coll,
-        }
-        .run(options)
-        .await
+    Adoption {
+        store: &repo.store,
+        spec: &repo.spec,
+        coll: &repo.coll,
     }
+    .run(options)
+    .await
 }
 
-impl Store {
-    /// Adopts the collection `spec` names: opens it as [`Store::repository`] does (registry,
-    /// indexes, server validator) and stamps its plain documents as [`Repository::adopt`] does.
-    /// A dry run opens nothing and writes nothing: it reads, checks and reports.
-    pub async fn adopt(
-        &self,
-        spec: CollectionSpec,
-        options: AdoptOptions,
-    ) -> Result<AdoptReport, RepoError> {
-        if options.dry_run {
-            spec.check_upgrades()?;
-            self.ensure_server_suits().await?;
-            let coll = self.database().collection::<Document>(spec.name());
-            return Adoption {
-                store: self,
-                spec: &spec,
-                coll: &coll,
-            }
-            .run(options)
-            .await;
+/// The body of [`Store::adopt`].
+pub(crate) async fn open_and_adopt(
+    store: &Store,
+    spec: CollectionSpec,
+    options: AdoptOptions,
+) -> Result<AdoptReport, RepoError> {
+    if options.dry_run {
+        spec.check_upgrades()?;
+        open::ensure_server_suits(store).await?;
+        let coll = store.database().collection::<Document>(spec.name());
+        return Adoption {
+            store,
+            spec: &spec,
+            coll: &coll,
         }
-        self.repository::<Document>(spec)
-            .await?
-            .adopt(options)
-            .await
+        .run(options)
+        .await;
     }
+    store
+        .repository::<Document>(spec)
+        .await?
+        .adopt(options)
+        .await
 }
 
 /// The documents that carry a system field but no stamp mongotx can read (the rules of
@@ -274,7 +248,7 @@ fn unreadable_filter() -> Document {
 
 /// What stamping one batch came to.
 #[derive(Default)]
-struct Stamped {
+struct Tally {
     stamped: u64,
     already_stamped: u64,
     vanished: u64,
@@ -282,7 +256,7 @@ struct Stamped {
     refused: Vec<(Bson, String, String)>,
 }
 
-impl Stamped {
+impl Tally {
     fn add_to(self, report: &mut AdoptReport, listed: usize) {
         report.stamped += self.stamped;
         report.already_stamped += self.already_stamped;
@@ -481,8 +455,8 @@ impl Adoption<'_> {
     }
 
     /// Stamps the checked documents `ready` (see the module doc) and says what came of each.
-    async fn stamp(&self, ready: Vec<Document>) -> Result<Stamped, RepoError> {
-        let mut outcome = Stamped::default();
+    async fn stamp(&self, ready: Vec<Document>) -> Result<Tally, RepoError> {
+        let mut outcome = Tally::default();
         let version = self
             .store
             .first_version(self.name())

@@ -73,255 +73,231 @@ impl Query {
     }
 }
 
-impl<T> Repository<T>
+/// The body of [`Repository::find`].
+pub(crate) async fn find<T>(
+    repo: &Repository<T>,
+    query: Query,
+) -> Result<Vec<Stamped<T>>, RepoError>
 where
     T: Serialize + DeserializeOwned + Send + Sync,
 {
-    /// Finds live documents matching the query, with filter, sort, skip and limit evaluated on
-    /// committed values (tombstones and uncommitted changes are never seen).
-    ///
-    /// Never waits for a transaction and never fails because a document is held: a held
-    /// document reads as its committed value. The cost does not depend on what is held
-    /// elsewhere: one command when nothing the filter can match is held; otherwise at most four
-    /// plus one per collection that the holders' staging transactions touch (see `repo::query`
-    /// and `HoldResolver::statuses`), and one more under a limit when over a thousand held
-    /// documents can match. (Long results add the cursor's `getMore`s, as any query's do.)
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[derive(serde::Serialize, serde::Deserialize)]
-    /// # struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
-    /// # async fn demo(accounts: mongotx::Repository<Account>) -> Result<(), mongotx::RepoError> {
-    /// use bson::doc;
-    /// use mongotx::Query;
-    ///
-    /// let page = accounts
-    ///     .find(Query::new().filter(doc! { "balance": { "$gt": 100_i64 } }).sort(doc! { "_id": 1 }).skip(20).limit(10))
-    ///     .await?;
-    /// for account in &page {
-    ///     println!("{} has {} (version {})", account.id, account.balance, account.version);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {
-        self.check_query(&query)?;
-        let (filter, sort) = (&query.filter, query.sort.as_ref());
-        let window = query.window();
-        // Under a limit the whole first pass fits one reply (held candidates are a few bytes).
-        let batch = window.and_then(|l| u32::try_from(l.saturating_add(query::HOLDER_BATCH)).ok());
-        let mut first = query::holders_pass(filter, sort, window);
-        if let Some(projection) = &query.projection {
-            first.extend(query::projection_stages(projection));
-        }
-        let rows = self.aggregate(first, batch).await?;
-        let mut holders: Vec<ObjectId> = rows.iter().filter_map(query::unknown_holder).collect();
-        if holders.is_empty() {
-            // The pass left room for held candidates beyond the limit; there were none.
-            let limit = query
-                .limit
-                .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(0));
-            let skip = usize::try_from(query.skip).unwrap_or(usize::MAX);
-            return rows
-                .into_iter()
-                .skip(skip)
-                .take(limit)
-                .map(|row| self.decode_row(row))
-                .collect();
-        }
-        // Under a limit the held candidates come first; a pass they filled may have left some.
-        if window.is_some_and(|l| holders.len() as i64 >= l.saturating_add(query::HOLDER_BATCH)) {
-            let all = self
-                .aggregate(query::holders_of(filter), Some(u32::MAX >> 1))
-                .await?;
-            holders.extend(all.iter().filter_map(|row| row.get_object_id("_id").ok()));
-        }
-        let committed = self.committed_among(holders).await?;
-        let batch = query.limit.and_then(|l| u32::try_from(l).ok());
-        self.aggregate(self.values_stages(&query, &committed), batch)
-            .await?
+    check_query(repo, &query)?;
+    let (filter, sort) = (&query.filter, query.sort.as_ref());
+    let window = query.window();
+    // Under a limit the whole first pass fits one reply (held candidates are a few bytes).
+    let batch = window.and_then(|l| u32::try_from(l.saturating_add(query::HOLDER_BATCH)).ok());
+    let mut first = query::holders_pass(filter, sort, window);
+    if let Some(projection) = &query.projection {
+        first.extend(query::projection_stages(projection));
+    }
+    let rows = aggregate(repo, first, batch).await?;
+    let mut holders: Vec<ObjectId> = rows.iter().filter_map(query::unknown_holder).collect();
+    if holders.is_empty() {
+        // The pass left room for held candidates beyond the limit; there were none.
+        let limit = query
+            .limit
+            .map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(0));
+        let skip = usize::try_from(query.skip).unwrap_or(usize::MAX);
+        return rows
             .into_iter()
-            .map(|row| self.decode_row(row))
-            .collect()
-    }
-
-    /// Like [`find`](Repository::find), as a stream: results arrive as the server's cursor
-    /// delivers them, so a large result never sits in memory whole. The holders of matching
-    /// documents are read first (one command when there are none, one or two more when there
-    /// are), then the committed values stream from one cursor.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[derive(serde::Serialize, serde::Deserialize)]
-    /// # struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
-    /// # async fn demo(accounts: mongotx::Repository<Account>) -> Result<(), mongotx::RepoError> {
-    /// use futures::TryStreamExt;
-    /// use mongotx::Query;
-    ///
-    /// let mut total = 0_i64;
-    /// let mut all = accounts.find_stream(Query::new()).await?;
-    /// while let Some(account) = all.try_next().await? {
-    ///     total += account.balance;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn find_stream(
-        &self,
-        query: Query,
-    ) -> Result<impl Stream<Item = Result<Stamped<T>, RepoError>> + Send + 'static, RepoError>
-    where
-        T: 'static,
-    {
-        self.check_query(&query)?;
-        let committed = self.committed_holders(&query.filter).await?;
-        let mut action = self.coll.aggregate(self.values_stages(&query, &committed));
-        if let Some(batch) = query.limit.and_then(|l| u32::try_from(l).ok()) {
-            action = action.batch_size(batch);
-        }
-        let cursor = action.await.map_err(|e| self.db_error("*", "find", e))?;
-        let repo = self.clone();
-        Ok(cursor.map(move |row| match row {
-            Ok(row) => repo.decode_row(row),
-            Err(e) => Err(repo.db_error("*", "find", e)),
-        }))
-    }
-
-    /// How many live documents match the query's filter, on committed values (after its skip
-    /// and limit, if it has them, as the driver's `count_documents` does).
-    pub async fn count(&self, query: Query) -> Result<u64, RepoError> {
-        self.check_query(&query)?;
-        let committed = self.committed_holders(&query.filter).await?;
-        let mut stages = self.values_stages(
-            &Query {
-                projection: None,
-                sort: None,
-                ..query
-            },
-            &committed,
-        );
-        stages.push(doc! { "$count": "n" });
-        let rows = self.aggregate(stages, None).await?;
-        let n = rows.first().and_then(|r| match r.get("n") {
-            Some(Bson::Int32(n)) => u64::try_from(*n).ok(),
-            Some(Bson::Int64(n)) => u64::try_from(*n).ok(),
-            Some(Bson::Double(n)) if *n >= 0.0 => Some(*n as u64),
-            _ => None,
-        });
-        Ok(n.unwrap_or(0))
-    }
-
-    fn check_query(&self, query: &Query) -> Result<(), RepoError> {
-        let problem =
-            query::problem(&query.filter, query.sort.as_ref(), query.limit).or_else(|| {
-                query
-                    .projection
-                    .as_ref()
-                    .and_then(query::projection_problem)
-            });
-        match problem {
-            Some(reason) => Err(RepoError::InvalidQuery {
-                collection: self.name().to_string(),
-                reason,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// The committed transactions among those holding documents the filter can match.
-    async fn committed_holders(&self, filter: &Document) -> Result<Vec<ObjectId>, RepoError> {
-        let holders: Vec<ObjectId> = self
-            .aggregate(query::holders_of(filter), Some(u32::MAX >> 1))
-            .await?
-            .iter()
-            .filter_map(|row| row.get_object_id("_id").ok())
+            .skip(skip)
+            .take(limit)
+            .map(|row| decode_row(repo, row))
             .collect();
-        self.committed_among(holders).await
     }
+    // Under a limit the held candidates come first; a pass they filled may have left some.
+    if window.is_some_and(|l| holders.len() as i64 >= l.saturating_add(query::HOLDER_BATCH)) {
+        let all = aggregate(repo, query::holders_of(filter), Some(u32::MAX >> 1)).await?;
+        holders.extend(all.iter().filter_map(|row| row.get_object_id("_id").ok()));
+    }
+    let committed = committed_among(repo, holders).await?;
+    let batch = query.limit.and_then(|l| u32::try_from(l).ok());
+    aggregate(repo, values_stages(repo, &query, &committed), batch)
+        .await?
+        .into_iter()
+        .map(|row| decode_row(repo, row))
+        .collect()
+}
 
-    /// Which of `holders` committed (one batch of status reads).
-    async fn committed_among(
-        &self,
-        mut holders: Vec<ObjectId>,
-    ) -> Result<Vec<ObjectId>, RepoError> {
-        holders.sort();
-        holders.dedup();
-        let Some(first) = holders.first().copied() else {
-            return Ok(Vec::new());
-        };
-        let statuses = self
-            .store
-            .inner
-            .resolver
-            .statuses(&self.store, &holders)
-            .await
-            .map_err(|source| self.hold_error("*", first, source))?;
-        Ok(statuses
-            .into_iter()
-            .filter(|(_, status)| *status == TxnStatus::Committed)
-            .map(|(txn, _)| txn)
-            .collect())
+/// The body of [`Repository::find_stream`].
+pub(crate) async fn find_stream<T>(
+    repo: &Repository<T>,
+    query: Query,
+) -> Result<impl Stream<Item = Result<Stamped<T>, RepoError>> + Send + 'static, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+    T: 'static,
+{
+    check_query(repo, &query)?;
+    let committed = committed_holders(repo, &query.filter).await?;
+    let mut action = repo.coll.aggregate(values_stages(repo, &query, &committed));
+    if let Some(batch) = query.limit.and_then(|l| u32::try_from(l).ok()) {
+        action = action.batch_size(batch);
     }
+    let cursor = action.await.map_err(|e| repo.db_error("*", "find", e))?;
+    let repo = repo.clone();
+    Ok(cursor.map(move |row| match row {
+        Ok(row) => decode_row(&repo, row),
+        Err(e) => Err(repo.db_error("*", "find", e)),
+    }))
+}
 
-    /// The values pass of `query`, with `committed` taken as committed.
-    fn values_stages(&self, query: &Query, committed: &[ObjectId]) -> Vec<Document> {
-        let mut stages = query::values_pass(&query.filter, query.sort.as_ref(), None, committed);
-        if query.skip > 0 {
-            stages.push(doc! { "$skip": i64::try_from(query.skip).unwrap_or(i64::MAX) });
-        }
-        if let Some(limit) = query.limit {
-            stages.push(doc! { "$limit": limit });
-        }
-        if let Some(projection) = &query.projection {
-            stages.extend(query::projection_stages(projection));
-        }
-        stages
-    }
+/// The body of [`Repository::count`].
+pub(crate) async fn count<T>(repo: &Repository<T>, query: Query) -> Result<u64, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    check_query(repo, &query)?;
+    let committed = committed_holders(repo, &query.filter).await?;
+    let mut stages = values_stages(
+        repo,
+        &Query {
+            projection: None,
+            sort: None,
+            ..query
+        },
+        &committed,
+    );
+    stages.push(doc! { "$count": "n" });
+    let rows = aggregate(repo, stages, None).await?;
+    let n = rows.first().and_then(|r| match r.get("n") {
+        Some(Bson::Int32(n)) => u64::try_from(*n).ok(),
+        Some(Bson::Int64(n)) => u64::try_from(*n).ok(),
+        Some(Bson::Double(n)) if *n >= 0.0 => Some(*n as u64),
+        _ => None,
+    });
+    Ok(n.unwrap_or(0))
+}
 
-    async fn aggregate(
-        &self,
-        stages: Vec<Document>,
-        batch: Option<u32>,
-    ) -> Result<Vec<Document>, RepoError> {
-        let mut action = self.coll.aggregate(stages);
-        if let Some(batch) = batch {
-            action = action.batch_size(batch);
-        }
-        // A filter the server cannot read is refused before it is sent (`query::problem`); what
-        // the server still refuses is reported as its error, whole, as the source.
-        action
-            .await
-            .map_err(|e| self.db_error("*", "find", e))?
-            .try_collect()
-            .await
-            .map_err(|e| self.db_error("*", "find", e))
+fn check_query<T>(repo: &Repository<T>, query: &Query) -> Result<(), RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    let problem = query::problem(&query.filter, query.sort.as_ref(), query.limit).or_else(|| {
+        query
+            .projection
+            .as_ref()
+            .and_then(query::projection_problem)
+    });
+    match problem {
+        Some(reason) => Err(RepoError::InvalidQuery {
+            collection: repo.name().to_string(),
+            reason,
+        }),
+        None => Ok(()),
     }
+}
 
-    fn decode_row(&self, mut row: Document) -> Result<Stamped<T>, RepoError> {
-        row.remove(query::KNOWN_TAG);
-        let id = row.get("_id").cloned().unwrap_or(Bson::Null);
-        let shown = show_id(&id);
-        if row.remove(query::UNREADABLE_TAG).is_some() {
-            return Err(self.malformed(
-                &shown,
-                format!(
-                    "it is held (`{}`) but its hold `{}` is missing or not a document",
-                    fields::ACTIVE_TXN,
-                    fields::HOLD
-                ),
-            ));
-        }
-        let whole = match row.remove(query::ROOT_TAG) {
-            Some(Bson::Document(mut whole)) => {
-                whole.remove(query::KNOWN_TAG);
-                Some(whole)
-            }
-            _ => None,
-        };
-        let mut stamped = self.decode(&id, &shown, row)?;
-        if let Some(whole) = whole.filter(|_| stamped.is_plain()) {
-            stamped.version = fields::fingerprint(&whole);
-        }
-        Ok(stamped)
+/// The committed transactions among those holding documents the filter can match.
+async fn committed_holders<T>(
+    repo: &Repository<T>,
+    filter: &Document,
+) -> Result<Vec<ObjectId>, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    let holders: Vec<ObjectId> = aggregate(repo, query::holders_of(filter), Some(u32::MAX >> 1))
+        .await?
+        .iter()
+        .filter_map(|row| row.get_object_id("_id").ok())
+        .collect();
+    committed_among(repo, holders).await
+}
+
+/// Which of `holders` committed (one batch of status reads).
+async fn committed_among<T>(
+    repo: &Repository<T>,
+    mut holders: Vec<ObjectId>,
+) -> Result<Vec<ObjectId>, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    holders.sort();
+    holders.dedup();
+    let Some(first) = holders.first().copied() else {
+        return Ok(Vec::new());
+    };
+    let statuses = repo
+        .store
+        .inner
+        .resolver
+        .statuses(&repo.store, &holders)
+        .await
+        .map_err(|source| repo.hold_error("*", first, source))?;
+    Ok(statuses
+        .into_iter()
+        .filter(|(_, status)| *status == TxnStatus::Committed)
+        .map(|(txn, _)| txn)
+        .collect())
+}
+
+/// The values pass of `query`, with `committed` taken as committed.
+fn values_stages<T>(_repo: &Repository<T>, query: &Query, committed: &[ObjectId]) -> Vec<Document>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    let mut stages = query::values_pass(&query.filter, query.sort.as_ref(), None, committed);
+    if query.skip > 0 {
+        stages.push(doc! { "$skip": i64::try_from(query.skip).unwrap_or(i64::MAX) });
     }
+    if let Some(limit) = query.limit {
+        stages.push(doc! { "$limit": limit });
+    }
+    if let Some(projection) = &query.projection {
+        stages.extend(query::projection_stages(projection));
+    }
+    stages
+}
+
+async fn aggregate<T>(
+    repo: &Repository<T>,
+    stages: Vec<Document>,
+    batch: Option<u32>,
+) -> Result<Vec<Document>, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    let mut action = repo.coll.aggregate(stages);
+    if let Some(batch) = batch {
+        action = action.batch_size(batch);
+    }
+    // A filter the server cannot read is refused before it is sent (`query::problem`); what
+    // the server still refuses is reported as its error, whole, as the source.
+    action
+        .await
+        .map_err(|e| repo.db_error("*", "find", e))?
+        .try_collect()
+        .await
+        .map_err(|e| repo.db_error("*", "find", e))
+}
+
+fn decode_row<T>(repo: &Repository<T>, mut row: Document) -> Result<Stamped<T>, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    row.remove(query::KNOWN_TAG);
+    let id = row.get("_id").cloned().unwrap_or(Bson::Null);
+    let shown = show_id(&id);
+    if row.remove(query::UNREADABLE_TAG).is_some() {
+        return Err(repo.malformed(
+            &shown,
+            format!(
+                "it is held (`{}`) but its hold `{}` is missing or not a document",
+                fields::ACTIVE_TXN,
+                fields::HOLD
+            ),
+        ));
+    }
+    let whole = match row.remove(query::ROOT_TAG) {
+        Some(Bson::Document(mut whole)) => {
+            whole.remove(query::KNOWN_TAG);
+            Some(whole)
+        }
+        _ => None,
+    };
+    let mut stamped = repo.decode(&id, &shown, row)?;
+    if let Some(whole) = whole.filter(|_| stamped.is_plain()) {
+        stamped.version = fields::fingerprint(&whole);
+    }
+    Ok(stamped)
 }

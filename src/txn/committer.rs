@@ -59,13 +59,14 @@ use crate::repo::hold::staging;
 use crate::repo::hold::write;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::repo::plain;
+use crate::repo::store::Store;
 use crate::retry::Retry;
 use crate::server::codes;
 use crate::server::{clock, is_transient};
 use crate::txn::error::TxnError;
 use crate::txn::failpoint;
+use crate::txn::options::{Finish, Outcome, TxnOptions, Written};
 use crate::txn::recovery::{self, Deletion, Env, COORDINATOR};
-use crate::txn::transaction::{Finish, Outcome, Transactions, Written};
 use crate::txn::worklist::{ActiveTransaction, Entry, Op};
 
 /// How an apply ended.
@@ -122,7 +123,15 @@ const APPLY_RETRIES: u32 = 8;
 /// How often the coordinator tries to abort its own transaction.
 const ABORT_ATTEMPTS: u32 = 6;
 
-impl Transactions {
+/// The commit protocol under one handle's settings: what a
+/// [`Transactions`](crate::txn::transaction::Transactions) commit hands its entries to.
+pub(crate) struct Committer<'a> {
+    pub(crate) store: &'a Store,
+    pub(crate) env: &'a Env,
+    pub(crate) options: &'a TxnOptions,
+}
+
+impl Committer<'_> {
     /// Commits `entries`: all of them become visible together, or none does.
     pub(crate) async fn commit_entries(
         &self,
@@ -148,7 +157,7 @@ impl Transactions {
     }
 
     async fn attempt(&self, entries: &[Entry], ordered: bool) -> Result<Attempt, TxnError> {
-        let env = &self.env;
+        let env = self.env;
         let now = env.now(None).await?;
         let t = ObjectId::new();
         let txn = ActiveTransaction {
@@ -308,7 +317,7 @@ impl Transactions {
         record: Record,
         refused: bool,
     ) -> Result<Attempt, TxnError> {
-        let env = &self.env;
+        let env = self.env;
         let t = txn.id;
         env.point(Some(t), failpoint::ABORT_BEFORE, 0)?;
         let status = if record == Record::Never {
@@ -380,7 +389,7 @@ impl Transactions {
         refused: bool,
         record_ambiguous: bool,
     ) -> Result<TxnStatus, TxnError> {
-        let env = &self.env;
+        let env = self.env;
         let t = txn.id;
         if !refused && record_ambiguous {
             return match record::load(&env.store, t).await {
@@ -480,7 +489,7 @@ impl Transactions {
         txn: &ActiveTransaction,
         ambiguous: &mut bool,
     ) -> Result<TxnState, TxnError> {
-        let env = &self.env;
+        let env = self.env;
         let t = txn.id;
         env.point(Some(t), failpoint::BEGIN_BEFORE, 0)?;
         let records = env.records(Some(t)).await?;
@@ -552,7 +561,7 @@ impl Transactions {
         t: ObjectId,
         txn: &ActiveTransaction,
     ) -> Vec<Result<Applied, TxnError>> {
-        let env = &self.env;
+        let env = self.env;
         // Every failpoint before anything that can wait, so that all of them come before the
         // record's own.
         let (passed, crash) = env.points(Some(t), failpoint::APPLY_BEFORE, txn.entries.len());
@@ -636,7 +645,7 @@ impl Transactions {
         mut sent: Option<mongodb::error::Result<u64>>,
         wait: bool,
     ) -> Result<Applied, TxnError> {
-        let env = &self.env;
+        let env = self.env;
         let mut waiting = Retry::until_deadline(self.store.lock_wait());
         let mut last_holder = None;
         // A send without an answer may still run later: then a refusal is not final.
@@ -702,7 +711,7 @@ impl Transactions {
                     }
                 }
                 Diagnosis::Held(holder) => {
-                    let settled = resolve::settle(&self.store, &entry.coll, &entry.id, holder)
+                    let settled = resolve::settle(self.store, &entry.coll, &entry.id, holder)
                         .await
                         .map_err(|source| {
                             TxnError::hold(Some(t), &entry.coll, &entry.id, holder, source)
@@ -869,7 +878,7 @@ impl Transactions {
             }));
         };
         let coll = self.env.collection(Some(t), &entry.coll).await?;
-        match plain::stamp(&self.store, &coll, &spec, &entry.id, None).await {
+        match plain::stamp(self.store, &coll, &spec, &entry.id, None).await {
             Ok(_) => Ok(Diagnosis::Retry),
             Err(e) => Ok(Diagnosis::Fail(e)),
         }

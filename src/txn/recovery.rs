@@ -18,6 +18,7 @@ use mongodb::Collection;
 use crate::repo::hold::held;
 use crate::repo::hold::record::{self, TxnState};
 use crate::repo::hold::resolve;
+use crate::repo::hold::tombstone;
 use crate::repo::hold::write::{self, Write};
 use crate::repo::store::Store;
 use crate::retry::LockWait;
@@ -323,10 +324,16 @@ pub(crate) async fn finish_many(
         let coll = env.collection(Some(t), &entry.coll).await?;
         let write = if entry.deletes() {
             let filter = held::applied_by(&entry.id, t);
-            env.store
-                .tombstone_write(coll.name(), filter, &entry.id, entry.schema, entry.applied)
-                .await
-                .map_err(|e| TxnError::database(Some(t), "finish", e))?
+            tombstone::tombstone_write(
+                &env.store,
+                coll.name(),
+                filter,
+                &entry.id,
+                entry.schema,
+                entry.applied,
+            )
+            .await
+            .map_err(|e| TxnError::database(Some(t), "finish", e))?
         } else {
             entry.finish(t)
         };
@@ -349,13 +356,18 @@ pub(crate) async fn finish_many(
             // A tombstone is made anew for each send (the unique-index markers may change).
             let filter = held::applied_by(&entry.id, t);
             let (id, schema, version) = (&entry.id, entry.schema, entry.applied);
-            let first = env
-                .store
-                .after_tombstone(coll, filter.clone(), id, schema, version, first)
-                .await;
+            let first = tombstone::after_tombstone(
+                &env.store,
+                coll,
+                filter.clone(),
+                id,
+                schema,
+                version,
+                first,
+            )
+            .await;
             retry_transient_after(Some(first), "finish", || {
-                env.store
-                    .write_tombstone(coll, filter.clone(), id, schema, version)
+                tombstone::write_tombstone(&env.store, coll, filter.clone(), id, schema, version)
             })
             .await
             .map_err(fail)?;

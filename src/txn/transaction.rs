@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::collections::{kept_elsewhere, server_refuses, TRANSACTIONS_COLLECTION};
 use crate::repo::changes::{self, Adjust, Update};
+use crate::repo::checks;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
 use crate::repo::hold::resolve::Committed;
@@ -19,6 +20,7 @@ use crate::repo::plain;
 use crate::repo::repository::Repository;
 use crate::repo::store::Store;
 use crate::retry::Retry;
+use crate::txn::committer::Committer;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::Faults;
 pub use crate::txn::options::{Finish, Outcome, TxnOptions, Written};
@@ -202,8 +204,8 @@ impl Transaction {
         let shown = show_id(&id);
         let version = repo.first_version(&shown).await?;
         let mut check = doc.clone();
-        repo.stamp(&mut check, version);
-        repo.validate(&shown, &check)?;
+        checks::stamp(repo, &mut check, version);
+        checks::validate(repo, &shown, &check)?;
         self.push(Entry {
             coll: repo.name().to_string(),
             id: id.clone(),
@@ -229,7 +231,7 @@ impl Transaction {
         let id = id.into();
         let shown = show_id(&id);
         self.open(|| format!("stage an update of {}/{shown}", repo.name()))?;
-        repo.check_update(&shown, update)?;
+        checks::check_update(repo, &shown, update)?;
         self.stage_change(
             repo,
             id,
@@ -258,7 +260,7 @@ impl Transaction {
         let id = id.into();
         let shown = show_id(&id);
         self.open(|| format!("stage an adjust of {}/{shown}", repo.name()))?;
-        repo.check_adjust(&shown, adjust)?;
+        checks::check_adjust(repo, &shown, adjust)?;
         self.stage_change(
             repo,
             id,
@@ -266,7 +268,7 @@ impl Transaction {
             // The stored value is the one the apply will meet (the apply is conditional on its
             // version), so an increment that cannot be added is refused here, before anything
             // is written, whatever the server would do with it.
-            |doc| match repo.increment_refused(&shown, adjust, doc) {
+            |doc| match checks::increment_refused(repo, &shown, adjust, doc) {
                 Some(refused) => Err(refused),
                 None => adjust.apply_to(doc).map_err(|v| repo.invalid(&shown, v)),
             },
@@ -295,7 +297,7 @@ impl Transaction {
     {
         self.same_database(repo)?;
         let shown = show_id(&id);
-        repo.check_write(&id, expected)?;
+        checks::check_write(repo, &id, expected)?;
         let applied = next_version(repo, &id, expected)?;
         let (stored, sys) = read_for_change(repo, &id, &shown, expected).await?;
         let op = if sys.schema_version < repo.spec().schema_version() {
@@ -335,7 +337,7 @@ impl Transaction {
         let id = id.into();
         self.open(|| format!("stage a delete of {}/{}", repo.name(), show_id(&id)))?;
         self.same_database(repo)?;
-        repo.check_write(&id, expected_version)?;
+        checks::check_write(repo, &id, expected_version)?;
         let applied = next_version(repo, &id, expected_version)?;
         self.push(Entry {
             coll: repo.name().to_string(),
@@ -361,7 +363,7 @@ impl Transaction {
         let id = id.into();
         self.open(|| format!("stage a check of {}/{}", repo.name(), show_id(&id)))?;
         self.same_database(repo)?;
-        repo.check_write(&id, expected_version)?;
+        checks::check_write(repo, &id, expected_version)?;
         self.push(Entry {
             coll: repo.name().to_string(),
             id,
@@ -390,7 +392,7 @@ impl Transaction {
         let id = id.into();
         self.open(|| format!("stage a guard on {}/{}", repo.name(), show_id(&id)))?;
         self.same_database(repo)?;
-        repo.check_id(&id)?;
+        checks::check_id(repo, &id)?;
         let invalid = |reason: String| RepoError::InvalidQuery {
             collection: repo.name().to_string(),
             reason,
@@ -527,7 +529,13 @@ impl Transaction {
             std::mem::take(&mut staged.entries)
         };
         let entries = stamp_plain(&self.txns.store, entries).await?;
-        self.txns.commit_entries(entries).await
+        let txns = &self.txns;
+        let committer = Committer {
+            store: &txns.store,
+            env: &txns.env,
+            options: &txns.options,
+        };
+        committer.commit_entries(entries).await
     }
 }
 
@@ -665,8 +673,8 @@ where
     T: Serialize + DeserializeOwned + Send + Sync,
 {
     let mut check = post.clone();
-    repo.stamp(&mut check, applied);
-    repo.validate(shown, &check)?;
+    checks::stamp(repo, &mut check, applied);
+    checks::validate(repo, shown, &check)?;
     Ok(Op::Rewrite { post, pre })
 }
 

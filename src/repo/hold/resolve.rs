@@ -9,6 +9,7 @@ use mongodb::Collection;
 use crate::repo::fields::{self, SystemFields};
 use crate::repo::hold::held::{self, Hold, HoldKind};
 use crate::repo::hold::record;
+use crate::repo::hold::tombstone;
 use crate::repo::hold::write;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::repo::store::Store;
@@ -264,15 +265,15 @@ pub(crate) async fn roll_forward(
         return Ok(());
     }
     let finished = if hold.op == HoldKind::Delete {
-        store
-            .write_tombstone(
-                &collection,
-                held::applied_by(id, holder),
-                id,
-                sys.schema_version,
-                sys.version,
-            )
-            .await
+        tombstone::write_tombstone(
+            store,
+            &collection,
+            held::applied_by(id, holder),
+            id,
+            sys.schema_version,
+            sys.version,
+        )
+        .await
     } else {
         write::run(&collection, &held::finish(id, holder)).await
     };

@@ -30,6 +30,7 @@ use crate::repo::hold::record::{
     self, decide, load, load_many, participants, status_of, Participant, TxnState,
 };
 use crate::repo::hold::resolve;
+use crate::repo::hold::tombstone;
 use crate::repo::ids;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::repo::store::{HoldResolver, RecordResolver, Store};
@@ -484,16 +485,16 @@ pub(crate) async fn fence(
         tracing::debug!(collection = %participant.coll, txn = %txn, "fenced a participant");
         return Ok(true);
     }
-    let placed = store
-        .write_placeholder(
-            &coll,
-            &participant.id,
-            participant.schema,
-            txn,
-            Hold::fence(deadline, true).to_document(),
-        )
-        .await
-        .map_err(|e| HoldError::database("fencing an absent participant", e))?;
+    let placed = tombstone::write_placeholder(
+        store,
+        &coll,
+        &participant.id,
+        participant.schema,
+        txn,
+        Hold::fence(deadline, true).to_document(),
+    )
+    .await
+    .map_err(|e| HoldError::database("fencing an absent participant", e))?;
     if placed {
         tracing::debug!(collection = %participant.coll, txn = %txn, "fenced an absent participant");
     }

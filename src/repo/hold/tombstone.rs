@@ -15,153 +15,155 @@ use crate::repo::hold::write::{self, Write};
 use crate::repo::store::Store;
 use crate::server::codes;
 
-impl Store {
-    /// The paths tombstones of `collection` fill with a per-document marker: the first key of every
-    /// unique index that would otherwise index all tombstones under one missing (null) key.
-    pub(crate) async fn refresh_markers(
-        &self,
-        collection: &str,
-    ) -> mongodb::error::Result<Arc<Vec<String>>> {
-        let indexes: Vec<IndexModel> = self
-            .inner
-            .db
-            .collection::<Document>(collection)
-            .list_indexes()
-            .await?
-            .try_collect()
-            .await?;
-        let paths: Vec<String> = indexes
-            .iter()
-            .filter(|index| {
-                let options = index.options.as_ref();
-                options.and_then(|o| o.unique) == Some(true)
-                    && options.and_then(|o| o.sparse) != Some(true)
-                    && options
-                        .and_then(|o| o.partial_filter_expression.as_ref())
-                        .is_none()
-            })
-            .filter_map(|index| index.keys.keys().next().cloned())
-            .filter(|path| path != "_id")
-            .collect();
-        let paths = Arc::new(paths);
-        if let Ok(mut markers) = self.inner.markers.lock() {
-            markers.insert(collection.to_string(), Arc::clone(&paths));
+/// The paths tombstones of `collection` fill with a per-document marker: the first key of every
+/// unique index that would otherwise index all tombstones under one missing (null) key.
+pub(crate) async fn refresh_markers(
+    store: &Store,
+    collection: &str,
+) -> mongodb::error::Result<Arc<Vec<String>>> {
+    let indexes: Vec<IndexModel> = store
+        .inner
+        .db
+        .collection::<Document>(collection)
+        .list_indexes()
+        .await?
+        .try_collect()
+        .await?;
+    let paths: Vec<String> = indexes
+        .iter()
+        .filter(|index| {
+            let options = index.options.as_ref();
+            options.and_then(|o| o.unique) == Some(true)
+                && options.and_then(|o| o.sparse) != Some(true)
+                && options
+                    .and_then(|o| o.partial_filter_expression.as_ref())
+                    .is_none()
+        })
+        .filter_map(|index| index.keys.keys().next().cloned())
+        .filter(|path| path != "_id")
+        .collect();
+    let paths = Arc::new(paths);
+    if let Ok(mut markers) = store.inner.markers.lock() {
+        markers.insert(collection.to_string(), Arc::clone(&paths));
+    }
+    Ok(paths)
+}
+
+fn markers(store: &Store, collection: &str) -> Arc<Vec<String>> {
+    store
+        .inner
+        .markers
+        .lock()
+        .ok()
+        .and_then(|markers| markers.get(collection).cloned())
+        .unwrap_or_default()
+}
+
+/// Replaces what `filter` matches in `coll` by the tombstone of `id` at `version`; refreshes
+/// the tombstone's unique-index markers and tries again if a unique index refuses it.
+pub(crate) async fn write_tombstone(
+    store: &Store,
+    coll: &Collection<Document>,
+    filter: Document,
+    id: &Bson,
+    schema_version: i64,
+    version: i64,
+) -> mongodb::error::Result<u64> {
+    let write = tombstone_write(
+        store,
+        coll.name(),
+        filter.clone(),
+        id,
+        schema_version,
+        version,
+    )
+    .await?;
+    let sent = write::run(coll, &write).await;
+    after_tombstone(store, coll, filter, id, schema_version, version, sent).await
+}
+
+/// The replacement of what `filter` matches in collection `name` by the tombstone of `id` at
+/// `version`, with the unique-index markers this process knows of (see
+/// [`after_tombstone`](Store::after_tombstone) for when they are out of date).
+pub(crate) async fn tombstone_write(
+    store: &Store,
+    name: &str,
+    filter: Document,
+    id: &Bson,
+    schema_version: i64,
+    version: i64,
+) -> mongodb::error::Result<Write> {
+    let deleted_at = store
+        .now()
+        .await
+        .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
+    let paths = markers(store, name);
+    Ok(Write::Replace(
+        filter,
+        tombstone(id, schema_version, version, deleted_at, &paths),
+    ))
+}
+
+/// What a tombstone write that came back `sent` comes to: a unique index that refused it
+/// (an index made after this process read the markers) gets the markers read again and the
+/// tombstone sent once more.
+pub(crate) async fn after_tombstone(
+    store: &Store,
+    coll: &Collection<Document>,
+    filter: Document,
+    id: &Bson,
+    schema_version: i64,
+    version: i64,
+    sent: mongodb::error::Result<u64>,
+) -> mongodb::error::Result<u64> {
+    match sent {
+        Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
+            refresh_markers(store, coll.name()).await?;
+            let write =
+                tombstone_write(store, coll.name(), filter, id, schema_version, version).await?;
+            match write::run(coll, &write).await {
+                Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => Err(
+                    mongodb::error::Error::custom("a unique index refused the tombstone twice"),
+                ),
+                other => other,
+            }
         }
-        Ok(paths)
+        other => other,
     }
+}
 
-    fn markers(&self, collection: &str) -> Arc<Vec<String>> {
-        self.inner
-            .markers
-            .lock()
-            .ok()
-            .and_then(|markers| markers.get(collection).cloned())
-            .unwrap_or_default()
-    }
-
-    /// Replaces what `filter` matches in `coll` by the tombstone of `id` at `version`; refreshes
-    /// the tombstone's unique-index markers and tries again if a unique index refuses it.
-    pub(crate) async fn write_tombstone(
-        &self,
-        coll: &Collection<Document>,
-        filter: Document,
-        id: &Bson,
-        schema_version: i64,
-        version: i64,
-    ) -> mongodb::error::Result<u64> {
-        let write = self
-            .tombstone_write(coll.name(), filter.clone(), id, schema_version, version)
-            .await?;
-        let sent = write::run(coll, &write).await;
-        self.after_tombstone(coll, filter, id, schema_version, version, sent)
-            .await
-    }
-
-    /// The replacement of what `filter` matches in collection `name` by the tombstone of `id` at
-    /// `version`, with the unique-index markers this process knows of (see
-    /// [`after_tombstone`](Store::after_tombstone) for when they are out of date).
-    pub(crate) async fn tombstone_write(
-        &self,
-        name: &str,
-        filter: Document,
-        id: &Bson,
-        schema_version: i64,
-        version: i64,
-    ) -> mongodb::error::Result<Write> {
-        let deleted_at = self
-            .now()
-            .await
-            .map_err(|e| mongodb::error::Error::custom(e.to_string()))?;
-        let paths = self.markers(name);
-        Ok(Write::Replace(
-            filter,
-            tombstone(id, schema_version, version, deleted_at, &paths),
-        ))
-    }
-
-    /// What a tombstone write that came back `sent` comes to: a unique index that refused it
-    /// (an index made after this process read the markers) gets the markers read again and the
-    /// tombstone sent once more.
-    pub(crate) async fn after_tombstone(
-        &self,
-        coll: &Collection<Document>,
-        filter: Document,
-        id: &Bson,
-        schema_version: i64,
-        version: i64,
-        sent: mongodb::error::Result<u64>,
-    ) -> mongodb::error::Result<u64> {
-        match sent {
+/// Inserts the placeholder fence of transaction `txn` for the absent document `id` of `coll`:
+/// system fields, the fence hold and, at each unique-index path, a per-id marker (as a
+/// tombstone has), so that no unique index refuses it. Returns whether it was inserted (`false`:
+/// the id is taken).
+pub(crate) async fn write_placeholder(
+    store: &Store,
+    coll: &Collection<Document>,
+    id: &Bson,
+    schema_version: i64,
+    txn: bson::oid::ObjectId,
+    hold: Document,
+) -> mongodb::error::Result<bool> {
+    let name = coll.name().to_string();
+    let mut paths = markers(store, &name);
+    for attempt in 0..2 {
+        let mut placeholder = tombstone(id, schema_version, 0, DateTime::MIN, &paths);
+        placeholder.remove(fields::DELETED);
+        placeholder.insert(fields::ACTIVE_TXN, txn);
+        placeholder.insert(fields::HOLD, hold.clone());
+        match coll.insert_one(placeholder).await {
+            Ok(_) => return Ok(true),
             Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
-                self.refresh_markers(coll.name()).await?;
-                let write = self
-                    .tombstone_write(coll.name(), filter, id, schema_version, version)
-                    .await?;
-                match write::run(coll, &write).await {
-                    Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => Err(
-                        mongodb::error::Error::custom("a unique index refused the tombstone twice"),
-                    ),
-                    other => other,
+                if codes::duplicate_key_index(&e).is_none_or(|index| index == "_id_") || attempt > 0
+                {
+                    return Ok(false);
                 }
+                paths = refresh_markers(store, &name).await?;
             }
-            other => other,
+            Err(e) => return Err(e),
         }
     }
-
-    /// Inserts the placeholder fence of transaction `txn` for the absent document `id` of `coll`:
-    /// system fields, the fence hold and, at each unique-index path, a per-id marker (as a
-    /// tombstone has), so that no unique index refuses it. Returns whether it was inserted (`false`:
-    /// the id is taken).
-    pub(crate) async fn write_placeholder(
-        &self,
-        coll: &Collection<Document>,
-        id: &Bson,
-        schema_version: i64,
-        txn: bson::oid::ObjectId,
-        hold: Document,
-    ) -> mongodb::error::Result<bool> {
-        let name = coll.name().to_string();
-        let mut paths = self.markers(&name);
-        for attempt in 0..2 {
-            let mut placeholder = tombstone(id, schema_version, 0, DateTime::MIN, &paths);
-            placeholder.remove(fields::DELETED);
-            placeholder.insert(fields::ACTIVE_TXN, txn);
-            placeholder.insert(fields::HOLD, hold.clone());
-            match coll.insert_one(placeholder).await {
-                Ok(_) => return Ok(true),
-                Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
-                    if codes::duplicate_key_index(&e).is_none_or(|index| index == "_id_")
-                        || attempt > 0
-                    {
-                        return Ok(false);
-                    }
-                    paths = self.refresh_markers(&name).await?;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(false)
-    }
+    Ok(false)
 }
 
 /// Marks a tombstone's unique-index fields with a value no other document can have.

@@ -7,12 +7,12 @@
 //! its holder's outcome is decided or its deadline has passed, resolved on the spot from the hold it
 //! carries (see `hold`).
 //!
-//! The type, its public calls, its reads and its errors are here; the lock-wait write path behind
-//! update, adjust, replace and delete is in `write_path`, the input checks are in `checks`.
+//! Every method of [`Repository`] is declared in this file, so a call can be followed from here:
+//! each delegates to the file that does the work. The type itself and [`Stamped`] are in
+//! `handle`; reads of many documents in `find`; the lock-wait write path behind update, adjust,
+//! replace and delete in `write_path`; the input checks in `checks`; adoption in `adopt`.
 
-use std::collections::BTreeSet;
 use std::marker::PhantomData;
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,129 +21,26 @@ use mongodb::Collection;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::repo::adopt::{self, AdoptOptions, AdoptReport};
 use crate::repo::changes::{Adjust, Update};
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
+use crate::repo::find::{self, Query};
 use crate::repo::hold::held::{self, HoldKind};
 use crate::repo::hold::resolve::{self, Committed};
 use crate::repo::outcome::HoldError;
 use crate::repo::schema::{BsonType, Violation};
 use crate::repo::store::Store;
-use crate::retry::LockWait;
-use crate::retry::Retry;
+use crate::repo::{checks, write_path};
 use crate::server::clock;
 use crate::server::codes;
+use futures::Stream;
 
-/// A document as read: the caller's value plus its id, version and schema version.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stamped<T> {
-    /// The document's `_id`.
-    pub id: Bson,
-    /// The version read: pass it to the next write as the expected version. For a plain document
-    /// (stored without system fields) it is a fingerprint of its content, a negative number no
-    /// stamped document has: a write at it goes through only while the content is unchanged, and
-    /// stamps the document (see [`is_plain`](Stamped::is_plain)).
-    pub version: i64,
-    /// The schema version the document was stored with (before any in-memory upgrade); for a
-    /// plain document, the one its collection declares for plain documents.
-    pub stored_schema_version: i64,
-    /// The caller's value (upgraded to the current schema version).
-    pub value: T,
-}
+mod handle;
 
-impl<T> Deref for Stamped<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.value
-    }
-}
-
-impl<T> Stamped<T> {
-    /// Whether the document was read without system fields (written by something other than
-    /// mongotx, or before the collection was adopted): its version is then a fingerprint of its
-    /// content, and its first write stamps it.
-    pub fn is_plain(&self) -> bool {
-        fields::is_plain_version(self.version)
-    }
-
-    /// The caller's value, dropping the stamp.
-    pub fn into_inner(self) -> T {
-        self.value
-    }
-}
-
-/// A typed collection of stamped documents.
-///
-/// ```no_run
-/// # #[derive(serde::Serialize, serde::Deserialize)]
-/// # struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
-/// # async fn demo(accounts: mongotx::Repository<Account>) -> Result<(), mongotx::RepoError> {
-/// use mongotx::{Adjust, Query, RepoError};
-///
-/// let alice = accounts.get("alice").await?;
-/// match accounts.adjust("alice", alice.version, &Adjust::new().by("balance", -5_i64)).await {
-///     Ok(version) => println!("now at version {version}"),
-///     Err(RepoError::VersionConflict { actual, .. }) => println!("changed meanwhile: {actual}"),
-///     Err(other) => return Err(other),
-/// }
-/// let _rich = accounts
-///     .find(Query::new().filter(bson::doc! { "balance": { "$gt": 100_i64 } }).limit(10))
-///     .await?;
-/// # Ok(()) }
-/// ```
-pub struct Repository<T> {
-    pub(super) store: Store,
-    pub(super) spec: Arc<CollectionSpec>,
-    pub(super) coll: Collection<Document>,
-    pub(super) id_types: Arc<BTreeSet<BsonType>>,
-    _type: PhantomData<fn() -> T>,
-}
-
-impl<T> Clone for Repository<T> {
-    fn clone(&self) -> Self {
-        Repository {
-            store: self.store.clone(),
-            spec: Arc::clone(&self.spec),
-            coll: self.coll.clone(),
-            id_types: Arc::clone(&self.id_types),
-            _type: PhantomData,
-        }
-    }
-}
-
-impl<T> std::fmt::Debug for Repository<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Repository")
-            .field("collection", &self.spec.name())
-            .field("schema_version", &self.spec.schema_version())
-            .finish()
-    }
-}
-
-/// The change a conditional write applies.
-pub(super) enum Change<'a> {
-    Update(&'a Update),
-    Adjust(&'a Adjust),
-    Replace(Document),
-    Delete,
-}
-
-/// Waiting for holders, paced and bounded by the store's lock-wait policy.
-pub(super) struct Waiter {
-    pub(super) retry: Retry,
-    pub(super) last_holder: Option<ObjectId>,
-}
-
-impl Waiter {
-    pub(super) fn new(policy: LockWait) -> Waiter {
-        Waiter {
-            retry: Retry::until_deadline(policy),
-            last_holder: None,
-        }
-    }
-}
+pub(super) use handle::{other_index, Change, Waiter};
+pub use handle::{Repository, Stamped};
 
 impl<T> Repository<T>
 where
@@ -195,8 +92,8 @@ where
         let (id, mut doc) = self.prepare_insert(value)?;
         let shown = show_id(&id);
         let version = self.first_version(&shown).await?;
-        self.stamp(&mut doc, version);
-        self.validate(&shown, &doc)?;
+        checks::stamp(self, &mut doc, version);
+        checks::validate(self, &shown, &doc)?;
 
         let mut waiter = Waiter::new(self.store.inner.lock_wait);
         loop {
@@ -228,7 +125,7 @@ where
             if hold.op != HoldKind::Insert {
                 return Err(taken());
             }
-            self.wait_for(&id, &shown, holder, &mut waiter).await?;
+            write_path::wait_for(self, &id, &shown, holder, &mut waiter).await?;
         }
     }
 
@@ -242,7 +139,7 @@ where
 
     /// The id and user fields of a value about to be inserted, checked but not yet stamped.
     pub(crate) fn prepare_insert(&self, value: &T) -> Result<(Bson, Document), RepoError> {
-        let mut doc = self.encode(value, "(new)")?;
+        let mut doc = checks::encode(self, value, "(new)")?;
         let id = match doc.get("_id") {
             Some(id) => id.clone(),
             None if self.id_types.contains(&BsonType::ObjectId) => {
@@ -260,14 +157,14 @@ where
                 ))
             }
         };
-        self.check_id(&id)?;
+        checks::check_id(self, &id)?;
         Ok((id, doc))
     }
 
     /// Reads a document by id: its committed value, or `NotFound` / `Deleted`.
     pub async fn get(&self, id: impl Into<Bson>) -> Result<Stamped<T>, RepoError> {
         let id = id.into();
-        self.check_id(&id)?;
+        checks::check_id(self, &id)?;
         let shown = show_id(&id);
         let not_found = || RepoError::NotFound {
             collection: self.name().to_string(),
@@ -293,10 +190,9 @@ where
         update: &Update,
     ) -> Result<i64, RepoError> {
         let id = id.into();
-        self.check_write(&id, expected_version)?;
-        self.check_update(&show_id(&id), update)?;
-        self.write(id, expected_version, Change::Update(update))
-            .await
+        checks::check_write(self, &id, expected_version)?;
+        checks::check_update(self, &show_id(&id), update)?;
+        write_path::write(self, id, expected_version, Change::Update(update)).await
     }
 
     /// Increments numeric fields of the document at `expected_version`; returns the new version.
@@ -307,10 +203,9 @@ where
         adjust: &Adjust,
     ) -> Result<i64, RepoError> {
         let id = id.into();
-        self.check_write(&id, expected_version)?;
-        self.check_adjust(&show_id(&id), adjust)?;
-        self.write(id, expected_version, Change::Adjust(adjust))
-            .await
+        checks::check_write(self, &id, expected_version)?;
+        checks::check_adjust(self, &show_id(&id), adjust)?;
+        write_path::write(self, id, expected_version, Change::Adjust(adjust)).await
     }
 
     /// Replaces the whole value of the document at `expected_version`; returns the new version.
@@ -321,9 +216,9 @@ where
         value: &T,
     ) -> Result<i64, RepoError> {
         let id = id.into();
-        self.check_write(&id, expected_version)?;
+        checks::check_write(self, &id, expected_version)?;
         let shown = show_id(&id);
-        let mut doc = self.encode(value, &shown)?;
+        let mut doc = checks::encode(self, value, &shown)?;
         match doc.get("_id") {
             None => {
                 doc.insert("_id", id.clone());
@@ -349,9 +244,9 @@ where
         } else {
             expected_version + 1
         };
-        self.stamp(&mut check, next);
-        self.validate(&shown, &check)?;
-        self.write(id, expected_version, Change::Replace(doc)).await
+        checks::stamp(self, &mut check, next);
+        checks::validate(self, &shown, &check)?;
+        write_path::write(self, id, expected_version, Change::Replace(doc)).await
     }
 
     /// Deletes the document at `expected_version`, leaving a tombstone; returns its version.
@@ -361,8 +256,8 @@ where
         expected_version: i64,
     ) -> Result<i64, RepoError> {
         let id = id.into();
-        self.check_write(&id, expected_version)?;
-        self.write(id, expected_version, Change::Delete).await
+        checks::check_write(self, &id, expected_version)?;
+        write_path::write(self, id, expected_version, Change::Delete).await
     }
 
     /// Removes tombstones deleted more than `older_than` ago (server time); returns how many were
@@ -571,20 +466,102 @@ where
     ) -> RepoError {
         RepoError::written(self.name(), shown, operation, source)
     }
-}
 
-impl Change<'_> {
-    pub(super) fn verb(&self) -> &'static str {
-        match self {
-            Change::Update(_) => "update",
-            Change::Adjust(_) => "adjust",
-            Change::Replace(_) => "replace",
-            Change::Delete => "delete",
-        }
+    /// Finds live documents matching the query, with filter, sort, skip and limit evaluated on
+    /// committed values (tombstones and uncommitted changes are never seen).
+    ///
+    /// Never waits for a transaction and never fails because a document is held: a held
+    /// document reads as its committed value. The cost does not depend on what is held
+    /// elsewhere: one command when nothing the filter can match is held; otherwise at most four
+    /// plus one per collection that the holders' staging transactions touch (see `repo::query`
+    /// and `HoldResolver::statuses`), and one more under a limit when over a thousand held
+    /// documents can match. (Long results add the cursor's `getMore`s, as any query's do.)
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
+    /// # async fn demo(accounts: mongotx::Repository<Account>) -> Result<(), mongotx::RepoError> {
+    /// use bson::doc;
+    /// use mongotx::Query;
+    ///
+    /// let page = accounts
+    ///     .find(Query::new().filter(doc! { "balance": { "$gt": 100_i64 } }).sort(doc! { "_id": 1 }).skip(20).limit(10))
+    ///     .await?;
+    /// for account in &page {
+    ///     println!("{} has {} (version {})", account.id, account.balance, account.version);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn find(&self, query: Query) -> Result<Vec<Stamped<T>>, RepoError> {
+        find::find(self, query).await
     }
-}
 
-/// The index a duplicate-key error names, when it is not the `_id` index.
-pub(super) fn other_index(error: &mongodb::error::Error) -> Option<String> {
-    codes::duplicate_key_index(error).filter(|index| index != "_id_")
+    /// Like [`find`](Repository::find), as a stream: results arrive as the server's cursor
+    /// delivers them, so a large result never sits in memory whole. The holders of matching
+    /// documents are read first (one command when there are none, one or two more when there
+    /// are), then the committed values stream from one cursor.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
+    /// # async fn demo(accounts: mongotx::Repository<Account>) -> Result<(), mongotx::RepoError> {
+    /// use futures::TryStreamExt;
+    /// use mongotx::Query;
+    ///
+    /// let mut total = 0_i64;
+    /// let mut all = accounts.find_stream(Query::new()).await?;
+    /// while let Some(account) = all.try_next().await? {
+    ///     total += account.balance;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn find_stream(
+        &self,
+        query: Query,
+    ) -> Result<impl Stream<Item = Result<Stamped<T>, RepoError>> + Send + 'static, RepoError>
+    where
+        T: 'static,
+    {
+        find::find_stream(self, query).await
+    }
+
+    /// How many live documents match the query's filter, on committed values (after its skip
+    /// and limit, if it has them, as the driver's `count_documents` does).
+    pub async fn count(&self, query: Query) -> Result<u64, RepoError> {
+        find::count(self, query).await
+    }
+
+    /// Stamps every plain document of the collection (one written without system fields: before
+    /// the collection was adopted, or by another writer since), in batches, while other writers
+    /// keep working; returns what it did. Each document is checked against the schema as it will
+    /// read (upgraded from [`CollectionSpec::plain_documents`](crate::CollectionSpec::plain_documents)'s
+    /// version) and stamped only while its content is the one checked; refused documents stay
+    /// plain and are reported. Nothing but `_schema` and `_version` is added to any document.
+    ///
+    /// Idempotent and resumable: a run stopped anywhere (the process killed, the future
+    /// dropped) leaves every document stamped or plain, and the next run stamps the plain ones.
+    /// Documents read before the adoption are not needed: every document reads the same way
+    /// stamped or plain (a plain one's first write stamps it, see [`Stamped::is_plain`](crate::Stamped::is_plain)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(accounts: mongotx::Repository<bson::Document>) -> Result<(), mongotx::RepoError> {
+    /// use mongotx::adopt::AdoptOptions;
+    ///
+    /// let planned = accounts.adopt(AdoptOptions::new().dry_run(true)).await?;
+    /// println!("{} to stamp, {} refused", planned.stamped, planned.refused);
+    /// let done = accounts.adopt(AdoptOptions::new()).await?;
+    /// for refusal in &done.refusals {
+    ///     println!("left plain: {} ({}: {})", refusal.id, refusal.field, refusal.rule);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn adopt(&self, options: AdoptOptions) -> Result<AdoptReport, RepoError> {
+        adopt::adopt(self, options).await
+    }
 }

@@ -2,229 +2,42 @@
 //! the layers above need from one place: the server's time, the durability of protocol writes,
 //! version floors. It also defines the one seam between the repository layer and the transaction
 //! layer, [`HoldResolver`]: the store is handed one (by default [`RecordResolver`]) for the one
-//! thing it cannot decide alone, a holder's outcome. Opening repositories is `open`'s; writing
-//! tombstones is the hold protocol's (`hold::tombstone`).
+//! thing it cannot decide alone, a holder's outcome.
+//!
+//! Every method of [`Store`] is declared in this file, delegating where the work is another
+//! file's: opening repositories and installing validators to `open`, adopting a collection to
+//! `adopt`, writing tombstones to the hold protocol (`hold::tombstone`). The type, its shared
+//! state and the seam are in `handle`, the builder in `builder`.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
+use bson::{doc, Bson, DateTime, Document};
 use mongodb::options::{CollectionOptions, ReadConcern, WriteConcern};
 use mongodb::{Collection, Database};
-use tokio::sync::OnceCell;
 
-use crate::repo::background::{Background, Shutdown};
+use crate::repo::background::Shutdown;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
-use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::retry::LockWait;
-use crate::server::clock::{self, ClockError, Durability, ServerClock, Topology};
-use crate::server::semantics::Semantic;
+use crate::server::clock::{self, ClockError, Durability, Topology};
 
 pub use crate::collections::TRANSACTIONS_COLLECTION;
+use crate::repo::adopt::{self, AdoptOptions, AdoptReport};
+use crate::repo::open;
+use crate::repo::repository::Repository;
+use serde::{de::DeserializeOwned, Serialize};
 
-/// Whether to install each collection's schema as a server-side `$jsonSchema` validator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ServerValidation {
-    /// Install it when the server is found to enforce validators (checked once per store).
-    #[default]
-    Auto,
-    /// Always install it (for servers known to support it).
-    Always,
-    /// Never install it; validate on the client only.
-    Never,
-}
+mod builder;
+mod handle;
 
-/// A database plus shared settings; opens typed repositories. Cheap to clone.
-///
-/// ```no_run
-/// # async fn demo(client: mongodb::Client) -> Result<(), mongotx::RepoError> {
-/// use std::time::Duration;
-/// use mongotx::options::{Durability, LockWait};
-/// use mongotx::{CollectionSpec, Store};
-///
-/// #[derive(serde::Serialize, serde::Deserialize)]
-/// struct Account { #[serde(rename = "_id")] id: String, balance: i64 }
-///
-/// let store = Store::builder(client.database("bank"))
-///     .lock_wait(LockWait { max_wait: Duration::from_secs(1), ..LockWait::default() })
-///     .durability(Durability::Majority)
-///     .build();
-/// let spec = CollectionSpec::new("accounts", 1, include_str!("../../schemas/accounts.json"))?;
-/// let accounts = store.repository::<Account>(spec).await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct Store {
-    pub(crate) inner: Arc<StoreInner>,
-}
-
-pub(crate) struct StoreInner {
-    pub(crate) db: Database,
-    pub(crate) lock_wait: LockWait,
-    pub(crate) resolver: Arc<dyn HoldResolver>,
-    txns_collection: String,
-    pub(crate) validation: ServerValidation,
-    pub(crate) validator_support: OnceCell<bool>,
-    pub(crate) check_server: bool,
-    /// What the server check found, once it could ask the server (an unreachable server is
-    /// asked again next time).
-    pub(crate) server_checked: OnceCell<Result<(), Semantic>>,
-    durability: Durability,
-    topology: OnceCell<Topology>,
-    clock: ServerClock,
-    floor_refresh: Duration,
-    floor_grace: Duration,
-    floors: Mutex<HashMap<String, CachedFloor>>,
-    /// The unique-index paths of each collection that tombstones mark (see `hold::tombstone`).
-    pub(crate) markers: Mutex<HashMap<String, Arc<Vec<String>>>>,
-    /// When this process first met a hold of each transaction whose record was absent.
-    absent_since: Mutex<HashMap<bson::oid::ObjectId, Instant>>,
-    /// Whether a round of writes goes as one `bulkWrite`: the setting, until the server turns out
-    /// not to have the command.
-    batch_writes: AtomicBool,
-    /// The definition of each collection this store has opened or staged changes on, for the
-    /// protocol steps that stamp a plain document they meet (see `repo::plain`).
-    specs: Mutex<HashMap<String, Arc<CollectionSpec>>>,
-    /// The background finishes of transactions committed through this store.
-    pub(crate) background: Background,
-    /// Validators this store could not install for lack of privileges, by collection: the
-    /// command an administrator runs.
-    pending_validators: Mutex<BTreeMap<String, Document>>,
-    /// The collections whose server validator this store installed or found in place, with the
-    /// schema version it checks in full.
-    validators: Mutex<HashMap<String, i64>>,
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
-            .field("database", &self.inner.db.name())
-            .field("lock_wait", &self.inner.lock_wait)
-            .field("validation", &self.inner.validation)
-            .field("durability", &self.inner.durability)
-            .finish()
-    }
-}
-
-/// Builds a [`Store`] with non-default settings.
-pub struct StoreBuilder {
-    db: Database,
-    lock_wait: LockWait,
-    resolver: Option<Arc<dyn HoldResolver>>,
-    txns_collection: String,
-    validation: ServerValidation,
-    check_server: bool,
-    durability: Durability,
-    clock_resample: Duration,
-    floor_grace: Duration,
-    batch_writes: bool,
-}
-
-impl StoreBuilder {
-    /// Sets how writers wait for documents held by transactions.
-    pub fn lock_wait(mut self, lock_wait: LockWait) -> StoreBuilder {
-        self.lock_wait = lock_wait;
-        self
-    }
-
-    /// Replaces the resolver that reads and decides holders' outcomes (tests only).
-    #[cfg(feature = "testkit")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
-    pub fn hold_resolver(mut self, resolver: Arc<dyn HoldResolver>) -> StoreBuilder {
-        self.resolver = Some(resolver);
-        self
-    }
-
-    /// Sets the collection of ActiveTransaction records (default `mongotx_transactions`).
-    pub fn transactions_collection(mut self, name: impl Into<String>) -> StoreBuilder {
-        self.txns_collection = name.into();
-        self
-    }
-
-    /// Sets whether schemas are installed as server-side validators.
-    pub fn server_validation(mut self, validation: ServerValidation) -> StoreBuilder {
-        self.validation = validation;
-        self
-    }
-
-    /// Sets whether the store checks, when it opens its first collection, that the server has
-    /// the behaviours the transaction protocol cannot do without (`$expr` with `$$NOW`, pipeline
-    /// updates and their upserts, one `$$NOW` per statement, numeric `_id` equality,
-    /// findAndModify with a pipeline: a dozen commands on a scratch collection). Default: yes; a
-    /// server that lacks one is refused with [`RepoError::ServerUnsuitable`], whose message is the
-    /// sentence `mongotx-probe`'s verdict prints for it, before anything is written. The verdict
-    /// runs these checks and more, the single-document atomicity under contention among them:
-    /// run it once against a deployment.
-    pub fn check_server(mut self, check: bool) -> StoreBuilder {
-        self.check_server = check;
-        self
-    }
-
-    /// Sets the write and read concerns of the transaction protocol (default: majority on
-    /// replica sets and sharded clusters).
-    pub fn durability(mut self, durability: Durability) -> StoreBuilder {
-        self.durability = durability;
-        self
-    }
-
-    /// Sets how often the server's time is sampled again (default 30 s); between samples it is
-    /// advanced by this process's monotonic clock.
-    pub fn clock_resample(mut self, every: Duration) -> StoreBuilder {
-        self.clock_resample = every;
-        self
-    }
-
-    /// Sets how long a raised version floor must stand before tombstones under it are purged
-    /// (default 20 s); processes re-read floors four times as often.
-    pub fn version_floor_grace(mut self, grace: Duration) -> StoreBuilder {
-        self.floor_grace = grace;
-        self
-    }
-
-    /// Sets whether the writes of one protocol round (a commit's applies, its finishes) go to the
-    /// server as one `bulkWrite` command (default: yes, where the server has it: MongoDB 8.0 and
-    /// later; older servers get one command per write, all sent at once, as with `false`).
-    pub fn batch_writes(mut self, batch: bool) -> StoreBuilder {
-        self.batch_writes = batch;
-        self
-    }
-
-    /// Finishes the store.
-    pub fn build(self) -> Store {
-        Store {
-            inner: Arc::new(StoreInner {
-                db: self.db,
-                lock_wait: self.lock_wait,
-                resolver: self.resolver.unwrap_or_else(|| Arc::new(RecordResolver)),
-                txns_collection: self.txns_collection,
-                validation: self.validation,
-                validator_support: OnceCell::new(),
-                check_server: self.check_server,
-                server_checked: OnceCell::new(),
-                durability: self.durability,
-                topology: OnceCell::new(),
-                clock: ServerClock::new(self.clock_resample),
-                floor_refresh: self.floor_grace / 4,
-                floor_grace: self.floor_grace,
-                floors: Mutex::new(HashMap::new()),
-                markers: Mutex::new(HashMap::new()),
-                absent_since: Mutex::new(HashMap::new()),
-                batch_writes: AtomicBool::new(self.batch_writes),
-                specs: Mutex::new(HashMap::new()),
-                pending_validators: Mutex::new(BTreeMap::new()),
-                validators: Mutex::new(HashMap::new()),
-                background: Background::default(),
-            }),
-        }
-    }
-}
+pub use builder::StoreBuilder;
+#[cfg(feature = "testkit")]
+pub use handle::NoTransactions;
+pub use handle::{HoldResolver, RecordResolver, ServerValidation, Store};
 
 impl Store {
     /// Stops taking background work and waits up to `limit` for the background finishes already
@@ -548,69 +361,24 @@ impl Store {
         }
         now.duration_since(*seen.entry(txn).or_insert(now))
     }
-}
 
-/// Reads and decides transaction outcomes for holds; the seam between the repository layer and
-/// the transaction layer (whose records these are). [`RecordResolver`] is the standard one.
-#[async_trait]
-pub trait HoldResolver: Send + Sync + 'static {
-    /// What the record of `txn` says now (a staging record whose participants are all in place
-    /// is committed, and is written so).
-    async fn status(&self, store: &Store, txn: ObjectId) -> Result<TxnStatus, HoldError>;
-
-    /// What the records of `txns` say, for a reader: nothing is written, and a staging record
-    /// whose participants are all in place reads as committed. The standard resolver reads them
-    /// all in a bounded number of commands (see `RecordResolver`); this default asks
-    /// [`HoldResolver::status`] for each, all at once.
-    async fn statuses(
+    /// Adopts the collection `spec` names: opens it as [`Store::repository`] does (registry,
+    /// indexes, server validator) and stamps its plain documents as [`Repository::adopt`] does.
+    /// A dry run opens nothing and writes nothing: it reads, checks and reports.
+    pub async fn adopt(
         &self,
-        store: &Store,
-        txns: &[ObjectId],
-    ) -> Result<HashMap<ObjectId, TxnStatus>, HoldError> {
-        let found = futures::future::join_all(txns.iter().map(|t| self.status(store, *t))).await;
-        txns.iter()
-            .zip(found)
-            .map(|(t, status)| status.map(|s| (*t, s)))
-            .collect()
+        spec: CollectionSpec,
+        options: AdoptOptions,
+    ) -> Result<AdoptReport, RepoError> {
+        adopt::open_and_adopt(self, spec, options).await
     }
 
-    /// Decides `txn` if it is still undecided with a deadline at or before `now` (server time):
-    /// commits it if every participant is in place, else fences the missing ones and aborts it.
-    /// Returns the status after the attempt.
-    async fn abort_expired(
-        &self,
-        store: &Store,
-        txn: ObjectId,
-        now: DateTime,
-    ) -> Result<TxnStatus, HoldError>;
-}
-
-// Declared here, beside the seam, so that the builder can default to it; what it does (its
-// `HoldResolver` impl) is the hold protocol's, in `hold::staging`.
-/// The resolver that reads ActiveTransaction records from the store's transactions collection.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RecordResolver;
-
-/// The resolver used without a transaction layer: every hold counts as pending forever (tests).
-#[cfg(feature = "testkit")]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoTransactions;
-
-#[cfg(feature = "testkit")]
-#[async_trait]
-impl HoldResolver for NoTransactions {
-    async fn status(&self, _store: &Store, _txn: ObjectId) -> Result<TxnStatus, HoldError> {
-        Ok(TxnStatus::Pending {
-            deadline: DateTime::MAX,
-        })
-    }
-
-    async fn abort_expired(
-        &self,
-        store: &Store,
-        txn: ObjectId,
-        _now: DateTime,
-    ) -> Result<TxnStatus, HoldError> {
-        self.status(store, txn).await
+    /// Opens a typed repository: checks the definition, registers the collection, creates the
+    /// system indexes and installs the server-side validator where supported. Idempotent.
+    pub async fn repository<T>(&self, spec: CollectionSpec) -> Result<Repository<T>, RepoError>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync,
+    {
+        open::repository(self, spec).await
     }
 }
