@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fails when the files of src/ (the library) import each other in a cycle, or against the layers.
+"""Fails when the files of src/ (the library) import each other in a cycle, or against the layers,
+or when a public type's methods are declared in more than one file.
 
 The layers, top to bottom (a file may import from its own layer's module or from below, never from
 above, and the four domain modules never from each other):
@@ -60,7 +61,7 @@ def strip_comments_and_tests(text):
 
 
 USE = re.compile(r"\buse\s+crate::([^;]+);", re.S)
-INLINE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*)")
+INLINE = re.compile(r"\bcrate::([a-z_][a-z0-9_]*(?:::[A-Za-z_][A-Za-z0-9_]*)*)")
 
 
 def expand(tree):
@@ -92,17 +93,43 @@ def expand(tree):
     return out
 
 
-def resolve(files, path):
+REEXPORT = re.compile(r"\bpub(?:\([^)]*\))?\s+use\s+([a-z_][a-z0-9_]*)::([^;]+);", re.S)
+
+
+def reexports(files):
+    """For each front door (`mod.rs`, `lib.rs` excluded), the names it re-exports from its own
+    children: {(module, name): child module}."""
+    out = {}
+    for mod, rel in files.items():
+        if not rel.endswith("mod.rs"):
+            continue
+        with open(os.path.join(ROOT, rel)) as fh:
+            text = strip_comments_and_tests(fh.read())
+        for m in REEXPORT.finditer(text):
+            child = mod + (m.group(1),)
+            if child not in files:
+                continue
+            for item in expand(m.group(2)):
+                name = item.split("::")[-1]
+                out[(mod, name)] = resolve(files, "::".join(child + tuple(item.split("::"))))
+    return out
+
+
+def resolve(files, path, exported=None):
     parts = [p for p in path.split("::") if p and p != "self"]
     for n in range(len(parts), -1, -1):
         mod = tuple(parts[:n])
         if mod in files:
+            # A name a front door re-exports from one of its children is that child's.
+            if exported and n < len(parts) and (mod, parts[n]) in exported:
+                return exported[(mod, parts[n])]
             return mod
     return ()
 
 
 def graph():
     files = module_files()
+    exported = reexports(files)
     edges = {m: set() for m in files}
     for mod, rel in files.items():
         with open(os.path.join(ROOT, rel)) as fh:
@@ -110,9 +137,9 @@ def graph():
         paths = []
         for m in USE.finditer(text):
             paths.extend(expand(m.group(1)))
-        paths.extend(m.group(1) for m in INLINE.finditer(text))
+        paths.extend(m.group(1) for m in INLINE.finditer(USE.sub("", text)))
         for p in paths:
-            target = resolve(files, p)
+            target = resolve(files, p, exported)
             if target == mod:
                 continue
             # A module's front door declaring or re-exporting its own children.
@@ -189,17 +216,40 @@ def upward(files, edges):
     return sorted(found)
 
 
+PUBLIC_TYPE = re.compile(r"^pub (?:struct|enum) ([A-Z][A-Za-z0-9_]*)", re.M)
+INHERENT = re.compile(r"^impl(?:<[^>{]*>)? ([A-Z][A-Za-z0-9_]*)(?:<[^>{]*>)?\s*(?:where\b|\{)", re.M)
+
+
+def scattered(files):
+    """Public types (of the library, the rig aside) whose methods are declared in more than one
+    file: {type: [files]}. One place per type: a method is found in the type's home file."""
+    public, impls = set(), {}
+    for mod, rel in files.items():
+        if mod[:1] == ("testkit",):
+            continue
+        with open(os.path.join(ROOT, rel)) as fh:
+            text = strip_comments_and_tests(fh.read())
+        public.update(PUBLIC_TYPE.findall(text))
+        for name in INHERENT.findall(text):
+            impls.setdefault(name, set()).add(rel)
+    return {t: sorted(fs) for t, fs in impls.items() if t in public and len(fs) > 1}, len(public)
+
+
 def main():
     files, edges = graph()
     found = cycles(edges)
     against = upward(files, edges)
+    spread, n_public = scattered(files)
     n_edges = sum(len(e) for e in edges.values())
     for source, target in against:
         print(f"import against the layers: {source} -> {target}")
-    if not found and not against:
+    for name, where in sorted(spread.items()):
+        print(f"methods of {name} declared in {len(where)} files: {', '.join(where)}")
+    if not found and not against and not spread:
         print(
             f"import graph of src/: {len(files)} files, {n_edges} edges, no cycle, "
-            f"none against the {len(LAYERS)} layers"
+            f"none against the {len(LAYERS)} layers; each of {n_public} public types has its "
+            "methods in one file"
         )
         return 0
     for comp in found:
