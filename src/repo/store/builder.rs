@@ -60,10 +60,12 @@ impl StoreBuilder {
     /// the behaviours the transaction protocol cannot do without (`$expr` with `$$NOW`, pipeline
     /// updates and their upserts, one `$$NOW` per statement, numeric `_id` equality,
     /// findAndModify with a pipeline: a dozen commands on a scratch collection). Default: yes; a
-    /// server that lacks one is refused with [`RepoError::ServerUnsuitable`], whose message is the
-    /// sentence `mongotx-probe`'s verdict prints for it, before anything is written. The verdict
-    /// runs these checks and more, the single-document atomicity under contention among them:
-    /// run it once against a deployment.
+    /// server that lacks one is refused with [`RepoError::ServerUnsuitable`], whose message is
+    /// the sentence `mongotx-probe`'s verdict prints for it, before anything is written. The
+    /// verdict runs these checks and more, the single-document atomicity under contention among
+    /// them: run it once against a deployment.
+    ///
+    /// [`RepoError::ServerUnsuitable`]: crate::repo::error::RepoError::ServerUnsuitable
     pub fn check_server(mut self, check: bool) -> StoreBuilder {
         self.check_server = check;
         self
