@@ -1,8 +1,10 @@
 //! ===== EXAMPLE SCAFFOLDING: NOT PART OF MONGOTX =====
 //!
-//! The only part of an example that is neither mongotx's public API nor the MongoDB driver: it
-//! finds a server to run against. With your own MongoDB you do not need it: drop the
-//! `mod local_server;` line and connect with your connection string (`MONGODB_URI`) instead.
+//! The only part of an example that is neither mongotx's public API nor the MongoDB driver
+//! (apart from the test rig's failpoints that `holds`, `crash_recovery` and `orphan_hold` use to
+//! simulate a crash, marked where they are imported): it finds a server to run against. With
+//! your own MongoDB you do not need it: drop the `mod local_server;` line and connect with your
+//! connection string (`MONGODB_URI`) instead.
 //!
 //! `MONGODB_URI` when it is set; otherwise the local test server of mongotx's test rig
 //! (`tools/test-server`, Java 17+ and Maven; feature `testkit`), started for the run and
