@@ -1,187 +1,124 @@
-//! Coordinators that crash mid-commit (a failpoint, `CrashAt`, stops them as a killed process
-//! would) and the GC that recovers them: before the commit point the transfer is rolled back,
-//! after it rolled forward; meanwhile readers see committed values. A hold whose transaction has
-//! no record (what a write delivered after its sender gave up leaves) carries its own undo and
-//! harms nobody.
+//! Coordinators that die mid-commit and the GC (what `mongotx-gc` or a `GcRunner` runs) that
+//! recovers them: a transfer whose coordinator dies before the commit point is rolled back, one
+//! that dies after it rolled forward; meanwhile readers see committed values. The deaths are
+//! simulated with failpoints of mongotx's test rig (feature `testkit`): the coordinator stops
+//! at a named point as a killed process would. A real service needs none.
 //!
 //! ```sh
 //! cargo run --example crash_recovery                              # the local test server
 //! MONGODB_URI=mongodb://localhost:27017 cargo run --example crash_recovery
 //! ```
 
-mod common;
+mod local_server; // finds a server: MONGODB_URI, or a local test server (not mongotx)
 
+use std::error::Error;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bson::{doc, Document};
-use common::{account, balances, expect, held_accounts, stage_transfer, step, Account, TourResult};
 use mongotx::gc::{Gc, GcOptions};
 use mongotx::options::{Finish, TxnOptions};
-use mongotx::testkit::failpoint::{self, CrashAt, Failpoint};
-use mongotx::{Adjust, Repository, Store, Transactions, TxnError, Update};
+use mongotx::testkit::failpoint::{CrashAt, Failpoint, APPLY_BEFORE, COMMIT_AFTER}; // test rig
+use mongotx::TxnError;
+use mongotx::{fields, Adjust, CollectionSpec, RepoError, Repository, Store, Transactions};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Account {
+    #[serde(rename = "_id")]
+    id: String,
+    owner: String,
+    balance: i64,
+}
 
 #[tokio::main]
-async fn main() {
-    common::main("crash_recovery", |example| async move {
-        run(&example.store).await
-    })
-    .await;
+async fn main() -> Result<(), Box<dyn Error>> {
+    let server = local_server::start()?;
+    let client = mongodb::Client::with_uri_str(&server.uri).await?;
+    let db = client.database("mongotx_example_crash_recovery");
+    db.drop().await?;
+    let store = Store::new(db);
+    run(&store).await?;
+    store.shutdown(Duration::from_secs(10)).await;
+    Ok(())
 }
 
-/// Every step of this example, on `store`'s database (accounts `frank` and `grace`).
-pub async fn run(store: &Store) -> TourResult {
-    let accounts = common::accounts(store).await?;
-    accounts.insert(&account("frank", 180)).await?;
-    accounts.insert(&account("grace", 140)).await?;
-    crash_recovery(store, &accounts).await?;
-    orphan(store, &accounts).await
+/// Moves `amount` from frank to grace with a coordinator that dies at failpoint `name`, entry
+/// `step`; the transaction's deadline is 300 ms after it begins.
+async fn dying(
+    store: &Store,
+    (name, step): (&'static str, usize),
+    amount: i64,
+) -> Result<(), Box<dyn Error>> {
+    let accounts = &store.repository::<Account>(accounts_spec()?).await?;
+    let crash = Arc::new(CrashAt(Failpoint { name, step }));
+    let options = TxnOptions::default().timeout(Duration::from_millis(300));
+    let options = options.finish(Finish::BeforeReturning);
+    let tx = Transactions::with_options(store, options.fault_injector(crash)).begin();
+    let [(_, frank), (_, grace)] = read(accounts).await?;
+    let by = |n: i64| Adjust::new().by("balance", n);
+    tx.adjust(accounts, "frank", frank, &by(-amount)).await?;
+    tx.adjust(accounts, "grace", grace, &by(amount)).await?;
+    let error = tx.commit().await.expect_err("the coordinator dies");
+    println!("  the coordinator: {error}");
+    assert!(matches!(error, TxnError::Crashed { .. }));
+    Ok(())
 }
 
-/// Transactions whose coordinator crashes at failpoint `name`, step `step`, with a deadline
-/// `timeout` after they begin.
-fn dying(store: &Store, timeout: Duration, name: &'static str, step: usize) -> Transactions {
-    Transactions::with_options(
-        store,
-        TxnOptions::default()
-            .timeout(timeout)
-            .finish(Finish::BeforeReturning)
-            .fault_injector(Arc::new(CrashAt(Failpoint { name, step }))),
-    )
+fn accounts_spec() -> Result<CollectionSpec, mongotx::schema::SpecError> {
+    CollectionSpec::new("accounts", 1, include_str!("../schemas/accounts.json"))
 }
 
-async fn crash_recovery(store: &Store, accounts: &Repository<Account>) -> TourResult {
-    step("A coordinator dies mid-commit; the GC (what mongotx-gc runs each round) recovers it");
-    let db = store.database();
-    let timeout = Duration::from_millis(300);
-    let transfer = |txns: Transactions, amount: i64| {
-        let accounts = accounts.clone();
-        async move {
-            let tx = txns.begin();
-            let frank = accounts.get("frank").await?;
-            let grace = accounts.get("grace").await?;
-            stage_transfer(&tx, &accounts, (&frank, &grace), amount).await?;
-            tx.commit().await.map(|_| ())
-        }
-    };
+/// frank's and grace's committed (balance, version).
+async fn read(accounts: &Repository<Account>) -> Result<[(i64, i64); 2], RepoError> {
+    let (f, g) = (accounts.get("frank").await?, accounts.get("grace").await?);
+    Ok([(f.balance, f.version), (g.balance, g.version)])
+}
 
-    let before = balances(accounts, &["frank", "grace"]).await?;
-    // It dies mid-round: frank's apply went out, grace's and the record never did.
-    match transfer(dying(store, timeout, failpoint::APPLY_BEFORE, 1), 50).await {
-        Err(error @ TxnError::Crashed { .. }) => println!("  first coordinator: {error}"),
-        other => return Err(format!("expected a crash, got {other:?}").into()),
+/// The tour, on `store`'s database (accounts `frank` and `grace`).
+pub async fn run(store: &Store) -> Result<(), Box<dyn Error>> {
+    let accounts: Repository<Account> = store.repository(accounts_spec()?).await?;
+    for (id, owner, balance) in [("frank", "Frank", 180), ("grace", "Grace", 140)] {
+        let (id, owner) = (id.to_string(), owner.to_string());
+        accounts.insert(&Account { id, owner, balance }).await?;
     }
-    let held = held_accounts(db).await?;
-    let seen = balances(accounts, &["frank", "grace"]).await?;
-    println!(
-        "  {held} documents are left held; readers still see the committed balances {} and {}",
-        seen[0].0, seen[1].0
-    );
-    expect(held == 1, "one held document")?;
-    expect(
-        seen[0].0 == before[0].0 && seen[1].0 == before[1].0,
-        "pre-images",
-    )?;
-
-    tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+    let db = store.database();
+    let raw = db.collection::<Document>("accounts");
+    let holds = doc! { fields::ACTIVE_TXN: { "$exists": true } };
+    let records = db.collection::<Document>(store.transactions_collection());
     let gc = Gc::new(store, GcOptions::default());
-    let round = gc.run_round().await?;
-    println!(
-        "  GC round past the deadline: a hold without a record undone (swept={}), an aborted record written in the missing one's place",
-        round.swept
-    );
-    expect(round.swept >= 1, "a hold undone")?;
+    let pause = Duration::from_millis(400); // past the transactions' 300 ms deadline
+
+    println!("\n-- A coordinator dies before the commit point: the GC rolls the transfer back");
+    // It dies mid-round: frank's apply went out, grace's and the record never did.
+    let before = read(&accounts).await?;
+    dying(store, (APPLY_BEFORE, 1), 50).await?;
+    let held = raw.count_documents(holds.clone()).await?;
+    let seen = read(&accounts).await?;
+    println!("  {held} held; readers see the committed (balance, version) {seen:?}");
+    assert_eq!((held, seen), (1, before), "the pre-images");
+    tokio::time::sleep(pause).await;
+    let swept = gc.run_round().await?.swept;
+    println!("  a GC round undoes the hold (swept={swept}), writes an aborted record");
+    assert!(swept >= 1, "a hold undone");
     // The next round deletes that aborted record: its deadline has passed on the server.
-    let round = gc.run_round().await?;
-    println!(
-        "  next GC round: rolled_back={} (the aborted record goes)",
-        round.rolled_back
-    );
-    let after = balances(accounts, &["frank", "grace"]).await?;
-    let left = db
-        .collection::<Document>(store.transactions_collection())
-        .count_documents(doc! {})
-        .await?;
-    println!(
-        "  frank {} (version {}), grace {} (version {}): nothing of the dead transfer applied; {left} ActiveTransaction documents left",
-        after[0].0, after[0].1, after[1].0, after[1].1
-    );
-    expect(round.rolled_back >= 1, "a rollback")?;
-    expect(
-        after[0].0 == before[0].0 && after[1].0 == before[1].0,
-        "balances unchanged",
-    )?;
-    expect(left == 0, "no ActiveTransaction left")?;
+    let rolled_back = gc.run_round().await?.rolled_back;
+    let left = records.count_documents(doc! {}).await?;
+    let after = read(&accounts).await?;
+    println!("  next round: rolled_back={rolled_back}; {after:?}, {left} records left");
+    assert!(rolled_back >= 1, "a rollback");
+    assert_eq!((after, left), (seen, 0), "nothing of it applied");
 
-    // The same crash after the commit point: the GC rolls it forward instead.
-    match transfer(dying(store, timeout, failpoint::COMMIT_AFTER, 0), 40).await {
-        Err(error @ TxnError::Crashed { .. }) => println!("  second coordinator: {error}"),
-        other => return Err(format!("expected a crash, got {other:?}").into()),
-    }
-    let seen = balances(accounts, &["frank", "grace"]).await?;
-    println!(
-        "  past the commit point, readers already see frank {} and grace {} while the documents are still held",
-        seen[0].0, seen[1].0
-    );
-    expect(
-        seen[0].0 == before[0].0 - 40,
-        "post-image after the commit point",
-    )?;
-    tokio::time::sleep(timeout + Duration::from_millis(100)).await;
+    println!("\n-- The same death after the commit point: the GC rolls it forward");
+    dying(store, (COMMIT_AFTER, 0), 40).await?;
+    let [(frank, _), (grace, _)] = read(&accounts).await?;
+    println!("  readers already see frank {frank} and grace {grace}, still held");
+    assert_eq!((frank, grace), (140, 180), "the post-images");
+    tokio::time::sleep(pause).await;
     let round = gc.run_round().await?;
-    let held = held_accounts(db).await?;
-    println!(
-        "  GC round: finished={} rolled_back={}; {held} documents still held",
-        round.finished, round.rolled_back
-    );
-    expect(round.finished == 1 && held == 0, "rolled forward and freed")
-}
-
-async fn orphan(store: &Store, accounts: &Repository<Account>) -> TourResult {
-    step("A hold whose transaction is gone (what a late-delivered write leaves) harms nobody");
-    let db = store.database();
-    let before = accounts.get("grace").await?;
-    let stalled = dying(store, Duration::from_secs(3600), failpoint::BEGIN_BEFORE, 0);
-    let tx = stalled.begin();
-    tx.adjust(
-        accounts,
-        "grace",
-        before.version,
-        &Adjust::new().by("balance", 1_000_i64),
-    )
-    .await?;
-    expect(
-        matches!(tx.commit().await, Err(TxnError::Crashed { .. })),
-        "a crash",
-    )?;
-    // Its apply landed, its record never did: as if the transaction had ended long ago and this
-    // apply had arrived afterwards.
-    let stored = db
-        .collection::<Document>("accounts")
-        .find_one(doc! { "_id": "grace" })
-        .await?
-        .ok_or("grace is stored")?;
-    println!(
-        "  grace is stored with balance {} and held by a transaction that has no record; its hold carries its own undo",
-        stored.get_i64("balance").unwrap_or_default()
-    );
-    let read = accounts.get("grace").await?;
-    println!(
-        "  get(grace) -> balance {} at version {} (not committed: the hold is ignored)",
-        read.balance, read.version
-    );
-    expect(
-        read.balance == before.balance && read.version == before.version,
-        "the committed value",
-    )?;
-    let started = Instant::now();
-    let version = accounts
-        .update("grace", before.version, &Update::new().set("note", "fine"))
-        .await?;
-    println!(
-        "  a writer waits 250 ms for a record that may be on its way, writes an aborted one in its place, undoes the hold and writes, in {:?} -> version {version}",
-        started.elapsed()
-    );
-    expect(held_accounts(db).await? == 0, "no hold left")?;
+    let held = raw.count_documents(holds).await?;
+    let (finished, rolled_back) = (round.finished, round.rolled_back);
+    println!("  a GC round: finished={finished} rolled_back={rolled_back}; {held} held");
+    assert_eq!((finished, held), (1, 0), "rolled forward and freed");
     Ok(())
 }

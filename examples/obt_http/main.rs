@@ -13,26 +13,25 @@
 //! `OBT_HTTP_ADDR` sets the listening address (default `127.0.0.1:9521`).
 
 mod app;
+#[path = "../local_server/mod.rs"]
+mod local_server; // finds a server: MONGODB_URI, or a local test server (not mongotx)
 
 use std::time::Duration;
 
 use mongodb::Client;
-use mongotx::testkit::test_server::TestServer;
 use mongotx::Store;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let server = TestServer::start()?;
-    let client = Client::with_uri_str(server.uri()).await?;
-    let store = Store::new(client.database("mongotx_obt_http"));
+    let server = local_server::start()?;
+    let client = Client::with_uri_str(&server.uri).await?;
+    let db = client.database("mongotx_example_obt_http");
+    db.drop().await?; // start empty on every run
+    let store = Store::new(db);
     let (router, _) = app::router(&store).await?;
     let addr = std::env::var("OBT_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:9521".into());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    println!(
-        "OBT API on http://{addr} ({} at {})",
-        server.kind(),
-        server.uri()
-    );
+    println!("OBT API on http://{addr}");
     axum::serve(listener, router)
         .with_graceful_shutdown(stop_signal())
         .await?;

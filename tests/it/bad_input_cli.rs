@@ -476,7 +476,7 @@ fn demo_example() -> String {
     demo.to_string_lossy().into_owned()
 }
 
-/// The demo example (`examples/demo.rs`, as every example) and `mongotx-bench` take their server
+/// The demo example (`examples/demo/`) and `mongotx-bench` take their server
 /// from `MONGODB_URI` (or start the local one): bad arguments are refused before any server is
 /// started; a `MONGODB_URI` that does not parse, or names a server that cannot be reached within
 /// the connect timeout (the example's `MONGOTX_CONNECT_TIMEOUT`, the bench's `--connect-timeout`),

@@ -1,6 +1,6 @@
 //! The server side of the foundation: the probe accepts the test server and refuses servers that
 //! break each guarantee (simulated by a wire proxy), the local server starts and stops, driver
-//! failures surface as typed errors, and the demo (`examples/demo.rs`) runs end to end.
+//! failures surface as typed errors, and the demo (`examples/demo/`) runs end to end.
 
 use crate::common;
 

@@ -1,69 +1,60 @@
-//! What the examples share: the server and a fresh database to run in, the printed steps and
-//! their checks, the one-line report of a failure, and the accounts three of them move money
-//! between.
-//!
-//! An example's `main` is `common::main("name", |example| async move { run(...).await })`:
+//! The demo's runner: the command line, the server and a fresh database, the shared store, and
+//! the one-line report of any failure. Not an example to copy: the feature examples are.
 //!
 //! - the server is `MONGODB_URI` when set, otherwise the local test server (started for the run,
 //!   stopped at its end); a server that does not answer within 10 s (`MONGOTX_CONNECT_TIMEOUT`,
 //!   e.g. `300ms`, `30s`) ends the run;
 //! - the database is a fresh `mongotx_example_<objectid>` (or `--db NAME`), dropped after a
 //!   successful run unless `--keep` is given, and left for inspection after a failed one;
-//! - a failure, whatever it is, is one line `EXAMPLE FAILED: <what>` on stderr and exit code 1.
-//!
-//! Every example and the demo include this file as their own `mod common;`, and each uses only
-//! part of it.
-#![allow(dead_code)]
+//! - a failure, whatever it is (an error, a failed `assert!` in a tour, ctrl-c), is one line
+//!   `EXAMPLE FAILED: <what>` on stderr and exit code 1.
 
 use std::error::Error;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Document};
+use bson::{doc, oid::ObjectId};
+use futures::FutureExt;
 use mongodb::error::ErrorKind;
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Database};
 use mongotx::options::LockWait;
-use mongotx::testkit::test_server::{ServerKind, TestServer};
-use mongotx::{fields, Adjust, CollectionSpec, Repository, Stamped, Store, Transaction, TxnError};
-use serde::{Deserialize, Serialize};
+use mongotx::Store;
 
-/// What a tour returns: any error ends the example (see [`main`]).
-pub type TourResult<T = ()> = Result<T, Box<dyn Error>>;
+use crate::local_server;
+
+type Failure = Box<dyn Error>;
 
 /// How long to look for the server when `MONGOTX_CONNECT_TIMEOUT` is unset.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: [--db NAME] [--keep] (MONGODB_URI picks the server, MONGOTX_CONNECT_TIMEOUT how long to look for it)";
 
-/// The server and database an example runs in.
-pub struct Example {
-    /// The store every tour of the run shares, on the run's database (see [`store`]).
+/// What the tours run in.
+pub struct Demo {
+    /// The store every tour shares, on the run's database (see [`store`]).
     pub store: Store,
     uri: String,
     timeout: Duration,
 }
 
-impl Example {
-    /// The run's database.
-    pub fn db(&self) -> &Database {
-        self.store.database()
-    }
-
-    /// A second client of the same server, as another process would have: its own connection
-    /// pool and its own clock samples.
-    pub async fn second_client(&self, app: &str) -> TourResult<Client> {
-        Ok(connect(&self.uri, app, self.timeout).await?)
+impl Demo {
+    /// A store on the same database through a second client of the same server, as another
+    /// process would have: its own connection pool and its own clock samples.
+    pub async fn second_store(&self, app: &str) -> Result<Store, Failure> {
+        let client = connect(&self.uri, app, self.timeout).await?;
+        Ok(store(&client.database(self.store.database().name())))
     }
 }
 
-/// Runs an example: connects, hands `tour` the fresh database, drops it afterwards and prints
-/// `All steps behaved as described.`; on any failure prints one line `EXAMPLE FAILED: ...` on
-/// stderr and exits 1.
-pub async fn main<F, Fut>(name: &str, tour: F)
+/// Runs `tours` and prints `All steps behaved as described.`; on any failure prints one line
+/// `EXAMPLE FAILED: ...` on stderr and exits 1.
+pub async fn main<F, Fut>(tours: F)
 where
-    F: FnOnce(Example) -> Fut,
-    Fut: Future<Output = TourResult>,
+    F: FnOnce(Demo) -> Fut,
+    Fut: Future<Output = Result<(), Failure>>,
 {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -75,35 +66,70 @@ where
             }),
         )
         .init();
-    if let Err(error) = run(name, tour).await {
+    // A panic (a tour's failed `assert!`) is reported as the run's one line, not by the default
+    // hook's several; the panicking tour is caught below, so the run still cleans up.
+    std::panic::set_hook(Box::new(|info| {
+        let message = match info.payload().downcast_ref::<&str>() {
+            Some(text) => text.to_string(),
+            None => info
+                .payload()
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_default(),
+        };
+        let at = info
+            .location()
+            .map(|l| format!(" (at {}:{})", l.file(), l.line()));
+        *PANIC.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(format!("{message}{}", at.unwrap_or_default()));
+    }));
+    let outcome = AssertUnwindSafe(run(tours)).catch_unwind().await;
+    if let Err(error) = outcome.unwrap_or_else(|_| Err(panicked())) {
         eprintln!("EXAMPLE FAILED: {}", one_line(&error.to_string()));
         std::process::exit(1);
     }
 }
 
-async fn run<F, Fut>(name: &str, tour: F) -> TourResult
+/// The last panic's message and place.
+static PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// The failure a caught panic is reported as.
+fn panicked() -> Failure {
+    let panic = PANIC.lock().unwrap_or_else(|p| p.into_inner()).take();
+    format!("panicked: {}", panic.unwrap_or_default()).into()
+}
+
+async fn run<F, Fut>(tours: F) -> Result<(), Failure>
 where
-    F: FnOnce(Example) -> Fut,
-    Fut: Future<Output = TourResult>,
+    F: FnOnce(Demo) -> Fut,
+    Fut: Future<Output = Result<(), Failure>>,
 {
     let (db_name, keep) = arguments()?;
     let timeout = connect_timeout()?;
-    let server = TestServer::start()?;
-    println!("== mongotx {name} ==");
-    println!("server: {} at {}", server.kind(), shown_uri(&server));
-    let client = connect(server.uri(), &format!("mongotx-example-{name}"), timeout).await?;
+    let server = local_server::start()?;
+    let external = std::env::var("MONGODB_URI").is_ok_and(|uri| !uri.trim().is_empty());
+    let kind = if external {
+        "MONGODB_URI"
+    } else {
+        "the local test server"
+    };
+    println!("== mongotx demo ==");
+    println!("server: {kind} at {}", shown_uri(&server.uri));
+    let client = connect(&server.uri, "mongotx-example-demo", timeout).await?;
     let db_name =
         db_name.unwrap_or_else(|| format!("mongotx_example_{}", ObjectId::new().to_hex()));
     let db = client.database(&db_name);
     println!("database: {db_name}");
     let store = store(&db);
-    let example = Example {
+    let demo = Demo {
         store: store.clone(),
-        uri: server.uri().to_string(),
+        uri: server.uri.clone(),
         timeout,
     };
     let outcome = tokio::select! {
-        outcome = tour(example) => outcome,
+        outcome = AssertUnwindSafe(tours(demo)).catch_unwind() => {
+            outcome.unwrap_or_else(|_| Err(panicked()))
+        }
         _ = tokio::signal::ctrl_c() => Err("interrupted (ctrl-c)".into()),
     };
     // As a service stopping does: wait for the background finishes of what was committed, so
@@ -116,7 +142,7 @@ where
         );
     }
     if let Err(error) = outcome {
-        return Err(if server.kind() == ServerKind::External {
+        return Err(if external {
             format!("{error} (database {db_name} left for inspection)").into()
         } else {
             error
@@ -129,10 +155,10 @@ where
     Ok(())
 }
 
-/// The Store the tours share: a writer waits at most 800 ms for a document a transaction holds
+/// The store the tours share: a writer waits at most 800 ms for a document a transaction holds
 /// (2 s by default) and purged tombstones keep their version floor for 500 ms (20 s by default),
 /// so that the tours that show these waits run quickly.
-pub fn store(db: &Database) -> Store {
+fn store(db: &Database) -> Store {
     Store::builder(db.clone())
         .lock_wait(LockWait {
             max_wait: Duration::from_millis(800),
@@ -142,22 +168,8 @@ pub fn store(db: &Database) -> Store {
         .build()
 }
 
-/// Prints a step's title.
-pub fn step(title: &str) {
-    println!("\n-- {title}");
-}
-
-/// A self-check: `Err("expected {what}")` unless `condition` holds.
-pub fn expect(condition: bool, what: &str) -> TourResult {
-    if condition {
-        Ok(())
-    } else {
-        Err(format!("expected {what}").into())
-    }
-}
-
 /// `--db NAME` and `--keep`; anything else is refused.
-fn arguments() -> TourResult<(Option<String>, bool)> {
+fn arguments() -> Result<(Option<String>, bool), Failure> {
     let (mut db, mut keep) = (None, false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -181,7 +193,7 @@ fn arguments() -> TourResult<(Option<String>, bool)> {
 }
 
 /// A database name MongoDB accepts: not empty, under 64 bytes, none of `/\. "$*<>:|?` or NUL.
-fn database_name(name: &str) -> TourResult<String> {
+fn database_name(name: &str) -> Result<String, Failure> {
     if name.is_empty() || name.len() >= 64 {
         return Err(format!("--db {name:?}: a database name has 1 to 63 bytes").into());
     }
@@ -196,7 +208,7 @@ fn database_name(name: &str) -> TourResult<String> {
 
 /// `MONGOTX_CONNECT_TIMEOUT`: `300ms`, `30s` or a number of seconds, more than zero and at most
 /// an hour.
-fn connect_timeout() -> TourResult<Duration> {
+fn connect_timeout() -> Result<Duration, Failure> {
     let Ok(text) = std::env::var("MONGOTX_CONNECT_TIMEOUT") else {
         return Ok(CONNECT_TIMEOUT);
     };
@@ -215,8 +227,7 @@ fn connect_timeout() -> TourResult<Duration> {
 }
 
 /// The connection string to print: the host list only, never credentials.
-fn shown_uri(server: &TestServer) -> String {
-    let uri = server.uri();
+fn shown_uri(uri: &str) -> String {
     match uri.split_once("://") {
         Some((scheme, rest)) => {
             let hosts = rest.rsplit_once('@').map_or(rest, |(_, hosts)| hosts);
@@ -278,78 +289,4 @@ fn describe(error: &mongodb::error::Error) -> String {
 /// `text` with its line breaks folded into spaces.
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// A bank account: what `documents`, `transfer` and `crash_recovery` work on
-/// (`schemas/accounts.json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Account {
-    #[serde(rename = "_id")]
-    pub id: String,
-    pub owner: String,
-    pub balance: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-impl Account {
-    /// The same account with another owner.
-    pub fn renamed(self, owner: &str) -> Account {
-        Account {
-            owner: owner.into(),
-            ..self
-        }
-    }
-}
-
-/// An account owned by its id in capitals.
-pub fn account(id: &str, balance: i64) -> Account {
-    Account {
-        id: id.into(),
-        owner: id.to_uppercase(),
-        balance,
-        note: None,
-    }
-}
-
-/// The `accounts` repository.
-pub async fn accounts(store: &Store) -> TourResult<Repository<Account>> {
-    let spec = CollectionSpec::new("accounts", 1, ACCOUNTS_SCHEMA)?;
-    Ok(store.repository(spec).await?)
-}
-
-/// The accounts' JSON Schema: the system fields and the account's own.
-pub const ACCOUNTS_SCHEMA: &str = include_str!("../../schemas/accounts.json");
-
-/// The (balance, version) of each account, as read now.
-pub async fn balances(accounts: &Repository<Account>, ids: &[&str]) -> TourResult<Vec<(i64, i64)>> {
-    let mut out = Vec::new();
-    for id in ids {
-        let read = accounts.get(*id).await?;
-        out.push((read.balance, read.version));
-    }
-    Ok(out)
-}
-
-/// How many accounts a transaction holds right now.
-pub async fn held_accounts(db: &Database) -> TourResult<u64> {
-    let held = doc! { fields::ACTIVE_TXN: { "$exists": true } };
-    Ok(db
-        .collection::<Document>("accounts")
-        .count_documents(held)
-        .await?)
-}
-
-/// Stages moving `amount` between two accounts as read.
-pub async fn stage_transfer(
-    tx: &Transaction,
-    accounts: &Repository<Account>,
-    (from, to): (&Stamped<Account>, &Stamped<Account>),
-    amount: i64,
-) -> Result<(), TxnError> {
-    let by = |amount: i64| Adjust::new().by("balance", amount);
-    tx.adjust(accounts, from.id.clone(), from.version, &by(-amount))
-        .await?;
-    tx.adjust(accounts, to.id.clone(), to.version, &by(amount))
-        .await
 }
