@@ -6,7 +6,7 @@
 //! of each service that has nothing in flight. It is a pure function from the batches and "now"
 //! to the queue; [`Batches`] keeps them in the
 //! database; a [`Submitter`] claims queued batches and submits them, a [`Monitor`] records what
-//! the ledger says. A ledger simulator for tests and examples is in the test rig (`testkit::ledger`,
+//! the ledger says. A ledger simulator for tests and benchmarks is in the test rig (`testkit::ledger`,
 //! feature `testkit`).
 //!
 //! Every method of [`Batches`] is declared in this file and delegates: adding batches and queuer

@@ -1,5 +1,5 @@
-//! A stand-in for a third-party API with a rate limit, for tests and the demo: an HTTP server
-//! that logs every call's arrival on its own monotonic clock and answers `429 Too Many
+//! A stand-in for a third-party API with a rate limit, for tests and the torture run: an HTTP
+//! server that logs every call's arrival on its own monotonic clock and answers `429 Too Many
 //! Requests` to a call that makes more than `limit` arrivals in an interval of `window` (any
 //! interval, not only aligned ones; rejected calls count, as they do at most real APIs).
 //!

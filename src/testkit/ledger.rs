@@ -1,5 +1,5 @@
-//! A stand-in for the external ledger, for tests and the demo. It accepts batches and commits
-//! them after a delay, and can be told (by chance, or for one batch) to find a batch invalid, to
+//! A stand-in for the external ledger, for tests, the benchmark and the torture run. It accepts
+//! batches and commits them after a delay, and can be told (by chance, or for one batch) to find a batch invalid, to
 //! forget it (the ledger then reports it unknown), to answer "delayed" (the submission did not go
 //! through), or to lose a submission while answering that it was accepted. It records the order
 //! in which each service's batches were committed, and every breach of the rules a submitter

@@ -13,9 +13,9 @@
 //! - [`explore`]: the exhaustive state explorer the protocol models run on: the commit
 //!   protocol's (`commit_model`, a unit test run by CI with `--ignored`) and the rate limiter's
 //!   ([`ratelimit_model`]).
-//! - [`api_simulator`]: a third-party API with a rate limit, for the rate limiter's tests and
-//!   example; [`ledger`] and [`ledger_http`]: the external ledger the batch queue submits to, in
-//!   process and over HTTP.
+//! - [`api_simulator`]: a third-party API with a rate limit, for the rate limiter's tests;
+//!   [`ledger`] and [`ledger_http`]: the external ledger the batch queue submits to, in process
+//!   and over HTTP.
 //!
 //! A feature rather than a second crate: the rig needs crate-private parts (the failpoints are
 //! consulted by the commit protocol itself, the models reuse the modules' own planning code), and
