@@ -308,6 +308,24 @@ pub(super) async fn relearn(quota: &Quota, provider: &ProviderId) -> Result<(), 
 /// Every stripe of `provider` (committed values), stripe 0 first, each as the layout read
 /// from stripe 0 has it: read again while a split moves it.
 pub(super) async fn read_stripes(quota: &Quota, provider: &ProviderId) -> Result<Docs, QuotaError> {
+    // With the layout known, one query reads every stripe, stripe 0 among them; its layout then
+    // says whether the query named them all (stripes only split, and a split extends stripe
+    // 0's layout in the same transaction). Otherwise stripe 0 first, then the stripes it lists.
+    let known = layout(quota, provider);
+    if !known.is_single() {
+        let ids: Vec<Bson> = known
+            .stripes()
+            .map(|s| StripeId::new(provider, s).to_bson())
+            .collect();
+        let docs = holding(quota, doc! { "_id": { "$in": ids } }).await?;
+        if let Some((_, head)) = docs.get(&StripeId::new(provider, 0)) {
+            let now = Layout::of(head);
+            if complete(&now, &docs) {
+                return Ok(docs);
+            }
+            learn(quota, provider, now);
+        }
+    }
     let mut attempts = Attempts::new(
         quota.options.retry,
         format!("read the stripes of {provider}"),
@@ -328,11 +346,7 @@ pub(super) async fn read_stripes(quota: &Quota, provider: &ProviderId) -> Result
             .map(|s| StripeId::new(provider, s).to_bson())
             .collect();
         docs.extend(holding(quota, doc! { "_id": { "$in": others } }).await?);
-        let consistent = layout.len() == docs.len()
-            && docs
-                .iter()
-                .all(|(id, (_, d))| layout.bits_of(id.stripe) == Some(d.bits));
-        if consistent {
+        if complete(&layout, &docs) {
             return Ok(docs);
         }
         attempts
@@ -341,29 +355,48 @@ pub(super) async fn read_stripes(quota: &Quota, provider: &ProviderId) -> Result
     }
 }
 
-/// Every stripe of `provider` as of one moment: read until two reads in a row agree (versions
-/// only grow, so then nothing moved in between).
+/// Whether `docs` are every stripe of `layout`, each as the layout has it (a stripe split after
+/// stripe 0 was read shows more bits).
+fn complete(layout: &Layout, docs: &Docs) -> bool {
+    layout.len() == docs.len()
+        && docs
+            .iter()
+            .all(|(id, (_, d))| layout.bits_of(id.stripe) == Some(d.bits))
+}
+
+/// Every stripe of `provider` as of one moment: two readings back to back that agree (versions
+/// only grow, so nothing moved between them). After a pause the pair is read afresh: comparing
+/// with a reading from before the pause would ask the stripes to stand still for the pause too.
 pub(super) async fn read_at_once(quota: &Quota, provider: &ProviderId) -> Result<Docs, QuotaError> {
     let mut attempts = Attempts::new(
         quota.options.retry,
         format!("read {provider} at one moment"),
     );
-    let mut last = read_stripes(quota, provider).await?;
-    while last.len() > 1 {
-        let again = read_stripes(quota, provider).await?;
-        let same = again.len() == last.len()
-            && again
+    loop {
+        let first = read_stripes(quota, provider).await?;
+        if first.len() <= 1 {
+            return Ok(first);
+        }
+        let second = read_stripes(quota, provider).await?;
+        let same = second.len() == first.len()
+            && second
                 .iter()
-                .all(|(k, (v, _))| last.get(k).is_some_and(|(w, _)| v == w));
-        last = again;
+                .all(|(k, (v, _))| first.get(k).is_some_and(|(w, _)| v == w));
         if same {
-            break;
+            if attempts.retries() > 0 {
+                tracing::debug!(
+                    %provider,
+                    pairs = attempts.retries() + 1,
+                    elapsed_ms = attempts.elapsed().as_millis() as u64,
+                    "quota: read at one moment"
+                );
+            }
+            return Ok(second);
         }
         attempts
             .again(format!("{provider} changed while it was read"))
             .await?;
     }
-    Ok(last)
 }
 
 /// Splits `stripe` of `provider` if it is still full (or only prunes it). Losing a race to

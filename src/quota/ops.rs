@@ -58,6 +58,11 @@ impl Attempts {
         self.retry.pauses()
     }
 
+    /// Time since the first attempt.
+    pub(super) fn elapsed(&self) -> Duration {
+        self.retry.elapsed()
+    }
+
     pub(super) async fn again(&mut self, reason: String) -> Result<(), QuotaError> {
         let attempt = self.retry.pauses() + 1;
         if self.retry.exhausted() {
