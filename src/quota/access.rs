@@ -425,8 +425,8 @@ pub(super) async fn split_stripe(
     };
     match split(head, (target.0, &target.1), now) {
         Full::Keep => {}
-        Full::Prune(write) => {
-            self::write(quota, vec![write]).await?;
+        Full::Prune(prune) => {
+            write(quota, vec![prune]).await?;
         }
         Full::Divide { writes, new } => {
             tracing::debug!(%provider, stripe, new = new.id.stripe, "quota: splitting a full stripe");

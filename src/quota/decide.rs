@@ -11,6 +11,7 @@ use bson::DateTime;
 
 use crate::quota::error::{QuotaError, Refusal};
 use crate::quota::model::{Entry, NewProvider, ProviderDoc, ProviderId, Request, StripeId};
+use crate::repo::fields::MAX_NAME;
 
 /// Provider stripes as read: id -> (generation, stored value); a request's decision gets one per
 /// provider, the one holding the request's entries (see `stripes`).
@@ -40,12 +41,9 @@ pub(crate) enum Take {
     Apply(Vec<Write>),
 }
 
-/// The longest name (scope, resource, consumer, request id), in bytes: names are copied into every
-/// provider (and ancestor) a request touches, hot documents, so they stay short (as in the limiter).
-pub(crate) const MAX_NAME: usize = crate::repo::names::MAX_NAME;
-
 /// Checks a name: `what` says which (`provider scope`, `provider resource`, `consumer`,
-/// `request id`).
+/// `request id`). Names are copied into every provider (and ancestor) a request touches, hot
+/// documents, so they stay under [`MAX_NAME`] bytes.
 pub(crate) fn check_name(what: &'static str, value: &str) -> Result<(), QuotaError> {
     let invalid = |reason: String| QuotaError::InvalidName {
         what,

@@ -5,7 +5,7 @@
 use crate::collections::{kept_elsewhere, server_refuses};
 use crate::repo::store::Store;
 
-pub(crate) use crate::repo::fields::MAX_NAME;
+use crate::repo::fields::MAX_NAME;
 
 /// What is wrong with `value` as an id or a name, if anything: empty, longer than [`MAX_NAME`]
 /// bytes, or holding a NUL character.
