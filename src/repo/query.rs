@@ -447,11 +447,16 @@ pub(crate) fn values_pass(
                     { "$not": [is_object(&format!("${}", fields::HOLD))] },
                     { "$mergeObjects": ["$$ROOT", { UNREADABLE_TAG: true }] },
                     // A fence never carries a change: it reads as the document it sits on, or
-                    // as nothing.
+                    // as nothing; nor does a creation the server stamped after the deadline
+                    // (see `Hold::never_commits`).
                     { "$cond": [
                         { "$or": [
                             { "$not": [{ "$in": [holder(), committed] }] },
                             { "$eq": [format!("${}.fence", fields::HOLD), true] },
+                            { "$gt": [
+                                format!("${}", hold::AT_PATH),
+                                format!("${}.exp", fields::HOLD),
+                            ] },
                         ] },
                         pre_image,
                         "$$ROOT",
@@ -544,9 +549,37 @@ pub(crate) fn projection_problem(projection: &Document) -> Option<String> {
 /// fingerprint of all its fields, not of the projected ones (see `repo::plain`).
 pub(crate) const ROOT_TAG: &str = "_mongotx_root";
 
+/// Whether a projection value includes its field (`1`, `true`, `1.0`); [`projection_problem`]
+/// has refused every other value but `0`, `false` and `0.0`.
+fn includes(value: &Bson) -> bool {
+    match value {
+        Bson::Boolean(b) => *b,
+        Bson::Int32(n) => *n == 1,
+        Bson::Int64(n) => *n == 1,
+        Bson::Double(d) => *d == 1.0,
+        _ => false,
+    }
+}
+
+/// Whether a checked projection keeps only the fields it names: one that includes a field,
+/// `_id` alone included (`{_id: 1}` keeps nothing else, as in the driver), rather than one that
+/// drops the fields it names.
+fn is_inclusion(projection: &Document) -> bool {
+    let mut named = projection.iter().filter(|(key, _)| key.as_str() != "_id");
+    match named.next() {
+        Some((_, value)) => includes(value),
+        // `_id` alone, or nothing: an exclusion of `_id` was refused, so `_id: 1` keeps only it.
+        None => projection.contains_key("_id"),
+    }
+}
+
 /// The stages of a checked projection: a plain document keeps a copy of itself whole (for its
-/// fingerprint), then the `$project` (see [`projection_stage`]).
+/// fingerprint), then the `$project` (see [`projection_stage`]). An empty projection cuts
+/// nothing, as in the driver, and adds no stage.
 pub(crate) fn projection_stages(projection: &Document) -> Vec<Document> {
+    if projection.is_empty() {
+        return Vec::new();
+    }
     let plain =
         doc! { "$eq": [{ "$ifNull": [format!("${}", fields::VERSION), Bson::Null] }, Bson::Null] };
     vec![
@@ -558,17 +591,18 @@ pub(crate) fn projection_stages(projection: &Document) -> Vec<Document> {
 }
 
 /// The `$project` stage of a checked projection: an inclusion keeps the system fields, the
-/// first pass's tag and a plain document's copy of itself too, which the results are read by.
+/// first pass's tag and a plain document's copy of itself too, which the results are read by
+/// (`{_id: 1}` alone is an inclusion: without them every row would read as a plain document of
+/// one field, and a held candidate's holder would be lost); an exclusion drops only the named
+/// fields (an `_id: 1` beside them says what the exclusion does anyway, and is left out).
 pub(crate) fn projection_stage(projection: &Document) -> Document {
     let mut stage = projection.clone();
-    let includes = projection.iter().any(|(key, value)| {
-        key != "_id" && matches!(value, Bson::Boolean(true) | Bson::Int32(1) | Bson::Int64(1))
-            || matches!(value, Bson::Double(d) if key != "_id" && *d == 1.0)
-    });
-    if includes {
+    if is_inclusion(projection) {
         for name in fields::ALL.into_iter().chain([KNOWN_TAG, ROOT_TAG]) {
             stage.insert(name, 1);
         }
+    } else {
+        stage.remove("_id");
     }
     doc! { "$project": stage }
 }

@@ -188,6 +188,8 @@ pub(crate) struct State {
     ever: [bool; TXNS],
     /// Ghost: a coordinator returned committed while it was not.
     false_commit: bool,
+    /// The mutation of [`CommitModel::late_counts`], the same in every state.
+    late_counts: bool,
 }
 
 /// The model; `fences` off is the protocol without fences (a resolver aborts a staging
@@ -198,6 +200,12 @@ pub(crate) struct CommitModel {
     /// far beyond what a test can explore; each one in turn covers every interleaving of one
     /// lossy coordinator with a crashing, conflicting other one.
     pub(crate) lossy: [bool; TXNS],
+    /// The code before issue 46 (a mutation, which must be caught): readers, writers, the GC and
+    /// the coordinator's own abort path counted a creation stamped after the deadline as in
+    /// place; only the coordinator's reading of its create's reply looked at the stamp. The real
+    /// protocol (`false`) has every party judge a creation by the stamp alone
+    /// (`Hold::created_late`).
+    pub(crate) late_counts: bool,
 }
 
 fn bit(t: usize) -> u8 {
@@ -209,16 +217,29 @@ impl State {
         &self.docs[PLAN[t][p].doc]
     }
 
-    /// Held by `t`'s own apply, made in time.
+    /// Held by `t`'s own apply, made in time: what the coordinator makes of its create's reply
+    /// (or of reading the document back), by the server's stamp.
     fn applied_by(&self, t: usize, p: usize) -> bool {
         matches!(self.part_doc(t, p).hold, Some(h) if h.txn as usize == t && !h.fence && !h.late)
+    }
+
+    /// Whether `h`, a hold of the transaction looking, counts as its apply in place for readers,
+    /// writers, the GC and a coordinator deciding its own abort: by the stamp, as the coordinator
+    /// judges its reply, unless the mutation [`CommitModel::late_counts`] is on.
+    fn counts(&self, h: Hold) -> bool {
+        !h.fence && (!h.late || self.late_counts)
+    }
+
+    /// Held by `t`'s own apply, as everyone but the coordinator reading its reply judges it.
+    fn in_place(&self, t: usize, p: usize) -> bool {
+        matches!(self.part_doc(t, p).hold, Some(h) if h.txn as usize == t && self.counts(h))
     }
 
     /// Committed: explicitly, or staging with every participant in place.
     fn committed(&self, t: usize) -> bool {
         match self.recs[t] {
             Rec::Committed => true,
-            Rec::Staging => (0..parts(t)).all(|p| self.applied_by(t, p)),
+            Rec::Staging => (0..parts(t)).all(|p| self.in_place(t, p)),
             _ => false,
         }
     }
@@ -227,8 +248,8 @@ impl State {
     fn view(&self, d: usize) -> Stored {
         let doc = &self.docs[d];
         match doc.hold {
-            Some(h) if !h.fence && !self.committed(h.txn as usize) => h.prev,
             Some(h) if h.fence => doc.now,
+            Some(h) if !self.counts(h) || !self.committed(h.txn as usize) => h.prev,
             _ => doc.now,
         }
     }
@@ -472,7 +493,7 @@ impl CommitModel {
                         n.coords[t].phase = Phase::Rollback(0);
                     }
                     Rec::Staging => {
-                        let missing = (0..parts(t)).find(|&p| !s.applied_by(t, p));
+                        let missing = (0..parts(t)).find(|&p| !s.in_place(t, p));
                         match missing {
                             None => {
                                 // Every participant is in place: it committed.
@@ -551,7 +572,9 @@ impl CommitModel {
                     let Some(h) = s.docs[d].hold else { continue };
                     let t = h.txn as usize;
                     let mut n = s.clone();
-                    match (s.recs[t], h.fence) {
+                    // A fence, or a creation stamped too late, never carries a committed change:
+                    // it is undone whatever the record says.
+                    match (s.recs[t], !s.counts(h)) {
                         (Rec::Staging, _) => continue,
                         // A hold without a record: an aborted record takes the missing one's place.
                         (Rec::Absent, false) => n.recs[t] = Rec::Aborted,
@@ -577,9 +600,7 @@ impl CommitModel {
                 let part = PLAN[t][i as usize];
                 let doc = s.docs[part.doc];
                 match doc.hold {
-                    Some(h) if h.txn == txn && !h.fence && !h.late => {
-                        n.res = Res::Check { txn, i: i + 1 }
-                    }
+                    Some(h) if h.txn == txn && s.counts(h) => n.res = Res::Check { txn, i: i + 1 },
                     // Its fence, or a creation stamped too late: it can never be in place.
                     Some(h) if h.txn == txn => n.res = Res::Decide { txn, fenced: true },
                     // Held by another once the deadline has passed: its apply never landed and
@@ -661,6 +682,7 @@ impl Model for CommitModel {
             returned: [None; TXNS],
             ever: [false; TXNS],
             false_commit: false,
+            late_counts: self.late_counts,
         }]
     }
 
@@ -758,6 +780,7 @@ mod tests {
             &CommitModel {
                 fences: true,
                 lossy,
+                late_counts: false,
             },
             LIMIT,
         );
@@ -795,6 +818,7 @@ mod tests {
             &CommitModel {
                 fences: false,
                 lossy: [true, false],
+                late_counts: false,
             },
             LIMIT,
         );
@@ -806,6 +830,30 @@ mod tests {
         };
         println!(
             "unfenced abort caught after {} states, {} steps: {why}",
+            explored.states,
+            path.len()
+        );
+    }
+
+    #[test]
+    #[ignore = "exhaustive; run optimised by .ci/run"]
+    fn counting_a_creation_stamped_too_late_as_in_place_is_caught() {
+        let explored = explore(
+            &CommitModel {
+                fences: true,
+                lossy: [false, false],
+                late_counts: true,
+            },
+            LIMIT,
+        );
+        let Some((why, path)) = explored.violation else {
+            panic!(
+                "counting late creations was not caught in {} states",
+                explored.states
+            );
+        };
+        println!(
+            "late creations counted as in place caught after {} states, {} steps: {why}",
             explored.states,
             path.len()
         );

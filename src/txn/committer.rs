@@ -51,7 +51,7 @@ use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
 use crate::repo::error::{show_id, RepoError};
-use crate::repo::fields::{self, SystemFields};
+use crate::repo::fields::SystemFields;
 use crate::repo::hold::held::{self, HoldKind};
 use crate::repo::hold::record::{self, TxnState};
 use crate::repo::hold::resolve::{self, Settled};
@@ -663,9 +663,7 @@ impl Committer<'_> {
                 (None, write::Write::Create(..)) => match write::create(coll, write).await {
                     // A copy that ran after the deadline counts for nothing: resolvers may have
                     // decided without it. The document it made is this transaction's to undo.
-                    Ok(Some(created)) if !created_in_time(&created, deadline) => {
-                        break Applied::Late(false)
-                    }
+                    Ok(Some(created)) if !created_in_time(&created) => break Applied::Late(false),
                     Ok(created) => Ok(u64::from(created.is_some())),
                     Err(e) => Err(e),
                 },
@@ -791,7 +789,7 @@ impl Committer<'_> {
                 // A resolver fenced it after our deadline and is aborting us.
                 return Err(TxnError::Expired { txn: t });
             }
-            if is_insert && !created_in_time(&stored, deadline) {
+            if is_insert && !created_in_time(&stored) {
                 return Err(TxnError::Expired { txn: t });
             }
             return Ok(Diagnosis::Landed);
@@ -912,11 +910,10 @@ async fn complete(env: &Env, txn: &ActiveTransaction) -> Result<(), TxnError> {
     recovery::finish_all(env, txn, COORDINATOR).await
 }
 
-/// Whether a document created by an apply was created at or before `deadline` (server time).
-fn created_in_time(created: &bson::Document, deadline: DateTime) -> bool {
-    created
-        .get_document(fields::HOLD)
-        .ok()
-        .and_then(|hold| hold.get_datetime("at").ok())
-        .is_some_and(|at| *at <= deadline)
+/// Whether a document created by an apply was created at or before its transaction's deadline
+/// (server time): judged by [`Hold::created_late`](held::Hold::created_late) on the stored hold,
+/// the very fact readers, writers and the GC judge it by, so that the coordinator never counts a
+/// creation they do not (or the other way round).
+fn created_in_time(created: &bson::Document) -> bool {
+    held::read_hold(created).is_ok_and(|hold| hold.at.is_some() && !hold.created_late())
 }

@@ -469,7 +469,7 @@ impl Gc {
         let missing: HashMap<ObjectId, DateTime> = holds
             .iter()
             .filter(|(h, _, hold)| {
-                matches!(statuses.get(h), Some(TxnStatus::Absent)) && !hold.fence
+                matches!(statuses.get(h), Some(TxnStatus::Absent)) && !hold.never_commits()
             })
             .map(|(h, _, hold)| (*h, hold.exp))
             .collect();

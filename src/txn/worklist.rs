@@ -31,9 +31,6 @@ pub(crate) struct ActiveTransaction {
     pub(crate) entries: Vec<Entry>,
 }
 
-/// Where a created document's hold records the server's time of its creation.
-pub(crate) const HOLD_AT: &str = "_hold.at";
-
 /// A path and a value (dotted paths cannot be field names of a stored document).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct PathValue {
@@ -147,6 +144,7 @@ impl Entry {
             restore,
             unset,
             fence: false,
+            at: None,
         }
     }
 
@@ -154,7 +152,8 @@ impl Entry {
     ///
     /// No apply can take effect after the deadline on the server's clock: a change of an existing
     /// document is conditional on `$$NOW` being at or before it, and a new document records in its
-    /// hold when the server created it (`_hold.at`), which the coordinator checks.
+    /// hold when the server created it (`_hold.at`): one created after the deadline never counts,
+    /// for the coordinator or anyone else (see `Hold::created_late`).
     pub(crate) fn apply(&self, txn: ObjectId, deadline: DateTime) -> Write {
         let free = |schema: Bson| {
             doc! {
@@ -193,7 +192,7 @@ impl Entry {
                     doc! {
                         "$setOnInsert": created,
                         "$set": hold,
-                        "$currentDate": { HOLD_AT: true },
+                        "$currentDate": { held::AT_PATH: true },
                     },
                 )
             }

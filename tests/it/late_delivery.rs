@@ -273,3 +273,142 @@ async fn a_commit_point_delivered_late_changes_nothing() {
     common::assert_settled(&f.t, &["accounts"], "after the late commit point").await;
     assert_eq!(f.balances().await, vec![(90, 2), (60, 2), (7, 1)]);
 }
+
+/// Holds back the first create of a journal entry on the way to the server (a slow link: the
+/// coordinator still waits for it) and then its reply, so that the entry is created after its
+/// transaction's deadline and the coordinator hears of it only later.
+struct SlowCreate {
+    fired: Arc<AtomicUsize>,
+    hold: Duration,
+    reply: Duration,
+}
+
+fn journal_create(c: &Document) -> bool {
+    command_name(c) == "findAndModify" && c.get_str("findAndModify").ok() == Some("accounts")
+}
+
+impl Rules for SlowCreate {
+    fn command(&self, command: &mut Document) -> Action {
+        if journal_create(command)
+            && self
+                .fired
+                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            return Action::Delay(self.hold);
+        }
+        Action::Forward
+    }
+
+    fn reply_delay(&self, command: &Document) -> Option<Duration> {
+        (journal_create(command) && self.fired.load(Ordering::SeqCst) == 1).then_some(self.reply)
+    }
+}
+
+/// Issue 46, case 6: an insert created after its transaction's deadline once counted as in place
+/// for readers and the GC (only the coordinator looked at the server's creation stamp). A
+/// transfer that journals itself: a's apply lands in time, the journal entry's create lands late.
+/// Before the coordinator hears back, a reader saw a's new balance (a dirty read) and a GC round
+/// committed the transaction; the coordinator then took its late create for a refusal, returned
+/// `Expired`, and `run` did the transfer a second time. Every party must now decide from the same
+/// stored fact, the creation stamp, and the transfer happen exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_insert_created_after_its_deadline_never_counts_for_anyone() {
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("a", 100)]).await;
+    let fired = Arc::new(AtomicUsize::new(0));
+    let timeout = Duration::from_millis(1_000);
+    let proxy = WireProxy::start(
+        &common::server_uri(),
+        SlowCreate {
+            fired: Arc::clone(&fired),
+            hold: timeout + Duration::from_millis(600),
+            reply: Duration::from_millis(4_000),
+        },
+    )
+    .await;
+    let store = Store::new(proxy.client().await.database(t.db.name()));
+    let via_proxy = common::open_accounts(&store).await;
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let coordinator = {
+        let attempts = Arc::clone(&attempts);
+        tokio::spawn(async move {
+            let txns = Transactions::with_options(&store, TxnOptions::default().timeout(timeout));
+            txns.run(|tx| {
+                let repo = via_proxy.clone();
+                let n = attempts.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let a = repo.get("a").await?;
+                    tx.adjust(&repo, "a", a.version, &Adjust::new().by("balance", -10_i64))
+                        .await?;
+                    tx.insert(&repo, &Account::new(&format!("j{n}"), "journal", 10))
+                        .await?;
+                    Ok(())
+                }
+            })
+            .await
+        })
+    };
+    // The first journal entry lands after the deadline; its reply is still held back.
+    let started = Instant::now();
+    loop {
+        let landed = raw_snapshot(&t.db, "accounts")
+            .await
+            .iter()
+            .any(|d| d.get_str("_id").ok() == Some("j0"));
+        if landed {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the held-back create never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A reader meanwhile sees a as committed: the transaction cannot commit any more.
+    let a = accounts.get("a").await.expect("read a");
+    assert_eq!((a.balance, a.version), (100, 1), "a dirty read of a");
+    let rich = accounts
+        .find(Query::new().filter(bson::doc! { "_id": { "$in": ["a", "j0"] } }))
+        .await
+        .expect("find");
+    assert_eq!(rich.len(), 1, "{rich:?}");
+    assert_eq!(rich[0].balance, 100);
+    assert!(matches!(
+        accounts.get("j0").await,
+        Err(RepoError::NotFound { .. })
+    ));
+    // A GC round aborts it, as the coordinator will.
+    let round = Gc::new(&t.store, GcOptions::default())
+        .run_round()
+        .await
+        .expect("GC round");
+    assert_eq!(round.finished, 0, "the GC committed it: {round:?}");
+    assert_eq!(accounts.get("a").await.expect("a").balance, 100);
+
+    let (_, outcome) = coordinator
+        .await
+        .expect("coordinator task")
+        .expect("the transfer commits on a later attempt");
+    assert!(attempts.load(Ordering::SeqCst) >= 2);
+    let a = accounts.get("a").await.expect("a");
+    assert_eq!(a.balance, 90, "the transfer happened exactly once");
+    let journal: Vec<String> = accounts
+        .find(Query::new().filter(bson::doc! { "owner": "journal" }))
+        .await
+        .expect("journal")
+        .into_iter()
+        .map(|j| j.value.id)
+        .collect();
+    assert_eq!(journal.len(), 1, "one journal entry: {journal:?}");
+    assert_ne!(journal[0], "j0");
+    let _ = outcome;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Gc::new(&t.store, GcOptions::default())
+        .run_round()
+        .await
+        .expect("GC round");
+    common::assert_settled(&t, &["accounts"], "after the late create").await;
+    drop(proxy);
+}

@@ -298,3 +298,94 @@ async fn filters_on_transaction_state_are_refused() {
         );
     }
 }
+
+/// An account read through a projection of `_id` alone.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct IdOnly {
+    #[serde(rename = "_id")]
+    id: String,
+}
+
+/// Issue 46, case 1: a projection that names only `_id` once dropped the system fields, the
+/// holders' tags and a plain document's copy of itself, so stamped documents read as plain with a
+/// fingerprint of `{_id}` as their version and a pending insert came back as a result.
+#[tokio::test]
+async fn a_projection_of_id_alone_reads_committed_versions_and_no_pending_document() {
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("a", 100), ("b", 50)]).await;
+    // A plain document, as another writer stores it.
+    t.db.collection::<bson::Document>("accounts")
+        .insert_one(doc! { "_id": "p", "owner": "P", "balance": 7_i64 })
+        .await
+        .unwrap();
+    let repo = accounts.clone();
+    stalled_at(&t.store, BEGIN_BEFORE, |tx| async move {
+        tx.adjust(&repo, "a", 1, &Adjust::new().by("balance", 900_i64))
+            .await?;
+        tx.insert(&repo, &Account::new("c", "C", 5_000)).await?;
+        Ok(())
+    })
+    .await;
+    let ids_only = t
+        .store
+        .repository::<IdOnly>(common::accounts_spec())
+        .await
+        .unwrap();
+    let whole = accounts
+        .find(Query::new().sort(doc! { "_id": 1 }))
+        .await
+        .unwrap();
+    let expected: Vec<(String, i64)> = whole
+        .iter()
+        .map(|a| (a.value.id.clone(), a.version))
+        .collect();
+    assert_eq!(
+        expected
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b", "p"]
+    );
+    for projection in [doc! { "_id": 1 }, doc! { "_id": true }, doc! { "_id": 1.0 }] {
+        let query = Query::new()
+            .sort(doc! { "_id": 1 })
+            .projection(projection.clone());
+        let cut = ids_only.find(query.clone()).await.unwrap();
+        let seen: Vec<(String, i64)> = cut
+            .iter()
+            .map(|a| (a.value.id.clone(), a.version))
+            .collect();
+        assert_eq!(
+            seen, expected,
+            "{projection}: ids and versions of the committed documents"
+        );
+        assert_eq!(
+            cut.iter().map(|a| a.is_plain()).collect::<Vec<_>>(),
+            [false, false, true],
+            "{projection}"
+        );
+        let streamed: Vec<_> = ids_only
+            .find_stream(query)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let seen: Vec<(String, i64)> = streamed
+            .iter()
+            .map(|a| (a.value.id.clone(), a.version))
+            .collect();
+        assert_eq!(seen, expected, "{projection}, streamed");
+        // `a` matches `balance > 500` only on its uncommitted value, `c` only exists uncommitted.
+        let rich = ids_only
+            .find(
+                Query::new()
+                    .filter(doc! { "balance": { "$gt": 500_i64 } })
+                    .projection(projection.clone()),
+            )
+            .await
+            .unwrap();
+        assert!(rich.is_empty(), "{projection}: {rich:?}");
+    }
+}

@@ -42,6 +42,10 @@ pub enum Action {
     /// Close the client's connection at once, and send the command to the server this much later
     /// on a connection of its own (its reply goes nowhere): it runs after its sender gave up.
     DeliverLate(Duration),
+    /// Send it this much later on the same connection (a slow link on the way out): it runs late
+    /// while its sender still waits for the reply, and the connection's next commands queue
+    /// behind it.
+    Delay(Duration),
 }
 
 /// How a test tampers with traffic. Both hooks see `OP_MSG` bodies only.
@@ -189,8 +193,13 @@ async fn commands(
             to_server.write_all(&message).await?;
             continue;
         };
-        match rules.command(&mut msg.body) {
-            action @ (Action::Forward | Action::LoseReply) => {
+        let mut action = rules.command(&mut msg.body);
+        if let Action::Delay(delay) = action {
+            tokio::time::sleep(delay).await;
+            action = Action::Forward;
+        }
+        match action {
+            action @ (Action::Forward | Action::LoseReply | Action::Delay(_)) => {
                 if msg.flags & MORE_TO_COME == 0 {
                     let lose = matches!(action, Action::LoseReply);
                     lock(&pending).insert(msg.request_id, (msg.body.clone(), lose));

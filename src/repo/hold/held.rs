@@ -40,6 +40,11 @@ pub(crate) struct Hold {
     /// existing document its op is `check`, on an absent one `insert` (a placeholder).
     #[serde(default, skip_serializing_if = "is_false")]
     pub(crate) fence: bool,
+    /// On a document a transaction created: the server's time of its creation, stamped by the
+    /// create itself (`$currentDate`, on the collection's own clock, the clock that guards every
+    /// other apply). Absent on every other hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) at: Option<DateTime>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -75,7 +80,26 @@ impl Hold {
         if self.fence {
             stored.insert("fence", true);
         }
+        if let Some(at) = self.at {
+            stored.insert(AT, at);
+        }
         stored
+    }
+
+    /// Whether this hold can never carry a committed change, whatever its transaction's record
+    /// says: a fence, or a document its transaction created after the deadline (a create is an
+    /// upsert the server's clock cannot refuse, so a late one lands, stamped too late; see
+    /// [`Hold::created_late`]). Both read as the document under them (a late creation as
+    /// absent), make their transaction unable to commit, and are undone, never finished.
+    pub(crate) fn never_commits(&self) -> bool {
+        self.fence || self.created_late()
+    }
+
+    /// Whether this is a transaction's own creation of its document that the server made after
+    /// the deadline. The coordinator, readers, writers and the GC all judge a creation by this
+    /// one stored fact, so they cannot disagree about whether it is in place.
+    pub(crate) fn created_late(&self) -> bool {
+        self.op == HoldKind::Insert && !self.fence && self.at.is_some_and(|at| at > self.exp)
     }
 
     /// The top-level fields whose committed value differs from the stored one while the hold is
@@ -106,6 +130,7 @@ impl Hold {
             restore: Document::new(),
             unset: Vec::new(),
             fence: true,
+            at: None,
         }
     }
 
@@ -161,6 +186,12 @@ pub(crate) const CHANGED: &str = "changed";
 /// The stored path of the list of changed fields, indexed in every managed collection.
 pub(crate) const CHANGED_PATH: &str = "_hold.changed";
 
+/// Where a created document's hold records the server's time of its creation, under `_hold`.
+pub(crate) const AT: &str = "at";
+
+/// The stored path of a created document's creation time (see [`Hold::at`]).
+pub(crate) const AT_PATH: &str = "_hold.at";
+
 /// The stored path of a hold's fence flag.
 pub(crate) const FENCE: &str = "_hold.fence";
 
@@ -213,6 +244,7 @@ mod tests {
             restore,
             unset: unset.iter().map(|s| s.to_string()).collect(),
             fence: false,
+            at: None,
         }
     }
 

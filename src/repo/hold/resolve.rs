@@ -43,7 +43,8 @@ pub(crate) async fn committed(
             return Ok(Committed::Live(stored));
         };
         let hold = held::read_hold(&stored).map_err(HoldError::new)?;
-        if hold.fence {
+        // A fence, or a creation stamped too late, is never part of a commit.
+        if hold.never_commits() {
             return Ok(pre(&hold, &stored));
         }
         // A reader needs the outcome, not to decide it: read in a bounded number of commands.
@@ -179,7 +180,7 @@ pub(crate) async fn settle_at(
             };
             status = resolver.abort_expired(store, holder, now).await?;
         }
-        TxnStatus::Absent if !hold.fence => {
+        TxnStatus::Absent if !hold.never_commits() => {
             let patient = now.is_none() && store.absent_for(holder) < ABSENT_GRACE;
             if patient && expired(hold.exp).await?.is_none() {
                 return Ok((Settled::Live, false));
@@ -190,7 +191,7 @@ pub(crate) async fn settle_at(
     }
     match status {
         TxnStatus::Pending { .. } => Ok((Settled::Live, false)),
-        TxnStatus::Committed if !hold.fence => {
+        TxnStatus::Committed if !hold.never_commits() => {
             roll_forward(store, coll, id, holder).await?;
             Ok((Settled::Freed, false))
         }
@@ -259,8 +260,10 @@ pub(crate) async fn roll_forward(
     };
     let sys = SystemFields::read(&held).map_err(HoldError::new)?;
     let hold = held::read_hold(&held).map_err(HoldError::new)?;
-    if hold.fence {
-        // A fence carries no change to make final; it only goes.
+    if hold.never_commits() {
+        // A fence carries no change to make final, and a creation stamped too late is no part
+        // of the commit (it can only be a copy that arrived after the committed one was
+        // finished and, since, deleted and purged): either only goes.
         roll_back(store, coll, id, holder).await?;
         return Ok(());
     }

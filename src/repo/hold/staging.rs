@@ -214,7 +214,7 @@ async fn missing_among(
         .await
         .map_err(|e| HoldError::database("reading participants", e))?
         .find(doc! { "_id": { "$in": ids } })
-        .projection(doc! { fields::ACTIVE_TXN: 1, held::FENCE: 1 })
+        .projection(place_fields())
         .batch_size(u32::try_from(wanted.len()).unwrap_or(u32::MAX))
         .await
         .map_err(|e| HoldError::database("reading participants", e))?
@@ -223,7 +223,7 @@ async fn missing_among(
         .map_err(|e| HoldError::database("reading participants", e))?;
     let applied: HashMap<String, ObjectId> = held
         .iter()
-        .filter(|d| !is_fence(d))
+        .filter(|d| !never_commits(d))
         .filter_map(|d| {
             let holder = d.get_object_id(fields::ACTIVE_TXN).ok()?;
             Some((ids::key(d.get("_id")?), holder))
@@ -237,12 +237,23 @@ async fn missing_among(
         .collect())
 }
 
-fn is_fence(found: &Document) -> bool {
-    found
-        .get_document(fields::HOLD)
-        .ok()
-        .and_then(|h| h.get_bool("fence").ok())
-        .unwrap_or(false)
+/// What a participant is read with to tell where it stands: its holder, and the parts of its
+/// hold that say whether it can carry its transaction's change.
+fn place_fields() -> Document {
+    doc! {
+        fields::ACTIVE_TXN: 1,
+        held::FENCE: 1,
+        "_hold.op": 1,
+        "_hold.exp": 1,
+        held::AT_PATH: 1,
+    }
+}
+
+/// Whether the hold on `found` (read with [`place_fields`]) can never carry its transaction's
+/// change: a fence, or a creation the server made after the deadline. Either way the
+/// transaction is missing that participant for good, whoever looks.
+fn never_commits(found: &Document) -> bool {
+    held::read_hold(found).is_ok_and(|hold| hold.never_commits())
 }
 
 /// Decides the staging transaction `txn` (record `found`) whose deadline has passed: commits it if
@@ -410,7 +421,7 @@ async fn place(
         .await
         .map_err(|e| HoldError::database("reading a participant", e))?
         .find_one(doc! { "_id": participant.id.clone() })
-        .projection(doc! { fields::ACTIVE_TXN: 1, held::FENCE: 1 })
+        .projection(place_fields())
         .await
         .map_err(|e| HoldError::database("reading a participant", e))?;
     let Some(found) = found else {
@@ -418,7 +429,8 @@ async fn place(
     };
     Ok(match found.get(fields::ACTIVE_TXN) {
         Some(Bson::ObjectId(holder)) if *holder == txn => {
-            if is_fence(&found) {
+            // A creation stamped too late stops the transaction as a fence does.
+            if never_commits(&found) {
                 Place::Fenced
             } else {
                 Place::Applied
