@@ -84,3 +84,77 @@ async fn the_gc_purges_only_stamped_tombstones_older_than_the_retention() {
         "{stale:?}"
     );
 }
+
+/// Keeps a copy of every create of an `accounts` document that passes (the commit protocol's
+/// upsert of an inserted document), to send again later as a copy delivered late would be.
+struct KeepCreates(std::sync::Arc<std::sync::Mutex<Vec<Document>>>);
+
+impl crate::common::wire_proxy::Rules for KeepCreates {
+    fn command(&self, command: &mut Document) -> crate::common::wire_proxy::Action {
+        if crate::common::wire_proxy::command_name(command) == "findAndModify"
+            && command.get_str("findAndModify").ok() == Some("accounts")
+        {
+            let mut copy = command.clone();
+            for session in [
+                "$db",
+                "lsid",
+                "$clusterTime",
+                "txnNumber",
+                "$readPreference",
+            ] {
+                copy.remove(session);
+            }
+            self.0.lock().unwrap().push(copy);
+        }
+        crate::common::wire_proxy::Action::Forward
+    }
+}
+
+/// Issue 46, case 6 (its last part): a copy of a transaction's create still on its way could
+/// bring back a document deleted and purged since. The transaction inserted z and committed (its
+/// record stays until its deadline: here the coordinator died before ending it); z is then
+/// deleted, and its tombstone is older than the retention. While a record that inserted z is
+/// there, the purge keeps z's tombstone, so a copy of the create arriving meanwhile meets it.
+#[tokio::test]
+async fn a_tombstone_stays_while_a_transaction_that_inserted_it_has_a_record() {
+    use mongotx::testkit::failpoint::END_BEFORE;
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    let creates = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let proxy = crate::common::wire_proxy::WireProxy::start(
+        &common::server_uri(),
+        KeepCreates(std::sync::Arc::clone(&creates)),
+    )
+    .await;
+    let store = mongotx::Store::new(proxy.client().await.database(t.db.name()));
+    let via_proxy = common::open_accounts(&store).await;
+    let repo = via_proxy.clone();
+    common::stalled_at(&store, END_BEFORE, |tx| async move {
+        tx.insert(&repo, &Account::new("z", "Z", 5)).await?;
+        Ok(())
+    })
+    .await;
+    let z = accounts.get("z").await.expect("z is committed");
+    accounts.delete("z", z.version).await.expect("delete z");
+    let create = creates
+        .lock()
+        .unwrap()
+        .first()
+        .cloned()
+        .expect("the create passed");
+
+    let gc = Gc::new(
+        &t.store,
+        GcOptions::default().tombstone_retention(Some(Duration::ZERO)),
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let round = gc.run_round().await.expect("round");
+    assert_eq!(round.purged, 0, "z's tombstone went: {round:?}");
+
+    // The copy arrives now, before the transaction's deadline: it meets the tombstone.
+    let replayed = t.db.run_command(create).await;
+    assert!(replayed.is_err(), "the copy landed: {replayed:?}");
+    let read = accounts.get("z").await;
+    assert!(matches!(read, Err(RepoError::Deleted { .. })), "{read:?}");
+    drop(proxy);
+}

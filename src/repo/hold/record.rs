@@ -138,6 +138,38 @@ pub(crate) async fn records(store: &Store) -> Result<Collection<Document>, HoldE
         .map_err(|e| HoldError::database("opening the transaction records", e))
 }
 
+/// The ids of `collection` that the transactions with a record (any state) insert. A purge of
+/// tombstones leaves these: a copy of such a transaction's create may still be on its way, and
+/// while its record is there, a copy arriving in time would be counted (see `Store::purge_tombstones`).
+/// Records live only while their transactions are in flight, so this reads a handful.
+pub(crate) async fn inserted_ids(
+    store: &Store,
+    collection: &str,
+) -> mongodb::error::Result<Vec<Bson>> {
+    let inserting = doc! { "coll": collection, "op.kind": "insert" };
+    let found: Vec<Document> = store
+        .protocol_collection(store.transactions_collection())
+        .await?
+        .find(doc! { "entries": { "$elemMatch": inserting } })
+        .projection(doc! { "entries.coll": 1, "entries.id": 1, "entries.op.kind": 1 })
+        .await?
+        .try_collect()
+        .await?;
+    Ok(found
+        .iter()
+        .filter_map(|record| record.get_array("entries").ok())
+        .flatten()
+        .filter_map(Bson::as_document)
+        .filter(|entry| {
+            entry.get_str("coll").ok() == Some(collection)
+                && entry
+                    .get_document("op")
+                    .is_ok_and(|op| op.get_str("kind").ok() == Some("insert"))
+        })
+        .filter_map(|entry| entry.get("id").cloned())
+        .collect())
+}
+
 /// Reads the record of `txn`.
 pub(crate) async fn load(store: &Store, txn: ObjectId) -> Result<Option<Document>, HoldError> {
     records(store)

@@ -21,6 +21,7 @@ use crate::repo::background::Shutdown;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
+use crate::repo::hold::record;
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
 use crate::retry::LockWait;
 use crate::server::clock::{self, ClockError, Durability, Topology};
@@ -259,6 +260,16 @@ impl Store {
         }
         let mut filter = meta::purgeable(cutoff);
         filter.insert(fields::VERSION, doc! { "$lte": highest });
+        // A transaction that inserted one of these ids and still has a record may still have a
+        // copy of its create on its way; arriving before the deadline, it would count, and bring
+        // the id back as that transaction's. Its tombstone stays until the record goes (after
+        // the deadline, when a copy can only land stamped too late, and then never counts).
+        let inserting = record::inserted_ids(self, collection)
+            .await
+            .map_err(fail("read the transaction records"))?;
+        if !inserting.is_empty() {
+            filter.insert("_id", doc! { "$nin": inserting });
+        }
         let purged = coll
             .delete_many(filter)
             .await
