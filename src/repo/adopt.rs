@@ -8,12 +8,11 @@
 //!    schema as it will read (upgraded from the plain schema version: [`plain::refusal`]); a
 //!    refused one stays plain and is reported with its id, field and rule.
 //! 3. Stamp the rest with one `update` command per batch, a statement per document, each setting
-//!    only `_schema` and `_version`, and each conditional on the document not being stamped yet
-//!    and its content being one the schema accepts. Where the store installed the collection's
-//!    validator (or found it in place) and the stamp is at the current schema version, the server
-//!    checks the stamped document against the same schema on the write itself, so the statement
-//!    only asks that the document have no `_version` yet; elsewhere it asks that the document be
-//!    exactly as read and checked ([`plain::unchanged`]). The server says how many matched; when some did not, the batch's
+//!    only `_schema` and `_version`, and each conditional on the document being exactly as read
+//!    and checked ([`plain::unchanged`]: same fields, order, types and bytes). (A validator the
+//!    store installed is no substitute for that condition: an administrator may set it to warn
+//!    or switch it off, or a newer process may install one that lets another schema version
+//!    through, and the client never sees either.) The server says how many matched; when some did not, the batch's
 //!    documents are read again: those stamped meanwhile (by a lazy write, another adoption) are
 //!    counted as already stamped, those changed by another writer are checked and stamped one by
 //!    one, those deleted are left.
@@ -21,9 +20,8 @@
 //! # Why it is safe to repeat, interrupt and run beside anything
 //!
 //! - Every write matches only a document not yet stamped, adds only system fields, and lands
-//!   only on content the schema accepts (checked by the server as it writes, or the very content
-//!   the client checked), so no other writer's change is lost and nothing the schema refuses is
-//!   stamped.
+//!   only on the very content the client checked, so no other writer's change is lost and
+//!   nothing the schema refuses is stamped.
 //! - A stamped document is no longer plain: no run reads it again, so each document is stamped
 //!   once, whatever runs at once (two adoptions, lazy writes, transactions).
 //! - Nothing is remembered between runs but the stamps themselves: a run killed at any point
@@ -48,9 +46,12 @@ use crate::repo::repository::Repository;
 use crate::repo::store::Store;
 use crate::server::codes;
 
-/// The most plain documents' bytes one stamping command carries (each statement holds its
-/// document as the condition): well under the 16 MiB a command may have.
+/// The most plain documents' bytes one batch reads.
 const BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// The most bytes of statements one stamping command carries: well under the 16 MiB a command
+/// may have (a single statement may be larger, up to what `plain::unchanged` builds).
+const COMMAND_BYTES: usize = 12 * 1024 * 1024;
 
 /// What a run does after each batch: called with the report so far.
 pub type AdoptProgress = Arc<dyn Fn(&AdoptReport) + Send + Sync>;
@@ -323,17 +324,11 @@ impl Adoption<'_> {
             .take(options.listed_refusals)
             .map(|d| show_id(d.get("_id").unwrap_or(&Bson::Null)))
             .collect();
-        // Where the server checks each stamp against the schema itself, the documents need not
-        // come to the client: their ids do. (A dry run writes nothing, so it checks them here.)
-        let server_checks = !options.dry_run && self.server_checks();
         // Raw documents: their size is known without encoding them again.
         let raw = self.coll.clone_with_type::<RawDocumentBuf>();
-        let mut find = raw
+        let find = raw
             .find(plain::plain_filter())
             .batch_size(options.batch_size);
-        if server_checks {
-            find = find.projection(doc! { "_id": 1 });
-        }
         let mut cursor = find.await.map_err(fail("read plain documents"))?;
         let limit = usize::try_from(options.batch_size).unwrap_or(usize::MAX);
         let mut pending: Option<Vec<Document>> = None;
@@ -356,12 +351,7 @@ impl Adoption<'_> {
             if batch.is_empty() {
                 break;
             }
-            let ready = if server_checks {
-                report.examined += batch.len() as u64;
-                batch
-            } else {
-                self.check(batch, &options, &mut report)
-            };
+            let ready = self.check(batch, &options, &mut report);
             if options.dry_run || ready.is_empty() {
                 if options.dry_run {
                     report.stamped += ready.len() as u64;
@@ -382,14 +372,6 @@ impl Adoption<'_> {
             "adoption run ended"
         );
         Ok(report)
-    }
-
-    /// Whether the server checks a stamp against the schema as it writes it: the store installed
-    /// the collection's validator (or found it in place) and the stamp is at the current schema
-    /// version, which the validator's `$jsonSchema` clause covers.
-    fn server_checks(&self) -> bool {
-        let schema = self.spec.plain_schema_version();
-        schema == self.spec.schema_version() && self.store.server_validates(self.name(), schema)
     }
 
     /// Why the client's schema refuses plain document `id` as it is now, if it does.
@@ -457,6 +439,7 @@ impl Adoption<'_> {
     /// Stamps the checked documents `ready` (see the module doc) and says what came of each.
     async fn stamp(&self, ready: Vec<Document>) -> Result<Tally, RepoError> {
         let mut outcome = Tally::default();
+        let mut kept = Vec::with_capacity(ready.len());
         let version = self
             .store
             .first_version(self.name())
@@ -466,50 +449,74 @@ impl Adoption<'_> {
             fields::SCHEMA_VERSION: self.spec.plain_schema_version(),
             fields::VERSION: version,
         } };
-        // Where the server checks stamped documents against this schema on every write, the
-        // stamp is checked by the write itself; elsewhere it is conditional on the content the
-        // client checked.
-        let server_checks = self.server_checks();
-        let statements: Vec<Bson> = ready
-            .iter()
-            .map(|doc| {
-                let condition = if server_checks {
-                    // Not stamped yet: every write of mongotx sets `_version`, the first one
-                    // included (one condition on one field: each costs the server a match).
-                    doc! {
-                        "_id": doc.get("_id").cloned().unwrap_or(Bson::Null),
-                        fields::VERSION: { "$exists": false },
+        let mut statements: Vec<(Bson, usize)> = Vec::with_capacity(ready.len());
+        for doc in ready {
+            let statement = doc! { "q": plain::unchanged(&doc), "u": set.clone() };
+            let size = bson::to_vec(&statement).map_or(usize::MAX, |b| b.len());
+            if size > COMMAND_BYTES {
+                // Its content cannot be compared in one command: stamping it could land on a
+                // change nobody checked. It stays plain, and says so.
+                let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+                outcome.refused.push((
+                    id,
+                    "(document)".to_string(),
+                    format!(
+                        "too large to stamp conditionally on its content: its condition takes {size} bytes, over the {COMMAND_BYTES} a stamping command may carry"
+                    ),
+                ));
+                continue;
+            }
+            statements.push((Bson::Document(statement), size));
+            kept.push(doc);
+        }
+        let ready = kept;
+        // Each condition carries its document and a check per number and string, several times
+        // the document's size: the statements go in as many commands as their bytes need.
+        let mut matched = 0;
+        let mut errors: Vec<Document> = Vec::new();
+        let mut start = 0;
+        while start < statements.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < statements.len()
+                && (end == start || bytes + statements[end].1 <= COMMAND_BYTES)
+            {
+                bytes += statements[end].1;
+                end += 1;
+            }
+            let reply = self
+                .coll
+                .client()
+                .database(self.coll.namespace().db.as_str())
+                .run_command(doc! {
+                    "update": self.name(),
+                    "updates": statements[start..end].iter().map(|(s, _)| s.clone()).collect::<Vec<_>>(),
+                    "ordered": false,
+                })
+                .await
+                .map_err(|e| RepoError::written(self.name(), "*", "stamp plain documents", e))?;
+            matched += match reply.get("n") {
+                Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
+                Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
+                _ => 0,
+            };
+            // An error names its statement by its index in this command.
+            for error in reply.get_array("writeErrors").into_iter().flatten() {
+                if let Some(mut error) = error.as_document().cloned() {
+                    if let Ok(i) = error.get_i32("index") {
+                        let global = i64::from(i) + i64::try_from(start).unwrap_or(0);
+                        error.insert("index", i32::try_from(global).unwrap_or(i32::MAX));
                     }
-                } else {
-                    plain::unchanged(doc)
-                };
-                Bson::Document(doc! { "q": condition, "u": set.clone() })
-            })
-            .collect();
-        let reply = self
-            .coll
-            .client()
-            .database(self.coll.namespace().db.as_str())
-            .run_command(doc! {
-                "update": self.name(),
-                "updates": statements,
-                "ordered": false,
-            })
-            .await
-            .map_err(|e| RepoError::written(self.name(), "*", "stamp plain documents", e))?;
-        let matched = match reply.get("n") {
-            Some(Bson::Int32(n)) => u64::try_from(*n).unwrap_or(0),
-            Some(Bson::Int64(n)) => u64::try_from(*n).unwrap_or(0),
-            _ => 0,
-        };
+                    errors.push(error);
+                }
+            }
+            start = end;
+        }
         outcome.stamped += matched;
         // A statement the server refused (its validator: a schema it holds that this code does
         // not know) names the document by its index.
         let mut refused_at = Vec::new();
-        for error in reply.get_array("writeErrors").into_iter().flatten() {
-            let Some(error) = error.as_document() else {
-                continue;
-            };
+        for error in &errors {
             let index = error
                 .get_i32("index")
                 .ok()

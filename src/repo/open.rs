@@ -170,10 +170,8 @@ async fn install_validator(
             { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },
         ]
     };
-    if installed.as_ref() == Some(&validator)
-        || put_validator(store, spec.name(), validator).await?
-    {
-        store.validator_in_place(spec.name(), version);
+    if installed.as_ref() != Some(&validator) {
+        put_validator(store, spec.name(), validator).await?;
     }
     Ok(())
 }
@@ -236,20 +234,20 @@ pub(crate) async fn validated_protocol_collection(
 /// A service connecting with the `readWrite` role may create collections (with their
 /// validator) but not change an existing one's (`collMod` needs `dbAdmin`): then the command
 /// is recorded for an administrator to run ([`Store::pending_validators`]), logged once, and
-/// the collection opens all the same, its documents checked on the client as everywhere.
-/// Says whether the validator is in place.
+/// the collection opens all the same, its documents checked on the client as everywhere. (Nothing
+/// of mongotx trusts the validator to be in force: an administrator may relax it at any time.)
 async fn put_validator(
     store: &Store,
     collection: &str,
     validator: Document,
-) -> Result<bool, mongodb::error::Error> {
+) -> Result<(), mongodb::error::Error> {
     let create = doc! { "create": collection, "validator": validator.clone() };
     let command = match store.inner.db.run_command(create.clone()).await {
-        Ok(_) => return Ok(true),
+        Ok(_) => return Ok(()),
         Err(e) if codes::error_code(&e) == Some(NAMESPACE_EXISTS) => {
             let change = doc! { "collMod": collection, "validator": validator };
             match store.inner.db.run_command(change.clone()).await {
-                Ok(_) => return Ok(true),
+                Ok(_) => return Ok(()),
                 Err(e) if codes::error_code(&e) == Some(codes::UNAUTHORIZED) => change,
                 Err(e) => return Err(e),
             }
@@ -258,7 +256,7 @@ async fn put_validator(
         Err(e) => return Err(e),
     };
     store.validator_not_installed(collection, command);
-    Ok(false)
+    Ok(())
 }
 
 const NAMESPACE_EXISTS: i32 = 48;

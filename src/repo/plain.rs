@@ -40,14 +40,158 @@ use crate::repo::store::Store;
 /// without changing what the caller expected (a stamp by someone else, a field order change).
 const STAMP_ATTEMPTS: usize = 4;
 
-/// The filter that matches document `stored` only while it is exactly as read: same fields, in
-/// the same order, with equal values (numbers compare by value across types, as everywhere in
-/// MongoDB; the fingerprint check before the write tells types apart).
+/// The filter that matches document `stored` only while it is exactly as read: the same fields,
+/// in the same order, with the same values of the same types and bytes.
+///
+/// `$eq` of `$$ROOT` with the document as a `$literal` pins the fields, their order and their
+/// values, but as MongoDB compares values: numbers by value across types (int 5, long 5, double
+/// 5.0 and decimal 5.0 are equal, and decimal 1.0 equals 1.00), strings by the collection's
+/// collation (case-insensitive where a collation says so). A raw change of that kind between the
+/// read and the write would slip through, and the write would replace it from the old read (a
+/// lost write). So beside the `$eq`, every value whose representation `$eq` does not see is
+/// checked one by one: the BSON type of every number and string (`$type`, on the value's dotted
+/// path), the server's own string form of every decimal and of every double zero (`$toString`:
+/// 1.0 and 1.00, 0.0 and -0.0 differ there), and every string byte for byte (`$strLenBytes` and
+/// `$indexOfBytes`, which no collation affects).
+///
+/// What this cannot pin (docs/adoption.md lists it): a value whose path cannot be written in a
+/// filter (a field name with a `.` or starting with `$`, or an array element that another
+/// element's field of the same name would also answer for) is compared by `$eq` only, and so is
+/// every value of a document whose exact condition would be larger than
+/// [`EXACT_CONDITION_BYTES`] (a command carries at most 16 MiB); NaN payloads are not told apart.
 pub(crate) fn unchanged(stored: &Document) -> Document {
     let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
-    doc! {
-        "_id": id,
-        "$expr": { "$eq": ["$$ROOT", { "$literal": stored.clone() }] },
+    let whole = doc! { "$eq": ["$$ROOT", { "$literal": stored.clone() }] };
+    let mut exact = Exact::default();
+    for (name, value) in stored {
+        let (path, expr) = if addressable(name) {
+            (Some(name.clone()), Some(Bson::String(format!("${name}"))))
+        } else {
+            (None, None)
+        };
+        exact.value(value, path, expr);
+    }
+    let mut filter = doc! { "_id": id.clone() };
+    let mut checks = vec![Bson::Document(whole.clone())];
+    checks.extend(exact.expressions);
+    if !exact.types.is_empty() {
+        filter.insert("$and", exact.types);
+    }
+    filter.insert("$expr", doc! { "$and": checks });
+    let fits = bson::to_vec(&filter).is_ok_and(|bytes| bytes.len() <= EXACT_CONDITION_BYTES);
+    if fits {
+        filter
+    } else {
+        tracing::debug!(id = %crate::repo::error::show_id(&id), "the exact condition of a plain document is too large; comparing it by value only");
+        doc! { "_id": id, "$expr": whole }
+    }
+}
+
+/// The largest exact condition [`unchanged`] builds: well under the 16 MiB of a command, with
+/// room for the update beside it.
+pub(crate) const EXACT_CONDITION_BYTES: usize = 12 * 1024 * 1024;
+
+/// Whether a field name can be written in a dotted path and in a `$` field path.
+fn addressable(name: &str) -> bool {
+    !name.is_empty() && !name.contains('.') && !name.starts_with('$')
+}
+
+/// The conditions [`unchanged`] adds to `$eq` of the whole document.
+#[derive(Default)]
+struct Exact {
+    /// `{path: {$type: ...}}`, one per number and string with a usable dotted path.
+    types: Vec<Bson>,
+    /// `$expr` clauses: string forms of decimals and double zeros, bytes of strings.
+    expressions: Vec<Bson>,
+}
+
+impl Exact {
+    /// Adds the checks of `value`, found at dotted path `path` (`None`: it has no usable one) and
+    /// read by the aggregation expression `expr` (`None`: none can reach it).
+    fn value(&mut self, value: &Bson, path: Option<String>, expr: Option<Bson>) {
+        let alias = match value {
+            Bson::Int32(_) => Some("int"),
+            Bson::Int64(_) => Some("long"),
+            Bson::Double(_) => Some("double"),
+            Bson::Decimal128(_) => Some("decimal"),
+            Bson::String(_) => Some("string"),
+            _ => None,
+        };
+        if let (Some(alias), Some(path)) = (alias, &path) {
+            self.types
+                .push(Bson::Document(doc! { path.clone(): { "$type": alias } }));
+        }
+        match value {
+            Bson::Decimal128(_) => self.same_string_form(value, expr),
+            Bson::Double(d) if *d == 0.0 => self.same_string_form(value, expr),
+            Bson::String(s) => {
+                if let Some(expr) = expr {
+                    let len = i64::try_from(s.len()).unwrap_or(i64::MAX);
+                    self.expressions.push(Bson::Document(
+                        doc! { "$eq": [{ "$strLenBytes": expr.clone() }, len] },
+                    ));
+                    self.expressions.push(Bson::Document(
+                        doc! { "$eq": [{ "$indexOfBytes": [expr, { "$literal": s.clone() }] }, 0] },
+                    ));
+                }
+            }
+            Bson::Document(inner) => {
+                for (name, child) in inner {
+                    let usable = addressable(name);
+                    let child_path = path
+                        .as_ref()
+                        .filter(|_| usable)
+                        .map(|p| format!("{p}.{name}"));
+                    let child_expr = expr.as_ref().filter(|_| usable).map(|e| field_of(e, name));
+                    self.value(child, child_path, child_expr);
+                }
+            }
+            Bson::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    // A dotted path's number also names the field of that name in every
+                    // document element: the path is usable only if no element has one.
+                    let key = i.to_string();
+                    let ambiguous = items
+                        .iter()
+                        .any(|item| matches!(item, Bson::Document(d) if d.contains_key(&key)));
+                    let child_path = path
+                        .as_ref()
+                        .filter(|_| !ambiguous)
+                        .map(|p| format!("{p}.{key}"));
+                    let index = i64::try_from(i).unwrap_or(i64::MAX);
+                    let child_expr = expr
+                        .as_ref()
+                        .map(|e| Bson::Document(doc! { "$arrayElemAt": [e.clone(), index] }));
+                    self.value(child, child_path, child_expr);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds the check that the value `expr` reads has the server's string form of `value`.
+    fn same_string_form(&mut self, value: &Bson, expr: Option<Bson>) {
+        if let Some(expr) = expr {
+            self.expressions.push(Bson::Document(doc! { "$eq": [
+                { "$toString": expr },
+                { "$toString": { "$literal": value.clone() } },
+            ] }));
+        }
+    }
+}
+
+/// The expression reading field `name` of the document `expr` reads. A `$` field path simply
+/// grows; any other expression is wrapped (`$getField` needs MongoDB 5.0, and `$let` is missing
+/// from some wire-compatible servers, so a one-element `$map` binds it).
+fn field_of(expr: &Bson, name: &str) -> Bson {
+    match expr {
+        Bson::String(path) if path.starts_with('$') && !path.starts_with("$$") => {
+            Bson::String(format!("{path}.{name}"))
+        }
+        other => Bson::Document(doc! { "$arrayElemAt": [
+            { "$map": { "input": [other.clone()], "as": "held", "in": format!("$$held.{name}") } },
+            0,
+        ] }),
     }
 }
 

@@ -933,6 +933,133 @@ async fn numbers_compare_exactly_across_types() {
     );
 }
 
+/// https://www.mongodb.com/docs/manual/reference/operator/update/set/ : `$set` replaces the value
+/// of a field with the specified value, so a value equal to the stored one as queries compare
+/// (int 5 and long 5, decimal 1.0 and 1.00, 0.0 and -0.0) still replaces it in the given type
+/// and bytes. (A plain document's first write relies on it to tell a raw change of type only.)
+#[tokio::test]
+async fn set_stores_a_value_equal_under_comparison_in_the_type_given() {
+    use std::str::FromStr;
+    let dec = |s: &str| Bson::Decimal128(bson::Decimal128::from_str(s).expect("decimal"));
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("representations");
+    for (i, (before, after)) in [
+        (Bson::Int32(5), Bson::Int64(5)),
+        (Bson::Int64(5), Bson::Double(5.0)),
+        (Bson::Double(5.0), dec("5.0")),
+        (dec("1.0"), dec("1.00")),
+        (Bson::Double(0.0), Bson::Double(-0.0)),
+        (
+            Bson::Document(doc! { "a": [1_i32, { "b": 2_i32 }] }),
+            Bson::Document(doc! { "a": [1_i32, { "b": 2_i64 }] }),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = i as i32;
+        coll.insert_one(doc! { "_id": id, "v": before.clone() })
+            .await
+            .expect("insert");
+        let result = coll
+            .update_one(doc! { "_id": id }, doc! { "$set": { "v": after.clone() } })
+            .await
+            .expect("update");
+        assert_eq!(
+            (result.matched_count, result.modified_count),
+            (1, 1),
+            "{before} -> {after}"
+        );
+        let stored = coll
+            .find_one(doc! { "_id": id })
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(
+            bson::to_vec(&stored).expect("bytes"),
+            bson::to_vec(&doc! { "_id": id, "v": after.clone() }).expect("bytes"),
+            "{before} -> {after}"
+        );
+    }
+}
+
+/// https://www.mongodb.com/docs/manual/reference/operator/query/type/ : `$type` matches the
+/// BSON type of the value at a path (`int`, `long`, `double`, `decimal`, `string`), where `$eq`
+/// matches by value across the number types; a path's number addresses an array element
+/// (https://www.mongodb.com/docs/manual/core/document/#dot-notation).
+#[tokio::test]
+async fn type_conditions_tell_the_number_types_apart() {
+    use std::str::FromStr;
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("types");
+    let five = bson::Decimal128::from_str("5").expect("decimal");
+    coll.insert_many([
+        doc! { "_id": 1, "v": 5_i32, "a": [5_i32, 5_i64] },
+        doc! { "_id": 2, "v": 5_i64, "a": [5_i64, 5_i32] },
+        doc! { "_id": 3, "v": 5.0, "a": [{ "n": 5.0 }] },
+        doc! { "_id": 4, "v": five, "a": [[5_i32]] },
+    ])
+    .await
+    .expect("insert");
+    assert_matches(&coll, doc! { "v": 5 }, &[1, 2, 3, 4]).await;
+    assert_matches(&coll, doc! { "v": { "$type": "int" } }, &[1]).await;
+    assert_matches(&coll, doc! { "v": { "$type": "long" } }, &[2]).await;
+    assert_matches(&coll, doc! { "v": { "$type": "double" } }, &[3]).await;
+    assert_matches(&coll, doc! { "v": { "$type": "decimal" } }, &[4]).await;
+    assert_matches(&coll, doc! { "a.1": { "$type": "long" } }, &[1]).await;
+    assert_matches(&coll, doc! { "a.0.n": { "$type": "double" } }, &[3]).await;
+    assert_matches(&coll, doc! { "a.0.0": { "$type": "int" } }, &[4]).await;
+}
+
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/toString/ : a decimal and a
+/// double convert to their own string forms, so decimals of another precision (1.0, 1.00) and
+/// the two zeros (0.0, -0.0), equal to `$eq`, differ there; and
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/strLenBytes/ and
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/indexOfBytes/ : byte
+/// lengths and byte positions of strings.
+#[tokio::test]
+async fn string_forms_and_bytes_tell_what_eq_does_not() {
+    use std::str::FromStr;
+    let dec = |s: &str| Bson::Decimal128(bson::Decimal128::from_str(s).expect("decimal"));
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("forms");
+    coll.insert_one(doc! { "_id": 1, "d": dec("1.0"), "z": -0.0, "s": "Straße" })
+        .await
+        .expect("insert");
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$eq": ["$d", dec("1.00")] } },
+        &[1],
+    )
+    .await;
+    assert_matches(&coll, doc! { "$expr": { "$eq": ["$z", 0.0] } }, &[1]).await;
+    let same_form = |path: &str, value: Bson| {
+        doc! { "$expr": { "$eq": [{ "$toString": path }, { "$toString": { "$literal": value } }] } }
+    };
+    assert_matches(&coll, same_form("$d", dec("1.0")), &[1]).await;
+    assert_matches(&coll, same_form("$d", dec("1.00")), &[]).await;
+    assert_matches(&coll, same_form("$z", Bson::Double(-0.0)), &[1]).await;
+    assert_matches(&coll, same_form("$z", Bson::Double(0.0)), &[]).await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$eq": [{ "$strLenBytes": "$s" }, 7] } },
+        &[1],
+    )
+    .await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$eq": [{ "$indexOfBytes": ["$s", "Straße"] }, 0] } },
+        &[1],
+    )
+    .await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$eq": [{ "$indexOfBytes": ["$s", "STRASSE"] }, -1] } },
+        &[1],
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pipeline updates
 // ---------------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ mod quota_stripes;
 mod ratelimit;
 #[cfg(feature = "cli")]
 mod ratelimit_processes;
+mod raw_changes;
 mod scale;
 mod schema_versions;
 #[cfg(feature = "cli")]

@@ -123,7 +123,6 @@ impl StoreBuilder {
                 batch_writes: AtomicBool::new(self.batch_writes),
                 specs: Mutex::new(HashMap::new()),
                 pending_validators: Mutex::new(BTreeMap::new()),
-                validators: Mutex::new(HashMap::new()),
                 background: Background::default(),
             }),
         }

@@ -89,9 +89,6 @@ pub(crate) struct StoreInner {
     /// Validators this store could not install for lack of privileges, by collection: the
     /// command an administrator runs.
     pub(super) pending_validators: Mutex<BTreeMap<String, Document>>,
-    /// The collections whose server validator this store installed or found in place, with the
-    /// schema version it checks in full.
-    pub(super) validators: Mutex<HashMap<String, i64>>,
 }
 
 impl std::fmt::Debug for Store {

@@ -316,27 +316,6 @@ impl Store {
         }
     }
 
-    /// Remembers that `collection`'s server validator, as this store installs it, is in place:
-    /// the server checks documents of schema version `version` against the schema on every write.
-    pub(crate) fn validator_in_place(&self, collection: &str, version: i64) {
-        self.inner
-            .validators
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(collection.to_string(), version);
-    }
-
-    /// Whether the server checks `collection`'s documents of schema version `version` against
-    /// this store's schema on every write (its validator was installed or found in place).
-    pub(crate) fn server_validates(&self, collection: &str, version: i64) -> bool {
-        self.inner
-            .validators
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(collection)
-            == Some(&version)
-    }
-
     /// Remembers the definition of a collection this store works on.
     pub(crate) fn remember_spec(&self, spec: &Arc<CollectionSpec>) {
         let mut specs = self

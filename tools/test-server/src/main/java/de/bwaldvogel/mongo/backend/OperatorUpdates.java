@@ -17,7 +17,12 @@ import mongotx.testserver.Copies;
  * <p>Where mongo-java-server and MongoDB differ on an operator the server depends on, the
  * difference is handled here before the operators run: {@code $inc} and {@code $mul} of 64-bit
  * integers that overflow fail (mongo-java-server wraps around), and a path named by two operators
- * is refused up front.
+ * is refused up front. After them, a {@code $set} (or an inserting {@code $setOnInsert}) whose value
+ * equals the stored one as MongoDB compares values but differs in type or bytes (int 5 and long 5,
+ * decimal 1.0 and 1.00, 0.0 and -0.0, or such a value inside a document or array) stores the new
+ * value as given: mongo-java-server took the two for the same and kept the old one, where MongoDB
+ * replaces it (https://www.mongodb.com/docs/manual/reference/operator/update/set/: "$set replaces
+ * the value of a field with the specified value").
  */
 public final class OperatorUpdates {
 
@@ -82,8 +87,64 @@ public final class OperatorUpdates {
             new FieldUpdates(result, UpdateOperator.fromValue(operator), Constants.ID_FIELD, upsert, matchPos,
                     arrayFilters).apply(change, operator);
         }
+        keepRepresentation(result, update.get("$set"));
+        if (upsert) {
+            keepRepresentation(result, update.get("$setOnInsert"));
+        }
         Utils.validateFieldNames(result);
         return result;
+    }
+
+    /** Stores each value of {@code change} that the operators kept in an equal but other form. */
+    private static void keepRepresentation(Document result, Object change) {
+        if (!(change instanceof Document values)) {
+            return;
+        }
+        for (Map.Entry<String, Object> entry : values.entrySet()) {
+            String path = entry.getKey();
+            if (path.contains("$") || path.equals(Constants.ID_FIELD)) {
+                continue;
+            }
+            Object now = Utils.getSubdocumentValue(result, path);
+            if (!(now instanceof Missing) && !identical(now, entry.getValue())) {
+                Utils.changeSubdocumentValue(result, path, Copies.deepValue(entry.getValue()));
+            }
+        }
+    }
+
+    /**
+     * Whether two values are the same BSON value: same type and same bytes (field order and
+     * names included), where {@link Utils#nullAwareEquals} compares as MongoDB's queries do.
+     */
+    static boolean identical(Object a, Object b) {
+        if (a instanceof Document da && b instanceof Document db) {
+            if (!new ArrayList<>(da.keySet()).equals(new ArrayList<>(db.keySet()))) {
+                return false;
+            }
+            for (String key : da.keySet()) {
+                if (!identical(da.get(key), db.get(key))) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        if (a instanceof List<?> la && b instanceof List<?> lb) {
+            if (la.size() != lb.size()) {
+                return false;
+            }
+            for (int i = 0; i < la.size(); i++) {
+                if (!identical(la.get(i), lb.get(i))) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        if (a == null || b == null) {
+            return a == b;
+        }
+        // Double.equals tells 0.0 from -0.0 (and holds NaN equal to itself); Decimal128's equals
+        // compares its two 64-bit halves, so 1.0 and 1.00 differ.
+        return a.getClass().equals(b.getClass()) && a.equals(b);
     }
 
     /** MongoDB refuses a 64-bit {@code $inc} or {@code $mul} whose result does not fit. */
