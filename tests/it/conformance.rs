@@ -1060,6 +1060,59 @@ async fn string_forms_and_bytes_tell_what_eq_does_not() {
     .await;
 }
 
+/// https://www.mongodb.com/docs/manual/reference/collation/ : an operation on a collection with a
+/// default collation uses it unless the operation names its own (`{locale: "simple"}` is the
+/// binary comparison), so at strength 2 an expression's `$eq` takes "Alice" for "alice", and a
+/// whole document compared with `$eq` hides a change of case; `$strLenBytes` and `$indexOfBytes`
+/// (https://www.mongodb.com/docs/manual/reference/operator/aggregation/indexOfBytes/) work on the
+/// bytes whatever the collation.
+#[tokio::test]
+async fn expressions_compare_strings_under_the_collections_collation() {
+    let t = TestDb::unprobed().await;
+    t.db.run_command(doc! {
+        "create": "folded",
+        "collation": { "locale": "en", "strength": 2 },
+    })
+    .await
+    .expect("create with a collation");
+    let coll: Collection<Document> = t.db.collection("folded");
+    coll.insert_one(doc! { "_id": 1, "s": "Alice" })
+        .await
+        .expect("insert");
+    assert_matches(&coll, doc! { "$expr": { "$eq": ["$s", "alice"] } }, &[1]).await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$eq": ["$$ROOT", { "$literal": { "_id": 1, "s": "ALICE" } }] } },
+        &[1],
+    )
+    .await;
+    let simple: Vec<Document> = coll
+        .find(doc! { "$expr": { "$eq": ["$s", "alice"] } })
+        .collation(
+            mongodb::options::Collation::builder()
+                .locale("simple")
+                .build(),
+        )
+        .await
+        .expect("find")
+        .try_collect()
+        .await
+        .expect("find");
+    assert!(simple.is_empty(), "{simple:?}");
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$eq": [{ "$indexOfBytes": ["$s", "alice"] }, -1] } },
+        &[1],
+    )
+    .await;
+    assert_matches(
+        &coll,
+        doc! { "$expr": { "$eq": [{ "$indexOfBytes": ["$s", "Alice"] }, 0] } },
+        &[1],
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pipeline updates
 // ---------------------------------------------------------------------------------------------

@@ -362,3 +362,52 @@ async fn adoption_never_stamps_content_it_did_not_check() {
         );
     }
 }
+
+/// Issue 46, case 2 under a collation: in a collection whose default collation ignores case, the
+/// content condition's `$eq` took "ALICE" for "alice", and a first write replaced a raw change of
+/// case only from the old read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_case_only_raw_change_under_a_collation_is_a_conflict_never_lost() {
+    for (what, before, after) in [
+        ("upper case", "alice", "ALICE"),
+        ("one letter", "alice", "alicE"),
+        ("an accent under strength 1", "resume", "resumé"),
+    ] {
+        let t = TestDb::new().await;
+        let strength = if what.contains("strength 1") { 1 } else { 2 };
+        t.db.run_command(doc! {
+            "create": "measures",
+            "collation": { "locale": "en", "strength": strength },
+        })
+        .await
+        .unwrap();
+        let raw = t.db.collection::<Document>("measures");
+        raw.insert_one(doc! { "_id": "m", "label": before, "value": 1_i64 })
+            .await
+            .unwrap();
+        let mut window = RawWindow::open(&t).await;
+        let measures: Repository<Document> =
+            window.store.repository(measures_spec()).await.unwrap();
+        let version = measures.get("m").await.unwrap().version;
+        let writer = tokio::spawn(async move {
+            measures
+                .update("m", version, &Update::new().set("value", 2_i64))
+                .await
+        });
+        window.write_on_its_way().await;
+        raw.update_one(doc! { "_id": "m" }, doc! { "$set": { "label": after } })
+            .await
+            .unwrap();
+        let written = writer.await.unwrap();
+        assert!(
+            matches!(written, Err(RepoError::VersionConflict { .. })),
+            "{what}: {written:?}"
+        );
+        let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
+        assert_eq!(
+            stored,
+            doc! { "_id": "m", "label": after, "value": 1_i64 },
+            "{what}: the raw change must stay as written"
+        );
+    }
+}

@@ -28,6 +28,8 @@ import io.netty.channel.Channel;
 final class AtomicDatabase extends MemoryDatabase {
 
     private final Map<String, Validator> validators = new ConcurrentHashMap<>();
+    /** Default collations by collection (binary where absent). */
+    private final Map<String, Document> collations = new ConcurrentHashMap<>();
     private final Profile profile;
     private final Clocks clocks;
     private final Writes writes;
@@ -50,6 +52,12 @@ final class AtomicDatabase extends MemoryDatabase {
     @Override
     public Document handleCommand(Channel channel, String command, Document query, DatabaseResolver resolver,
             Oplog oplog) {
+        Document collation = query.get(command) instanceof String name ? collations.get(name) : null;
+        return Collation.during(query, collation == null ? null : Collation.of(collation),
+                () -> run(channel, command, query, resolver, oplog));
+    }
+
+    private Document run(Channel channel, String command, Document query, DatabaseResolver resolver, Oplog oplog) {
         switch (command.toLowerCase(Locale.ROOT)) {
             case "insert":
                 return writes.insert(query);
@@ -85,6 +93,7 @@ final class AtomicDatabase extends MemoryDatabase {
                 return listCollections(channel, command, query, resolver, oplog);
             case "drop":
                 validators.remove(String.valueOf(query.get(command)));
+                collations.remove(String.valueOf(query.get(command)));
                 return super.handleCommand(channel, command, query, resolver, oplog);
             default:
                 return super.handleCommand(channel, command, query, resolver, oplog);
@@ -198,16 +207,23 @@ final class AtomicDatabase extends MemoryDatabase {
     private Document create(Channel channel, String command, Document query, DatabaseResolver resolver, Oplog oplog) {
         String name = String.valueOf(query.get(command));
         Validator validator = Validator.of(query, null);
+        Document collation = query.get("collation") instanceof Document given ? given : null;
+        if (collation != null) {
+            Collation.of(collation);
+        }
         Document plain = new Document();
         for (Map.Entry<String, Object> entry : query.entrySet()) {
             String key = entry.getKey();
-            if (!key.equals("validator") && !key.equals("validationLevel") && !key.equals("validationAction")) {
+            if (!Set.of("validator", "validationLevel", "validationAction", "collation").contains(key)) {
                 plain.put(key, entry.getValue());
             }
         }
         Document reply = super.handleCommand(channel, command, plain, resolver, oplog);
         if (validator != null) {
             validators.put(name, validator);
+        }
+        if (collation != null && !"simple".equals(collation.get("locale"))) {
+            collations.put(name, collation);
         }
         return reply;
     }
@@ -241,9 +257,15 @@ final class AtomicDatabase extends MemoryDatabase {
                     continue;
                 }
                 Validator validator = validators.get(String.valueOf(entry.get("name")));
-                if (validator != null) {
+                Document collation = collations.get(String.valueOf(entry.get("name")));
+                if (validator != null || collation != null) {
                     Document options = entry.get("options") instanceof Document o ? o : new Document();
-                    options.putAll(validator.options());
+                    if (validator != null) {
+                        options.putAll(validator.options());
+                    }
+                    if (collation != null) {
+                        options.put("collation", collation);
+                    }
                     entry.put("options", options);
                 }
                 kept.add(entry);

@@ -29,7 +29,8 @@ import de.bwaldvogel.mongo.bson.ObjectId;
  *
  * <ul>
  * <li>Strings compare by their UTF-8 bytes (the simple binary collation), not by UTF-16 code units:
- * a character above U+FFFF sorts after U+E000..U+FFFF, as in MongoDB.
+ * a character above U+FFFF sorts after U+E000..U+FFFF, as in MongoDB; string values compare under
+ * the collation of the command running, where it has one ({@code mongotx.testserver.Collation}).
  * <li>In sorts and query comparisons ({@link #asc()}, {@link #desc()}) a missing field is null. In
  * aggregation expressions ({@link #ascWithoutListHandling()}: {@code $eq}, {@code $lt}, {@code $cmp}...)
  * a missing field sorts before null and is not equal to it, as MongoDB's expression evaluator has it.
@@ -153,7 +154,8 @@ public class ValueComparator implements Comparator<Object> {
             return compareNumbers(na, nb);
         }
         if (a instanceof String sa && b instanceof String sb) {
-            return compareStrings(sa, sb);
+            // String values (not field names) compare under the command's collation, if any.
+            return mongotx.testserver.Collation.compare(sa, sb, ValueComparator::compareStrings);
         }
         if (a instanceof Document da && b instanceof Document db) {
             return compareDocuments(da, db, missingIsNull);
