@@ -25,7 +25,7 @@ use crate::txn::error::TxnError;
 use crate::txn::failpoint::Faults;
 pub use crate::txn::options::{Finish, Outcome, TxnOptions, Written};
 use crate::txn::recovery::Env;
-use crate::txn::worklist::{undo_for, Entry, Op, PathValue};
+use crate::txn::worklist::{keep_order, undo_for, Entry, Op, PathValue};
 
 /// Begins and runs transactions on one store. Cheap to clone.
 ///
@@ -240,7 +240,11 @@ impl Transaction {
             |stored| Op::Update {
                 set: pairs(update.sets()),
                 unset: update.unsets().to_vec(),
-                undo: undo_for(stored, update.paths()),
+                undo: keep_order(
+                    undo_for(stored, update.paths()),
+                    stored,
+                    update.unsets().iter().map(String::as_str),
+                ),
             },
         )
         .await

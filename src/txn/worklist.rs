@@ -47,6 +47,10 @@ pub(crate) struct Undo {
     pub(crate) restore: Document,
     /// Top-level fields that did not exist before the transaction.
     pub(crate) absent: Vec<String>,
+    /// The top-level field names before the transaction, in order, when the change removes one
+    /// of them (see `Hold::order`); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) order: Vec<String>,
 }
 
 /// What one entry does to its document.
@@ -114,14 +118,18 @@ impl Entry {
     /// The hold an apply puts on the document, for a transaction with `deadline`.
     pub(crate) fn hold(&self, deadline: DateTime) -> Hold {
         let previous = doc! { fields::VERSION: self.expected };
+        let mut order = Vec::new();
         let (op, restore, unset) = match &self.op {
             Op::Insert { .. } => (HoldKind::Insert, Document::new(), Vec::new()),
             Op::Update { undo, .. } | Op::Adjust { undo, .. } => {
                 let mut restore = undo.restore.clone();
                 restore.extend(previous);
+                order = undo.order.clone();
                 (HoldKind::Update, restore, undo.absent.clone())
             }
             Op::Rewrite { post, pre } => {
+                // An upgrade may rename or drop fields: the undo puts them back in place.
+                order = pre.keys().cloned().collect();
                 let mut restore = pre.clone();
                 restore.remove("_id");
                 for name in held::ALWAYS_UNSET {
@@ -145,6 +153,7 @@ impl Entry {
             unset,
             fence: false,
             at: None,
+            order,
         }
     }
 
@@ -327,6 +336,19 @@ pub(crate) fn top_level(path: &str) -> &str {
 }
 
 /// Records the originals of the top-level fields `paths` touch in `stored`.
+/// Records the field order of `stored` in `undo` when the change removes one of its top-level
+/// fields (`removed`: the paths it unsets), so that the undo can put it back in place.
+pub(crate) fn keep_order<'a>(
+    mut undo: Undo,
+    stored: &Document,
+    mut removed: impl Iterator<Item = &'a str>,
+) -> Undo {
+    if removed.any(|path| !path.contains('.') && stored.contains_key(path)) {
+        undo.order = stored.keys().cloned().collect();
+    }
+    undo
+}
+
 pub(crate) fn undo_for<'a>(stored: &Document, paths: impl Iterator<Item = &'a str>) -> Undo {
     let mut undo = Undo::default();
     for path in paths {

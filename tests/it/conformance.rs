@@ -1113,6 +1113,33 @@ async fn expressions_compare_strings_under_the_collections_collation() {
     .await;
 }
 
+/// https://www.mongodb.com/docs/manual/core/document/#document-field-order : MongoDB keeps the
+/// order of a document's fields through writes, `_id` first; a replacement (a `replaceOne`, or a
+/// pipeline update's `$replaceWith`) is stored in its own order. (An undo that puts back a field
+/// its transaction removed relies on it to leave the document as it was.)
+#[tokio::test]
+async fn a_replacement_is_stored_in_its_own_field_order() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("ordered");
+    coll.insert_one(doc! { "_id": 1, "a": 1, "b": 2 })
+        .await
+        .expect("insert");
+    coll.replace_one(doc! { "_id": 1 }, doc! { "c": 3, "b": 2, "a": 1 })
+        .await
+        .expect("replace");
+    let names = |d: Document| d.keys().cloned().collect::<Vec<_>>();
+    let stored = coll.find_one(doc! {}).await.expect("read").expect("stored");
+    assert_eq!(names(stored), ["_id", "c", "b", "a"]);
+    coll.update_one(
+        doc! { "_id": 1 },
+        vec![doc! { "$replaceWith": { "a": "$a", "z": 26, "c": "$c" } }],
+    )
+    .await
+    .expect("pipeline update");
+    let stored = coll.find_one(doc! {}).await.expect("read").expect("stored");
+    assert_eq!(names(stored), ["_id", "a", "z", "c"]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pipeline updates
 // ---------------------------------------------------------------------------------------------

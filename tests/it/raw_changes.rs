@@ -411,3 +411,168 @@ async fn a_case_only_raw_change_under_a_collation_is_a_conflict_never_lost() {
         );
     }
 }
+
+/// The user fields of `doc` in their stored order, system fields left out.
+fn user_fields(doc: &Document) -> Vec<(String, Bson)> {
+    doc.iter()
+        .filter(|(k, _)| !k.starts_with('_') || k.as_str() == "_id")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Issue 46, case 5: an undo puts a document back as it was, field order included. It `$set`
+/// the restored fields, so a field the transaction removed (an unset, or a field an upgrade step
+/// renamed) came back after the system fields: a rolled-back transaction altered a plain
+/// document beyond its stamp, and a stamped one beyond nothing.
+#[tokio::test]
+async fn a_rolled_back_transaction_leaves_the_field_order_as_it_was() {
+    use crate::common::{accounts_spec, Account};
+    use mongotx::testkit::failpoint::APPLY_BEFORE;
+    for (what, plain, by_gc) in [
+        ("plain, rolled back by its coordinator", true, false),
+        ("stamped, rolled back by its coordinator", false, false),
+        ("plain, rolled back by the GC", true, true),
+    ] {
+        let t = TestDb::new().await;
+        let raw = t.db.collection::<Document>("accounts");
+        let original = doc! {
+            "_id": "p", "owner": "P", "note": "keep me here", "balance": 5_i64, "currency": "EUR",
+        };
+        raw.insert_one(original.clone()).await.unwrap();
+        let accounts = t
+            .store
+            .repository::<Account>(accounts_spec())
+            .await
+            .unwrap();
+        common::seed_accounts(&accounts, &[("q", 1)]).await;
+        let mut version = accounts.get("p").await.unwrap().version;
+        if !plain {
+            version = accounts
+                .update("p", version, &Update::new().set("balance", 6_i64))
+                .await
+                .unwrap();
+        }
+        let before = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
+        let change = Update::new().unset("note").set("owner", "Q");
+        if by_gc {
+            // The coordinator dies after its first apply; the GC rolls the transaction back later.
+            let repo = accounts.clone();
+            let txns = mongotx::Transactions::with_options(
+                &t.store,
+                mongotx::options::TxnOptions::default()
+                    .timeout(Duration::from_millis(200))
+                    .fault_injector(Arc::new(common::CrashAt(
+                        mongotx::testkit::failpoint::Failpoint {
+                            name: APPLY_BEFORE,
+                            step: 1,
+                        },
+                    ))),
+            );
+            let tx = txns.begin();
+            tx.update(&repo, "p", version, &change).await.unwrap();
+            tx.adjust(&repo, "q", 1, &mongotx::Adjust::new().by("balance", 1_i64))
+                .await
+                .unwrap();
+            let crashed = tx.commit().await;
+            assert!(crashed.is_err(), "{what}: {crashed:?}");
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            mongotx::gc::Gc::new(&t.store, mongotx::gc::GcOptions::default())
+                .run_round()
+                .await
+                .unwrap();
+        } else {
+            // q moved under the transaction: its apply is refused and p's is rolled back.
+            let tx = mongotx::Transactions::new(&t.store).begin();
+            tx.update(&accounts, "p", version, &change).await.unwrap();
+            tx.adjust(
+                &accounts,
+                "q",
+                1,
+                &mongotx::Adjust::new().by("balance", 1_i64),
+            )
+            .await
+            .unwrap();
+            accounts
+                .update("q", 1, &Update::new().set("owner", "moved"))
+                .await
+                .unwrap();
+            let refused = tx.commit().await;
+            assert!(refused.is_err(), "{what}: {refused:?}");
+        }
+        common::assert_settled(&t, &["accounts"], what).await;
+        let after = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
+        assert_eq!(
+            user_fields(&after),
+            user_fields(&before),
+            "{what}: the user fields in their order"
+        );
+        assert_eq!(
+            user_fields(&before).len(),
+            user_fields(&original).len(),
+            "{what}"
+        );
+        if !plain {
+            assert_eq!(after, before, "{what}: exactly as before");
+        }
+        let names: Vec<&str> = after.keys().map(String::as_str).collect();
+        let first_system = names
+            .iter()
+            .position(|n| n.starts_with("_s") || n.starts_with("_v"));
+        assert!(
+            first_system.is_some_and(|i| names[i..].iter().all(|n| n.starts_with('_'))),
+            "{what}: the system fields come after the user's: {names:?}"
+        );
+    }
+}
+
+/// Issue 46, case 5, for an upgrade's rename: a transaction's change of a profile stored at schema
+/// version 1 rewrites it in the version 2 shape (`name` becomes `given_name` and `family_name`);
+/// rolled back, the document is the version 1 one again, `name` where it was.
+#[tokio::test]
+async fn a_rolled_back_rewrite_puts_renamed_fields_back_in_place() {
+    use crate::common::{profiles_spec, Profile};
+    let t = TestDb::new().await;
+    let raw = t.db.collection::<Document>("profiles");
+    let stored = doc! {
+        "_id": "ada", "name": "Ada Lovelace", "email": "ada@example.org",
+        "_schema": 1_i64, "_version": 3_i64,
+    };
+    raw.insert_one(stored.clone()).await.unwrap();
+    let profiles = t
+        .store
+        .repository::<Profile>(profiles_spec())
+        .await
+        .unwrap();
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("q", 1)]).await;
+    let tx = mongotx::Transactions::new(&t.store).begin();
+    tx.update(
+        &profiles,
+        "ada",
+        3,
+        &Update::new().set("email", "ada@analytical.engine"),
+    )
+    .await
+    .unwrap();
+    tx.adjust(
+        &accounts,
+        "q",
+        1,
+        &mongotx::Adjust::new().by("balance", 1_i64),
+    )
+    .await
+    .unwrap();
+    accounts
+        .update("q", 1, &Update::new().set("owner", "moved"))
+        .await
+        .unwrap();
+    let refused = tx.commit().await;
+    assert!(refused.is_err(), "{refused:?}");
+    common::assert_settled(&t, &["profiles"], "rewrite rolled back").await;
+    let after = raw.find_one(doc! { "_id": "ada" }).await.unwrap().unwrap();
+    assert_eq!(
+        bson::to_vec(&after).unwrap(),
+        bson::to_vec(&stored).unwrap(),
+        "exactly as stored before: {after}"
+    );
+}

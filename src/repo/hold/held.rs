@@ -45,6 +45,12 @@ pub(crate) struct Hold {
     /// other apply). Absent on every other hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) at: Option<DateTime>,
+    /// The top-level field names of the document before the transaction, in their order, when
+    /// the change removed one of them (an unset, or an upgrade's rename): putting it back with
+    /// `$set` would append it after every other field, so the undo rebuilds the document in this
+    /// order instead. Empty (and not stored) when the undo keeps the order by itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) order: Vec<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -82,6 +88,9 @@ impl Hold {
         }
         if let Some(at) = self.at {
             stored.insert(AT, at);
+        }
+        if !self.order.is_empty() {
+            stored.insert(ORDER, self.order.clone());
         }
         stored
     }
@@ -131,6 +140,7 @@ impl Hold {
             unset: Vec::new(),
             fence: true,
             at: None,
+            order: Vec::new(),
         }
     }
 
@@ -146,7 +156,18 @@ impl Hold {
         for name in self.unset.iter().map(String::as_str).chain(ALWAYS_UNSET) {
             pre.remove(name);
         }
-        Some(pre)
+        if self.order.is_empty() {
+            return Some(pre);
+        }
+        // The fields the document had, in their order, then any other (as the undo writes it).
+        let mut ordered = Document::new();
+        for name in &self.order {
+            if let Some(value) = pre.remove(name) {
+                ordered.insert(name.clone(), value);
+            }
+        }
+        ordered.extend(pre);
+        Some(ordered)
     }
 
     /// The write that undoes the change on document `id` held by `txn`.
@@ -165,6 +186,9 @@ impl Hold {
         if self.op == HoldKind::Insert {
             return Write::Delete(held);
         }
+        if !self.order.is_empty() {
+            return Write::Pipeline(held, self.ordered_undo());
+        }
         let unset: Document = self
             .unset
             .iter()
@@ -179,6 +203,58 @@ impl Hold {
         Write::Update(held, update)
     }
 }
+
+impl Hold {
+    /// The undo of a hold with an [`order`](Hold::order), as a pipeline update: the pre-image's
+    /// fields (the stored ones with `restore` merged in, less `unset` and the hold's own), first
+    /// those of `order` in that order, then any other in the order they have. (Built from
+    /// `$objectToArray` and `$indexOfArray` rather than `$getField`, which needs MongoDB 5.0,
+    /// or `$let`, which some wire-compatible servers lack.)
+    fn ordered_undo(&self) -> Vec<Document> {
+        const PRE: &str = "_mongotx_pre";
+        let gone: Vec<Bson> = self
+            .unset
+            .iter()
+            .map(String::as_str)
+            .chain(ALWAYS_UNSET)
+            .map(Bson::from)
+            .collect();
+        let order: Vec<Bson> = self.order.iter().map(|n| Bson::from(n.as_str())).collect();
+        let names = format!("${PRE}.k");
+        vec![
+            doc! { "$set": { PRE: { "$filter": {
+                "input": { "$objectToArray": { "$mergeObjects": [
+                    "$$ROOT",
+                    { "$literal": self.restore.clone() },
+                ] } },
+                "as": "field",
+                "cond": { "$not": [{ "$in": ["$$field.k", { "$literal": gone }] }] },
+            } } } },
+            doc! { "$replaceWith": { "$arrayToObject": { "$concatArrays": [
+                { "$map": {
+                    "input": { "$filter": {
+                        "input": { "$literal": order.clone() },
+                        "as": "name",
+                        "cond": { "$in": ["$$name", names.as_str()] },
+                    } },
+                    "as": "name",
+                    "in": { "$arrayElemAt": [
+                        format!("${PRE}"),
+                        { "$indexOfArray": [names.as_str(), "$$name"] },
+                    ] },
+                } },
+                { "$filter": {
+                    "input": format!("${PRE}"),
+                    "as": "field",
+                    "cond": { "$not": [{ "$in": ["$$field.k", { "$literal": order }] }] },
+                } },
+            ] } } },
+        ]
+    }
+}
+
+/// Where a hold records the field order of the document before it (see [`Hold::order`]).
+pub(crate) const ORDER: &str = "order";
 
 /// Where a hold lists the fields it changed (see [`Hold::changed`]), under `_hold`.
 pub(crate) const CHANGED: &str = "changed";
@@ -245,6 +321,7 @@ mod tests {
             unset: unset.iter().map(|s| s.to_string()).collect(),
             fence: false,
             at: None,
+            order: Vec::new(),
         }
     }
 

@@ -40,6 +40,8 @@ pub(crate) enum Write {
     /// `findAndModify(filter, update, upsert)` whose filter matches no existing document: it
     /// creates one, or fails with a duplicate key when the id is taken.
     Create(Document, Document),
+    /// `update_one(filter, pipeline)`: an update computed from the stored document by the server.
+    Pipeline(Document, Vec<Document>),
 }
 
 /// Runs `write` on `coll`; the result is how many documents it matched (1 for a create).
@@ -58,6 +60,10 @@ pub(crate) async fn run(coll: &Collection<Document>, write: &Write) -> mongodb::
             .await
             .map(|r| r.deleted_count),
         Write::Create(..) => create(coll, write).await.map(|_| 1),
+        Write::Pipeline(filter, pipeline) => coll
+            .update_one(filter.clone(), pipeline.clone())
+            .await
+            .map(|r| r.matched_count),
     }
 }
 
@@ -143,6 +149,12 @@ fn model(coll: &Collection<Document>, write: &Write) -> WriteModel {
         Write::Delete(filter) => DeleteOneModel::builder()
             .namespace(namespace)
             .filter(filter.clone())
+            .build()
+            .into(),
+        Write::Pipeline(filter, pipeline) => UpdateOneModel::builder()
+            .namespace(namespace)
+            .filter(filter.clone())
+            .update(pipeline.clone())
             .build()
             .into(),
     }

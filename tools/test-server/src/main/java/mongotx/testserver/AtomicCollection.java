@@ -217,9 +217,11 @@ final class AtomicCollection extends MemoryCollection {
             index.updateInPlace(old, next, position, this);
         }
         // The stored document keeps no part of the replacement, which the caller still hands out
-        // (a post-image) after the lock is released.
+        // (a post-image) after the lock is released. Its fields take the replacement's order, as
+        // MongoDB stores a replacement (https://www.mongodb.com/docs/manual/core/document/#document-field-order):
+        // updating the stored map in place would keep each field where it was.
         Document stored = getDocument(position);
-        stored.keySet().retainAll(next.keySet());
+        stored.clear();
         for (Map.Entry<String, Object> entry : next.entrySet()) {
             stored.put(entry.getKey(), Copies.deepValue(entry.getValue()));
         }
