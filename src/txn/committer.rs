@@ -538,7 +538,16 @@ impl Committer<'_> {
                     *ambiguous = true;
                     last = Some(e);
                 }
-                Err(e) => return Err(TxnError::database(Some(t), "write the record", e)),
+                Err(e) => {
+                    // Only a refusal before anything was written says the record is not there. A
+                    // write concern error comes after the write (on a primary whose majority did
+                    // not confirm it in time): a resolver may already have found the record
+                    // staging with every participant in place and committed it.
+                    if !refused_before_writing(&e) {
+                        *ambiguous = true;
+                    }
+                    return Err(TxnError::database(Some(t), "write the record", e));
+                }
             }
         }
         Err(match last {
@@ -908,6 +917,26 @@ async fn complete(env: &Env, txn: &ActiveTransaction) -> Result<(), TxnError> {
     }
     env.point(Some(t), failpoint::COMMIT_AFTER, 0)?;
     recovery::finish_all(env, txn, COORDINATOR).await
+}
+
+/// Whether the server (or the driver) refused the record's write before carrying it out, so that
+/// it certainly did not happen: the client's own refusal of a malformed command, failed
+/// authentication, or a refusal by code that no executed write gets (not authorized, the document
+/// refused by a validator). Anything else may come after the write: a write concern error (the
+/// primary wrote it, its majority did not confirm it in time), a duplicate key (another copy of
+/// the upsert created it), or an answer the driver could not read.
+fn refused_before_writing(error: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    const UNAUTHORIZED: i32 = 13;
+    const DOCUMENT_VALIDATION_FAILURE: i32 = 121;
+    match error.kind.as_ref() {
+        ErrorKind::InvalidArgument { .. } | ErrorKind::Authentication { .. } => true,
+        ErrorKind::Write(mongodb::error::WriteFailure::WriteConcernError(_)) => false,
+        _ => matches!(
+            codes::error_code(error),
+            Some(UNAUTHORIZED | DOCUMENT_VALIDATION_FAILURE)
+        ),
+    }
 }
 
 /// Whether a document created by an apply was created at or before its transaction's deadline

@@ -227,9 +227,10 @@ async fn decide_together(
         .collect();
     for (txn, _, participant) in aborting {
         let s = status(&aborted, txn.id);
-        if s == TxnStatus::Committed {
-            // Committed and freed before the fence went up: the fence sits on a finished
-            // document and must go.
+        if matches!(s, TxnStatus::Committed | TxnStatus::Absent) {
+            // Committed and freed before the fence went up, or decided and ended by someone
+            // else meanwhile (its record is gone): the fence sits on a document its transaction
+            // is done with, and must go.
             let undone = resolve::roll_back(&env.store, &participant.coll, &participant.id, txn.id)
                 .await
                 .map(|_| s)

@@ -209,3 +209,90 @@ async fn on_a_standalone_server_the_client_defaults_apply_unless_majority_is_ask
         );
     }
 }
+
+/// Delays the reply to the first write of a transaction record and reports a write concern error
+/// in it: the record was written on the server, as a primary does before its majority times out.
+struct UnconfirmedRecord {
+    fired: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn record_write(command: &Document) -> bool {
+    command_name(command) == "findAndModify"
+        && command.get_str("findAndModify").ok() == Some(TRANSACTIONS_COLLECTION)
+}
+
+impl Rules for UnconfirmedRecord {
+    fn reply(&self, command: &Document, reply: &mut Document) {
+        use std::sync::atomic::Ordering;
+        if record_write(command) && self.fired.fetch_add(1, Ordering::SeqCst) == 0 {
+            reply.insert(
+                "writeConcernError",
+                bson::doc! { "code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out" },
+            );
+        }
+    }
+
+    fn reply_delay(&self, command: &Document) -> Option<std::time::Duration> {
+        use std::sync::atomic::Ordering;
+        (record_write(command) && self.fired.load(Ordering::SeqCst) <= 1)
+            .then_some(std::time::Duration::from_millis(1_500))
+    }
+}
+
+/// Issue 46, case 7: a record's write that comes back with a write concern error was written (on
+/// the primary, unconfirmed): the coordinator must not take it for a record that never was. It
+/// did, and rolled back every participant, while a writer that met one of them meanwhile had
+/// found the record staging with every participant in place, committed the transaction and
+/// finished its own document: the rollback undid the rest of a committed transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_written_without_confirmation_is_never_taken_for_no_record() {
+    let t = TestDb::new().await;
+    let accounts = common::open_accounts(&t.store).await;
+    common::seed_accounts(&accounts, &[("a", 100), ("b", 50)]).await;
+    let proxy = WireProxy::start(
+        &common::server_uri(),
+        UnconfirmedRecord {
+            fired: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        },
+    )
+    .await;
+    let store = Store::new(proxy.client().await.database(t.db.name()));
+    let via_proxy = common::open_accounts(&store).await;
+    let coordinator = tokio::spawn(async move {
+        let tx = mongotx::Transactions::new(&store).begin();
+        tx.adjust(&via_proxy, "a", 1, &Adjust::new().by("balance", -10_i64))
+            .await?;
+        tx.adjust(&via_proxy, "b", 1, &Adjust::new().by("balance", 10_i64))
+            .await?;
+        tx.commit().await
+    });
+    // A writer meets a while the coordinator waits for its record's reply.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let a = accounts.get("a").await.expect("a");
+    let written = accounts
+        .update("a", a.version, &mongotx::Update::new().set("note", "after"))
+        .await;
+    let committed = coordinator.await.expect("coordinator task");
+    let (a, b) = (
+        accounts.get("a").await.expect("a"),
+        accounts.get("b").await.expect("b"),
+    );
+    assert_eq!(
+        a.balance + b.balance,
+        150,
+        "all or nothing: a {} b {} (writer {written:?}, coordinator {committed:?})",
+        a.balance,
+        b.balance
+    );
+    if a.balance == 90 {
+        assert!(
+            committed.is_ok() || matches!(committed, Err(mongotx::TxnError::CommitUnknown { .. })),
+            "committed, but the coordinator said {committed:?}"
+        );
+    }
+    mongotx::gc::Gc::new(&t.store, mongotx::gc::GcOptions::default())
+        .run_round()
+        .await
+        .expect("GC");
+    drop(proxy);
+}

@@ -466,3 +466,104 @@ async fn a_late_check_after_another_transaction_held_the_document_is_refused() {
     common::assert_settled(&t, &["accounts"], "after T's late check").await;
     assert_eq!(accounts.get("a").await.expect("a").balance, 100);
 }
+
+/// Issue 46, case 7: a decision that finds the record gone removes its own fence. GC 1 reads an
+/// expired staging transaction (a applied, b missing) and stops before it fences b; GC 2 decides
+/// it meanwhile (fences b, aborts, rolls back, and deletes the record past its deadline). GC 1
+/// then fences b, and its abort finds no record: the fence has nothing left to guard. It used to
+/// stay until a sweep (or a writer) met it; now the decision takes it away at once, and GC 1's
+/// round has nothing left to sweep (it dies at its first sweep write, so a fence left behind
+/// would still be there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decision_that_finds_the_record_gone_takes_its_fence_away() {
+    use crate::common::{hold_of, millis_from_now, put_hold};
+    use bson::{doc, oid::ObjectId, Document};
+    use mongotx::collections::TRANSACTIONS_COLLECTION;
+    use mongotx::testkit::failpoint::{GC_FENCE_BEFORE, GC_SWEEP_BEFORE};
+
+    // GC 1 decides in a round (a page of records together) or by the transaction's id (one by
+    // one, as writers do too).
+    for by_id in [false, true] {
+        let t = TestDb::new().await;
+        let accounts = common::open_accounts(&t.store).await;
+        common::seed_accounts(&accounts, &[("a", 100), ("b", 50)]).await;
+        let txn = ObjectId::new();
+        let deadline = millis_from_now(-1_000);
+        t.db.collection::<Document>(TRANSACTIONS_COLLECTION)
+        .insert_one(doc! {
+            "_id": txn, "state": "staging", "created": millis_from_now(-2_000), "deadline": deadline,
+            "entries": [
+                { "coll": "accounts", "id": "a", "expected": 1_i64, "applied": 2_i64, "schema": 1_i64,
+                  "op": { "kind": "update", "set": [{ "path": "owner", "value": "X" }], "unset": [],
+                          "undo": { "restore": { "owner": "A" }, "absent": [] } } },
+                { "coll": "accounts", "id": "b", "expected": 1_i64, "applied": 2_i64, "schema": 1_i64,
+                  "op": { "kind": "update", "set": [{ "path": "owner", "value": "Y" }], "unset": [],
+                          "undo": { "restore": { "owner": "B" }, "absent": [] } } },
+            ],
+        })
+        .await
+        .unwrap();
+        put_hold(
+            &t.db,
+            "accounts",
+            "a",
+            txn,
+            doc! { "owner": "X", "_version": 2_i64 },
+            hold_of(
+                "update",
+                deadline,
+                doc! { "owner": "A", "_version": 1_i64 },
+                &[],
+            ),
+        )
+        .await;
+
+        let (gate, mut control) = Gate::new(
+            Failpoint {
+                name: GC_FENCE_BEFORE,
+                step: 1,
+            },
+            Some(Failpoint {
+                name: GC_SWEEP_BEFORE,
+                step: 0,
+            }),
+        );
+        let first = {
+            let store = Store::new(t.db.clone());
+            tokio::spawn(async move {
+                let gc = Gc::new(&store, GcOptions::default().fault_injector(gate));
+                if by_id {
+                    gc.resolve(txn).await.map(|_| ())
+                } else {
+                    gc.run_round().await.map(|_| ())
+                }
+            })
+        };
+        control.reached().await;
+        // (GC 1 holds the record's claim: GC 2 resolves the transaction by its id.)
+        let second = Gc::new(&Store::new(t.db.clone()), GcOptions::default())
+            .resolve(txn)
+            .await
+            .expect("GC 2");
+        assert!(second, "GC 2 rolled it back");
+        control.release();
+        let round = first.await.expect("GC 1 task");
+        assert!(
+            round.is_ok(),
+            "by id {by_id}: GC 1 met a hold to sweep: {round:?}"
+        );
+        let b =
+            t.db.collection::<Document>("accounts")
+                .find_one(doc! { "_id": "b" })
+                .await
+                .unwrap()
+                .unwrap();
+        assert!(
+            !b.contains_key("_txn"),
+            "by id {by_id}: a fence left on b: {b}"
+        );
+        common::assert_settled(&t, &["accounts"], "after both rounds").await;
+        let b = accounts.get("b").await.expect("b");
+        assert_eq!((b.owner.as_str(), b.version), ("B", 1));
+    }
+}

@@ -332,9 +332,10 @@ pub(crate) async fn decide_expired<E>(
     };
     let decided = decide(store, txn, to, extra).await.map_err(hold_error)?;
     point(DECIDE_AFTER, 0)?;
-    if decided == TxnStatus::Committed {
-        // Someone committed it before the fences went up and has freed those documents since:
-        // the fences sit on finished documents and must go.
+    if matches!(decided, TxnStatus::Committed | TxnStatus::Absent) {
+        // Someone committed it before the fences went up and has freed those documents since,
+        // or decided and ended it meanwhile (the record is gone): the fence sits on a document
+        // its transaction is done with, and must go.
         if let Some(participant) = fenced {
             resolve::roll_back(store, &participant.coll, &participant.id, txn)
                 .await
