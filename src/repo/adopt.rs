@@ -347,9 +347,20 @@ impl Adoption<'_> {
                     progress(&report);
                 }
             }
-            let batch = read?;
-            if batch.is_empty() {
+            let (batch, unconvertible) = read?;
+            if batch.is_empty() && unconvertible.is_empty() {
                 break;
+            }
+            // A document the driver cannot convert (a raw writer's invalid UTF-8, say) fails
+            // only itself: it stays plain and is reported, and the run goes on.
+            for (id, reason) in unconvertible {
+                report.examined += 1;
+                report.refuse(
+                    options.listed_refusals,
+                    &id,
+                    "(document)".to_string(),
+                    reason,
+                );
             }
             let ready = self.check(batch, &options, &mut report);
             if options.dry_run || ready.is_empty() {
@@ -387,15 +398,17 @@ impl Adoption<'_> {
     }
 
     /// The next batch of plain documents from `cursor`: up to `limit` of them, or
-    /// [`BATCH_BYTES`]; empty at the end.
+    /// [`BATCH_BYTES`], beside the ids of those that cannot be converted and why; both empty at
+    /// the end.
     async fn next_batch(
         &self,
         cursor: &mut mongodb::Cursor<RawDocumentBuf>,
         limit: usize,
-    ) -> Result<Vec<Document>, RepoError> {
+    ) -> Result<(Vec<Document>, Vec<(Bson, String)>), RepoError> {
         let mut batch = Vec::new();
+        let mut unconvertible = Vec::new();
         let mut bytes = 0;
-        while batch.len() < limit && bytes < BATCH_BYTES {
+        while batch.len() + unconvertible.len() < limit && bytes < BATCH_BYTES {
             let Some(raw) = cursor
                 .try_next()
                 .await
@@ -404,14 +417,20 @@ impl Adoption<'_> {
                 break;
             };
             bytes += raw.as_bytes().len();
-            let doc = raw.to_document().map_err(|e| RepoError::Malformed {
-                collection: self.name().to_string(),
-                id: "*".to_string(),
-                reason: format!("a stored document cannot be read: {e}"),
-            })?;
-            batch.push(doc);
+            match raw.to_document() {
+                Ok(doc) => batch.push(doc),
+                Err(e) => {
+                    let id = raw
+                        .get("_id")
+                        .ok()
+                        .flatten()
+                        .and_then(|id| Bson::try_from(id).ok())
+                        .unwrap_or(Bson::Null);
+                    unconvertible.push((id, format!("the stored document cannot be read: {e}")));
+                }
+            }
         }
-        Ok(batch)
+        Ok((batch, unconvertible))
     }
 
     /// The documents of `batch` the schema accepts as they will read; the others are counted

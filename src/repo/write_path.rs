@@ -301,6 +301,13 @@ where
     let version = repo.first_version(shown).await?;
     let filter = plain::unchanged(&stored);
     let current = repo.spec.schema_version();
+    if let Change::Adjust(adjust) = change {
+        if let Some(written) =
+            adjust_decimal_on_server(repo, shown, &stored, adjust, &filter, version).await?
+        {
+            return Ok(written);
+        }
+    }
     let replacement = match change {
         Change::Delete => None,
         Change::Replace(value) => {
@@ -360,6 +367,62 @@ where
             Err(repo.duplicate_key(shown, index))
         }
         Err(e) => Err(repo.write_error(shown, change.verb(), e)),
+    }
+}
+
+/// The first adjust of a plain document that holds a decimal where it adds: the sum is left to
+/// the server's `$inc` (as for a stamped document; mongotx does no decimal arithmetic of its
+/// own), in the one write that stamps it, conditional on the content read. Only for a document
+/// whose plain schema version is the current one (an upgrade would need the sum in memory), and
+/// only where every increment can be applied (`Adjust::applicable`). `None` when this is not that
+/// case (the caller goes on as usual); `Some(None)` when the document changed before the write.
+async fn adjust_decimal_on_server<T>(
+    repo: &Repository<T>,
+    shown: &str,
+    stored: &Document,
+    adjust: &crate::repo::changes::Adjust,
+    unchanged: &Document,
+    version: i64,
+) -> Result<Option<Option<i64>>, RepoError>
+where
+    T: Serialize + DeserializeOwned + Send + Sync,
+{
+    let decimal_sum = adjust.increments().iter().any(|(path, _)| {
+        matches!(
+            crate::repo::changes::get_path(stored, path),
+            Some(Bson::Decimal128(_))
+        )
+    });
+    let current = repo.spec.schema_version();
+    if !decimal_sum || repo.spec.plain_schema_version() != current {
+        return Ok(None);
+    }
+    // The rest of the document must be one the schema accepts, as for any first write; the sum's
+    // type was checked against the schema when the adjust was (`checks::check_adjust`).
+    plain::refusal(&repo.spec, stored).map_err(|v| repo.invalid(shown, v))?;
+    let inc: Document = adjust
+        .increments()
+        .iter()
+        .map(|(p, v)| (p.clone(), v.clone()))
+        .collect();
+    let mut filter = unchanged.clone();
+    let mut clauses = match filter.remove("$and") {
+        Some(Bson::Array(clauses)) => clauses,
+        _ => Vec::new(),
+    };
+    clauses.extend(adjust.applicable().into_iter().map(Bson::Document));
+    filter.insert("$and", clauses);
+    let update = doc! {
+        "$inc": inc,
+        "$set": { fields::SCHEMA_VERSION: current, fields::VERSION: version },
+    };
+    match repo.coll.update_one(filter, update).await {
+        Ok(r) if r.matched_count == 1 => {
+            tracing::debug!(collection = repo.name(), id = %shown, version, "adjust stamped a plain document (decimal sum on the server)");
+            Ok(Some(Some(version)))
+        }
+        Ok(_) => Ok(Some(None)),
+        Err(e) => Err(repo.write_error(shown, "adjust", e)),
     }
 }
 

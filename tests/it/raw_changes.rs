@@ -576,3 +576,95 @@ async fn a_rolled_back_rewrite_puts_renamed_fields_back_in_place() {
         "exactly as stored before: {after}"
     );
 }
+
+/// Issue 46, case 8: the first adjust of a plain document holding a decimal was refused as "not a
+/// number", while a stamped document's decimal is incremented by the server.
+#[tokio::test]
+async fn the_first_adjust_of_a_plain_decimal_adds_on_the_server() {
+    let t = TestDb::new().await;
+    let raw = t.db.collection::<Document>("measures");
+    raw.insert_one(doc! { "_id": "m", "label": "alice", "value": decimal("1.50") })
+        .await
+        .unwrap();
+    let measures: Repository<Document> = t.store.repository(measures_spec()).await.unwrap();
+    let read = measures.get("m").await.unwrap();
+    let version = measures
+        .adjust(
+            "m",
+            read.version,
+            &mongotx::Adjust::new().by("value", 2_i64),
+        )
+        .await
+        .expect("the decimal is incremented");
+    assert_eq!(version, 1);
+    let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
+    assert_eq!(stored.get("value"), Some(&decimal("3.50")), "{stored}");
+    assert_eq!(stored.get_str("label").ok(), Some("alice"));
+    // The stamped document goes on the same way.
+    let version = measures
+        .adjust("m", version, &mongotx::Adjust::new().by("value", 1_i64))
+        .await
+        .unwrap();
+    assert_eq!(version, 2);
+    let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
+    assert_eq!(stored.get("value"), Some(&decimal("4.50")), "{stored}");
+}
+
+/// Turns every `BADUTF8!` in replies into bytes that are not UTF-8, as a server returns a string
+/// some old writer stored.
+struct InvalidUtf8;
+
+impl Rules for InvalidUtf8 {
+    fn reply_bytes(&self, _command: &Document, message: &mut [u8]) {
+        let marker = b"BADUTF8!";
+        let mut i = 0;
+        while i + marker.len() <= message.len() {
+            if &message[i..i + marker.len()] == marker {
+                message[i..i + marker.len()].copy_from_slice(b"\xff\xfe\xfdBAD!!");
+            }
+            i += 1;
+        }
+    }
+}
+
+/// Issue 46, case 8: one document the driver cannot convert (invalid UTF-8) stopped the whole
+/// adoption, and every rerun stopped on it again. It fails only itself now: reported, left plain.
+#[tokio::test]
+async fn adoption_goes_past_a_document_it_cannot_read() {
+    let t = TestDb::new().await;
+    let raw = t.db.collection::<Document>("measures");
+    raw.insert_many([
+        doc! { "_id": "a", "label": "fine", "value": 1_i64 },
+        doc! { "_id": "b", "label": "BADUTF8!", "value": 2_i64 },
+        doc! { "_id": "c", "label": "fine too", "value": 3_i64 },
+    ])
+    .await
+    .unwrap();
+    let proxy = WireProxy::start(&common::server_uri(), InvalidUtf8).await;
+    let store = Store::new(proxy.client().await.database(t.db.name()));
+    let measures: Repository<Document> = store.repository(measures_spec()).await.unwrap();
+    for run in 0..2 {
+        let report = measures
+            .adopt(mongotx::adopt::AdoptOptions::new().batch_size(2))
+            .await
+            .unwrap_or_else(|e| panic!("run {run}: {e}"));
+        assert_eq!(report.refused, 1, "run {run}: {report:?}");
+        assert_eq!(report.refusals[0].id, "\"b\"", "run {run}: {report:?}");
+        assert!(
+            report.refusals[0].rule.contains("cannot be read"),
+            "run {run}: {report:?}"
+        );
+        assert_eq!(
+            report.stamped,
+            if run == 0 { 2 } else { 0 },
+            "run {run}: {report:?}"
+        );
+    }
+    let b = raw.find_one(doc! { "_id": "b" }).await.unwrap().unwrap();
+    assert_eq!(
+        b,
+        doc! { "_id": "b", "label": "BADUTF8!", "value": 2_i64 },
+        "left plain"
+    );
+    drop(proxy);
+}

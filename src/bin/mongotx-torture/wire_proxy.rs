@@ -58,6 +58,11 @@ pub trait Rules: Send + Sync + 'static {
     /// Sees (and may rewrite) each reply, with the command it answers.
     fn reply(&self, _command: &Document, _reply: &mut Document) {}
 
+    /// Sees (and may overwrite, keeping its length) each reply's encoded message, after
+    /// [`Rules::reply`]: where a test needs bytes no `Document` can hold (invalid UTF-8, as a
+    /// server returns what an old version stored).
+    fn reply_bytes(&self, _command: &Document, _message: &mut [u8]) {}
+
     /// How long to hold the reply to `command` before relaying it (a slow link, without
     /// blocking the other connections).
     fn reply_delay(&self, _command: &Document) -> Option<Duration> {
@@ -255,7 +260,9 @@ async fn replies(
                     Some((command, false)) => {
                         rules.reply(&command, &mut msg.body);
                         delay = rules.reply_delay(&command);
-                        msg.encode()
+                        let mut encoded = msg.encode();
+                        rules.reply_bytes(&command, &mut encoded);
+                        encoded
                     }
                     None => message,
                 }
