@@ -63,13 +63,11 @@ pub(crate) fn unchanged(stored: &Document) -> Document {
     let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
     let whole = doc! { "$eq": ["$$ROOT", { "$literal": stored.clone() }] };
     let mut exact = Exact::default();
+    let mut route = Vec::new();
     for (name, value) in stored {
-        let (path, expr) = if addressable(name) {
-            (Some(name.clone()), Some(Bson::String(format!("${name}"))))
-        } else {
-            (None, None)
-        };
-        exact.value(value, path, expr);
+        route.push(Step::Field(name));
+        exact.value(value, &mut route);
+        route.pop();
     }
     let mut filter = doc! { "_id": id.clone() };
     let mut checks = vec![Bson::Document(whole.clone())];
@@ -103,12 +101,21 @@ struct Exact {
     types: Vec<Bson>,
     /// `$expr` clauses: string forms of decimals and double zeros, bytes of strings.
     expressions: Vec<Bson>,
+    /// Whether each array reached so far maps one to one through the field names after it (see
+    /// [`Exact::reach`]), by the array's address and those names.
+    one_to_one: std::collections::HashMap<(usize, Vec<String>), bool>,
 }
 
-impl Exact {
-    /// Adds the checks of `value`, found at dotted path `path` (`None`: it has no usable one) and
-    /// read by the aggregation expression `expr` (`None`: none can reach it).
-    fn value(&mut self, value: &Bson, path: Option<String>, expr: Option<Bson>) {
+/// One step from the document down to a value: a field of a document, or an element of an array.
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Field(&'a str),
+    Element(usize, &'a [Bson]),
+}
+
+impl<'a> Exact {
+    /// Adds the checks of `value`, reached from the document by `route`.
+    fn value(&mut self, value: &'a Bson, route: &mut Vec<Step<'a>>) {
         let alias = match value {
             Bson::Int32(_) => Some("int"),
             Bson::Int64(_) => Some("long"),
@@ -117,15 +124,15 @@ impl Exact {
             Bson::String(_) => Some("string"),
             _ => None,
         };
-        if let (Some(alias), Some(path)) = (alias, &path) {
+        if let (Some(alias), Some(path)) = (alias, dotted(route)) {
             self.types
-                .push(Bson::Document(doc! { path.clone(): { "$type": alias } }));
+                .push(Bson::Document(doc! { path: { "$type": alias } }));
         }
         match value {
-            Bson::Decimal128(_) => self.same_string_form(value, expr),
-            Bson::Double(d) if *d == 0.0 => self.same_string_form(value, expr),
+            Bson::Decimal128(_) => self.same_string_form(value, route),
+            Bson::Double(d) if *d == 0.0 => self.same_string_form(value, route),
             Bson::String(s) => {
-                if let Some(expr) = expr {
+                if let Some(expr) = self.reach(route) {
                     let len = i64::try_from(s.len()).unwrap_or(i64::MAX);
                     self.expressions.push(Bson::Document(
                         doc! { "$eq": [{ "$strLenBytes": expr.clone() }, len] },
@@ -137,62 +144,126 @@ impl Exact {
             }
             Bson::Document(inner) => {
                 for (name, child) in inner {
-                    let usable = addressable(name);
-                    let child_path = path
-                        .as_ref()
-                        .filter(|_| usable)
-                        .map(|p| format!("{p}.{name}"));
-                    let child_expr = expr.as_ref().filter(|_| usable).map(|e| field_of(e, name));
-                    self.value(child, child_path, child_expr);
+                    route.push(Step::Field(name));
+                    self.value(child, route);
+                    route.pop();
                 }
             }
             Bson::Array(items) => {
                 for (i, child) in items.iter().enumerate() {
-                    // A dotted path's number also names the field of that name in every
-                    // document element: the path is usable only if no element has one.
-                    let key = i.to_string();
-                    let ambiguous = items
-                        .iter()
-                        .any(|item| matches!(item, Bson::Document(d) if d.contains_key(&key)));
-                    let child_path = path
-                        .as_ref()
-                        .filter(|_| !ambiguous)
-                        .map(|p| format!("{p}.{key}"));
-                    let index = i64::try_from(i).unwrap_or(i64::MAX);
-                    let child_expr = expr
-                        .as_ref()
-                        .map(|e| Bson::Document(doc! { "$arrayElemAt": [e.clone(), index] }));
-                    self.value(child, child_path, child_expr);
+                    route.push(Step::Element(i, items));
+                    self.value(child, route);
+                    route.pop();
                 }
             }
             _ => {}
         }
     }
 
-    /// Adds the check that the value `expr` reads has the server's string form of `value`.
-    fn same_string_form(&mut self, value: &Bson, expr: Option<Bson>) {
-        if let Some(expr) = expr {
+    /// Adds the check that the value at `route` has the server's string form of `value`.
+    fn same_string_form(&mut self, value: &Bson, route: &[Step<'a>]) {
+        if let Some(expr) = self.reach(route) {
             self.expressions.push(Bson::Document(doc! { "$eq": [
                 { "$toString": expr },
                 { "$toString": { "$literal": value.clone() } },
             ] }));
         }
     }
+
+    /// The aggregation expression that reads the value at `route`, without variables (`$getField`
+    /// needs MongoDB 5.0, and `$let` or a bound `$map` variable is what some wire-compatible
+    /// servers get wrong): the field path of every field on the way (`$a.b.c`), taken apart at
+    /// each array by `$arrayElemAt`. On an array of documents a field path gives one value per
+    /// element that has it, so this is exact only where every element of every array on the way
+    /// has the fields that follow it, through documents, and none of them is an array; `None`
+    /// elsewhere (a value in an array inside a document inside an array, say), and for a field
+    /// name a field path cannot hold.
+    fn reach(&mut self, route: &[Step<'a>]) -> Option<Bson> {
+        let mut names: Vec<&str> = Vec::new();
+        let mut indices: Vec<usize> = Vec::new();
+        for (k, step) in route.iter().enumerate() {
+            match *step {
+                Step::Field(name) => {
+                    if !addressable(name) {
+                        return None;
+                    }
+                    names.push(name);
+                }
+                Step::Element(i, siblings) => {
+                    // The field names between this array and the next one (or the value).
+                    let after: Vec<String> = route[k + 1..]
+                        .iter()
+                        .map_while(|s| match s {
+                            Step::Field(name) => Some((*name).to_string()),
+                            Step::Element(..) => None,
+                        })
+                        .collect();
+                    // A field path through an array of documents keeps an array it meets as one
+                    // value (MongoDB) or spreads it out (some wire-compatible servers): past one,
+                    // only a direct element is read.
+                    let deeper = route[k + 1..]
+                        .iter()
+                        .any(|s| matches!(s, Step::Element(..)));
+                    if deeper && !after.is_empty() {
+                        return None;
+                    }
+                    let key = (siblings.as_ptr() as usize, after.clone());
+                    let one_to_one = *self.one_to_one.entry(key).or_insert_with(|| {
+                        siblings.iter().all(|item| {
+                            after.is_empty()
+                                || through_documents(item, &after)
+                                    .is_some_and(|v| !matches!(v, Bson::Array(_)))
+                        })
+                    });
+                    if !one_to_one {
+                        return None;
+                    }
+                    indices.push(i);
+                }
+            }
+        }
+        if names.is_empty() {
+            return None;
+        }
+        let mut expr = Bson::String(format!("${}", names.join(".")));
+        for i in indices {
+            let index = i64::try_from(i).ok()?;
+            expr = Bson::Document(doc! { "$arrayElemAt": [expr, index] });
+        }
+        Some(expr)
+    }
 }
 
-/// The expression reading field `name` of the document `expr` reads. A `$` field path simply
-/// grows; any other expression is wrapped (`$getField` needs MongoDB 5.0, and `$let` is missing
-/// from some wire-compatible servers, so a one-element `$map` binds it).
-fn field_of(expr: &Bson, name: &str) -> Bson {
-    match expr {
-        Bson::String(path) if path.starts_with('$') && !path.starts_with("$$") => {
-            Bson::String(format!("{path}.{name}"))
+/// The value at `names` below `value`, through documents only (`None` past anything else).
+fn through_documents<'v>(value: &'v Bson, names: &[String]) -> Option<&'v Bson> {
+    names.iter().try_fold(value, |at, name| match at {
+        Bson::Document(d) => d.get(name),
+        _ => None,
+    })
+}
+
+/// The dotted path of `route` for a query condition, if it has one that names that value alone:
+/// every field name writable in a path, and no array on the way with a document element that has
+/// a field named like the element's position (a path's number names both).
+fn dotted(route: &[Step<'_>]) -> Option<String> {
+    let mut parts = Vec::with_capacity(route.len());
+    for step in route {
+        match *step {
+            Step::Field(name) if addressable(name) => parts.push(name.to_string()),
+            Step::Field(_) => return None,
+            Step::Element(i, siblings) => {
+                let key = i.to_string();
+                let ambiguous = siblings
+                    .iter()
+                    .any(|item| matches!(item, Bson::Document(d) if d.contains_key(&key)));
+                if ambiguous {
+                    return None;
+                }
+                parts.push(key);
+            }
         }
-        other => Bson::Document(doc! { "$arrayElemAt": [
-            { "$map": { "input": [other.clone()], "as": "held", "in": format!("$$held.{name}") } },
-            0,
-        ] }),
     }
+    Some(parts.join("."))
 }
 
 /// The filter that matches plain documents: no system field at all.

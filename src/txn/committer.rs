@@ -791,7 +791,7 @@ impl Committer<'_> {
         };
         let sys = SystemFields::read(&stored).map_err(malformed)?;
         if sys.plain {
-            return self.diagnose_plain(t, entry, sys.version).await;
+            return self.diagnose_plain(t, deadline, entry, sys.version).await;
         }
         if sys.active_txn == Some(t) {
             if held::read_hold(&stored).map_err(malformed)?.fence {
@@ -859,6 +859,7 @@ impl Committer<'_> {
     async fn diagnose_plain(
         &self,
         t: ObjectId,
+        deadline: DateTime,
         entry: &Entry,
         fingerprint: i64,
     ) -> Result<Diagnosis, TxnError> {
@@ -868,6 +869,11 @@ impl Committer<'_> {
                 collection: entry.coll.clone(),
                 id: shown,
             }));
+        }
+        if entry.rewrites_plain() && fingerprint == entry.expected {
+            // The content is the one read: the apply was refused for its time guard.
+            self.past_deadline(t, deadline).await?;
+            return Ok(Diagnosis::Retry);
         }
         if !entry.is_guard() {
             return Ok(Diagnosis::Fail(RepoError::VersionConflict {

@@ -304,7 +304,10 @@ impl Transaction {
         checks::check_write(repo, &id, expected)?;
         let applied = next_version(repo, &id, expected)?;
         let (stored, sys) = read_for_change(repo, &id, &shown, expected).await?;
-        let op = if sys.schema_version < repo.spec().schema_version() {
+        // A plain document the schema refuses cannot be stamped as it is: the change rewrites it
+        // whole (and must leave it valid), in the apply itself.
+        let refused_plain = sys.plain && plain::refusal(repo.spec(), &stored).is_err();
+        let op = if sys.schema_version < repo.spec().schema_version() || refused_plain {
             let mut post = repo.upgrade(&shown, stored.clone(), sys.schema_version)?;
             apply(&mut post)?;
             // A plain document is stamped first and changed at the version after its stamp.
@@ -550,10 +553,21 @@ impl Transaction {
 /// transaction fails changes nothing a reader sees (a conflict reruns the body, which reads the
 /// stamped version). All are sent at once.
 async fn stamp_plain(store: &Store, mut entries: Vec<Entry>) -> Result<Vec<Entry>, TxnError> {
+    // A rewrite of a plain document stamps it in its apply, at the collection's first version.
+    for entry in entries.iter_mut().filter(|e| e.rewrites_plain()) {
+        entry.applied = store.first_version(&entry.coll).await.map_err(|e| {
+            RepoError::database(
+                &entry.coll,
+                &show_id(&entry.id),
+                "read the version floor",
+                e,
+            )
+        })?;
+    }
     let stamps = entries
         .iter()
         .enumerate()
-        .filter(|(_, e)| fields::is_plain_version(e.expected))
+        .filter(|(_, e)| fields::is_plain_version(e.expected) && !e.rewrites_plain())
         .map(|(i, entry)| async move {
             let spec = store
                 .spec_of(&entry.coll)

@@ -14,6 +14,7 @@ use crate::repo::hold::held::{self, Hold, HoldKind};
 use crate::repo::hold::record::TxnState;
 use crate::repo::hold::write::Write;
 use crate::repo::ids;
+use crate::repo::plain;
 
 /// The ActiveTransaction record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -135,12 +136,17 @@ impl Entry {
                 for name in held::ALWAYS_UNSET {
                     restore.remove(name);
                 }
-                restore.extend(previous);
-                let unset = post
+                let mut unset: Vec<String> = post
                     .keys()
                     .filter(|k| k.as_str() != "_id" && !restore.contains_key(k.as_str()))
                     .cloned()
                     .collect();
+                if self.rewrites_plain() {
+                    // Undone, it is the plain document again: no system field of its own.
+                    unset.extend([fields::SCHEMA_VERSION, fields::VERSION].map(String::from));
+                } else {
+                    restore.extend(previous);
+                }
                 (HoldKind::Update, restore, unset)
             }
             Op::Delete => (HoldKind::Delete, previous, Vec::new()),
@@ -228,15 +234,23 @@ impl Entry {
                 )
             }
             Op::Rewrite { post, pre } => {
-                let stored_schema = pre
-                    .get(fields::SCHEMA_VERSION)
-                    .cloned()
-                    .unwrap_or(Bson::Null);
                 let mut full = post.clone();
                 full.insert("_id", self.id.clone());
                 full.insert(fields::SCHEMA_VERSION, self.schema);
                 full.insert(fields::VERSION, self.applied);
                 full.extend(held);
+                if self.rewrites_plain() {
+                    // A plain document has no version to condition on: its exact content is.
+                    let filter = doc! { "$and": [
+                        plain::unchanged(pre),
+                        { "$expr": { "$lte": ["$$NOW", deadline] } },
+                    ] };
+                    return Write::Replace(filter, full);
+                }
+                let stored_schema = pre
+                    .get(fields::SCHEMA_VERSION)
+                    .cloned()
+                    .unwrap_or(Bson::Null);
                 Write::Replace(free(stored_schema), full)
             }
             Op::Delete => {
@@ -258,6 +272,15 @@ impl Entry {
                 Write::Update(filter, doc! { "$set": held })
             }
         }
+    }
+
+    /// Whether this entry rewrites a plain document whole (its expected version is the
+    /// fingerprint of the content read, and it was not stamped first): the apply stamps it,
+    /// conditional on that exact content, and the undo makes it the same plain document again.
+    /// A transaction changes a plain document this way when a stamp alone cannot be written: the
+    /// schema refuses its content (and the change fixes it), or it is of an older shape.
+    pub(crate) fn rewrites_plain(&self) -> bool {
+        fields::is_plain_version(self.expected) && matches!(self.op, Op::Rewrite { .. })
     }
 
     /// Whether `stored` matches this entry's guard condition (`true` for other entries).

@@ -1058,6 +1058,21 @@ async fn string_forms_and_bytes_tell_what_eq_does_not() {
         &[1],
     )
     .await;
+    // A value deep in documents inside arrays: a field path through an array of documents gives
+    // one value per element (https://www.mongodb.com/docs/manual/reference/operator/aggregation/arrayElemAt/
+    // and https://www.mongodb.com/docs/manual/core/field-paths/), taken apart by `$arrayElemAt`.
+    coll.insert_one(doc! { "_id": 2, "a": [{ "b": { "c": -0.0 } }, { "b": { "c": 1.5 } }] })
+        .await
+        .expect("insert");
+    let deep = |i: i64| Bson::Document(doc! { "$arrayElemAt": ["$a.b.c", i] });
+    assert_matches(&coll, same_form_of(deep(0), Bson::Double(-0.0)), &[2]).await;
+    assert_matches(&coll, same_form_of(deep(1), Bson::Double(1.5)), &[2]).await;
+    assert_matches(&coll, same_form_of(deep(0), Bson::Double(0.0)), &[]).await;
+}
+
+/// `{$expr: {$eq: [{$toString: expr}, {$toString: value}]}}`.
+fn same_form_of(expr: Bson, value: Bson) -> Document {
+    doc! { "$expr": { "$eq": [{ "$toString": expr }, { "$toString": { "$literal": value } }] } }
 }
 
 /// https://www.mongodb.com/docs/manual/reference/collation/ : an operation on a collection with a

@@ -668,3 +668,110 @@ async fn adoption_goes_past_a_document_it_cannot_read() {
     );
     drop(proxy);
 }
+
+/// Issue 46, case 4: a transaction could not touch a plain document the schema refuses: it
+/// stamped every plain document before its commit protocol ran, and a stamp needs content the
+/// schema accepts, so even an update that makes the document valid failed `Invalid`, where the
+/// same update outside a transaction stamps it. Now such an update (or adjust) rewrites the plain
+/// document whole in the transaction's one write, conditional on its exact content, and its undo
+/// makes it the same plain document again. A delete, a check or a guard needs the document held
+/// as it is, which a server validator refuses for content its schema refuses: those stay a typed
+/// `Invalid`, changing nothing.
+#[tokio::test]
+async fn a_transaction_may_fix_a_plain_document_the_schema_refuses() {
+    use crate::common::{accounts_spec, Account};
+    let t = TestDb::new().await;
+    let raw = t.db.collection::<Document>("accounts");
+    let broken = doc! { "_id": "p", "owner": "P", "balance": "100", "note": "typed by hand" };
+    raw.insert_one(broken.clone()).await.unwrap();
+    let accounts = t
+        .store
+        .repository::<Account>(accounts_spec())
+        .await
+        .unwrap();
+    let loose = t
+        .store
+        .repository::<Document>(accounts_spec())
+        .await
+        .unwrap();
+    common::seed_accounts(&accounts, &[("q", 1)]).await;
+    let read = loose.get("p").await.unwrap();
+    assert!(read.is_plain());
+
+    // Refused by the schema: delete, check and guard are refused by name, and change nothing.
+    for what in ["delete", "check", "guard"] {
+        let tx = mongotx::Transactions::new(&t.store).begin();
+        match what {
+            "delete" => tx.delete(&loose, "p", read.version).unwrap(),
+            "check" => tx.check(&loose, "p", read.version).unwrap(),
+            _ => tx.guard(&loose, "p", doc! { "owner": "P" }).unwrap(),
+        }
+        let refused = tx.commit().await;
+        let invalid = refused
+            .as_ref()
+            .err()
+            .and_then(|e| e.repo_error())
+            .is_some_and(|e| matches!(e, RepoError::Invalid { field, .. } if field == "balance"));
+        assert!(invalid, "{what}: {refused:?}");
+        let stored = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
+        assert_eq!(stored, broken, "{what} changed nothing");
+    }
+
+    // An update that fixes it, rolled back (q moved under the transaction): the same plain
+    // document again, byte for byte.
+    let tx = mongotx::Transactions::new(&t.store).begin();
+    tx.update(
+        &loose,
+        "p",
+        read.version,
+        &Update::new().set("balance", 100_i64),
+    )
+    .await
+    .unwrap();
+    tx.adjust(
+        &accounts,
+        "q",
+        1,
+        &mongotx::Adjust::new().by("balance", 1_i64),
+    )
+    .await
+    .unwrap();
+    accounts
+        .update("q", 1, &Update::new().set("owner", "moved"))
+        .await
+        .unwrap();
+    let refused = tx.commit().await;
+    assert!(refused.is_err(), "{refused:?}");
+    common::assert_settled(&t, &["accounts"], "rolled back").await;
+    let stored = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
+    assert_eq!(
+        bson::to_vec(&stored).unwrap(),
+        bson::to_vec(&broken).unwrap(),
+        "rolled back to the plain document: {stored}"
+    );
+
+    // The same update committed: the document is stamped with the fix.
+    let tx = mongotx::Transactions::new(&t.store).begin();
+    tx.update(
+        &loose,
+        "p",
+        read.version,
+        &Update::new().set("balance", 100_i64),
+    )
+    .await
+    .unwrap();
+    let outcome = tx.commit().await.expect("the fix commits");
+    assert_eq!(outcome.written.len(), 1);
+    common::assert_settled(&t, &["accounts"], "committed").await;
+    let fixed = accounts.get("p").await.unwrap();
+    assert!(!fixed.is_plain());
+    assert_eq!(
+        (
+            fixed.owner.as_str(),
+            fixed.balance,
+            fixed.note.as_deref(),
+            fixed.version
+        ),
+        ("P", 100, Some("typed by hand"), outcome.written[0].version)
+    );
+}

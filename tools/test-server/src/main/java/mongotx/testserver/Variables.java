@@ -30,6 +30,9 @@ import de.bwaldvogel.mongo.exception.MongoServerError;
  */
 final class Variables {
 
+    /** Numbers the variables of the element wrappers {@link #evaluatedArray} builds. */
+    private static final java.util.concurrent.atomic.AtomicLong ELEMENT_NAMES = new java.util.concurrent.atomic.AtomicLong();
+
     /** A field path no document has: evaluates to a missing value. */
     private static final String MISSING = "$__mongotx_missing__";
     private static final Set<String> STAGES_WITHOUT_EXPRESSIONS = Set.of("$sort", "$limit", "$skip", "$count",
@@ -318,8 +321,11 @@ final class Variables {
         }
         List<Object> parts = new ArrayList<>(elements.size());
         for (Object element : elements) {
+            // A name of its own each time: an element may hold another such array, and the stock
+            // evaluator refuses a variable that an enclosing $map already binds.
+            String name = "mongotxElement" + ELEMENT_NAMES.incrementAndGet();
             parts.add(new Document("$map", new Document("input", new Document("$literal", List.of(0)))
-                    .append("as", "mongotxElement").append("in", element)));
+                    .append("as", name).append("in", element)));
         }
         return new Document("$concatArrays", parts);
     }
