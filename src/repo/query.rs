@@ -415,11 +415,20 @@ pub(crate) fn values_pass(
     // is refused by name when it is decoded, if it matches.
     let restore = format!("${}.restore", fields::HOLD);
     let unset = format!("${}.unset", fields::HOLD);
+    // A hold that records the document's field order (`_hold.order`: its change removed a
+    // field) reads in that order: merged onto a document of those names, the pre-image's fields
+    // take their places (every name of the order is in the pre-image).
+    let order = format!("${}.order", fields::HOLD);
+    let skeleton = doc! { "$arrayToObject": { "$map": {
+        "input": { "$cond": [{ "$isArray": order.as_str() }, order.as_str(), []] },
+        "as": "name",
+        "in": { "k": "$$name", "v": Bson::Null },
+    } } };
     let pre_image = doc! {
         "$cond": [
             { "$eq": [format!("${}.op", fields::HOLD), "insert"] },
             { "_id": "$_id", fields::DELETED: true },
-            { "$arrayToObject": { "$filter": {
+            { "$mergeObjects": [skeleton, { "$arrayToObject": { "$filter": {
                 "input": { "$objectToArray": { "$mergeObjects": [
                     "$$ROOT",
                     { "$cond": [is_object(&restore), restore.as_str(), {}] },
@@ -432,7 +441,7 @@ pub(crate) fn values_pass(
                         always_unset,
                     ] },
                 ] }] },
-            } } },
+            } } }] },
         ]
     };
     let mut stages = vec![

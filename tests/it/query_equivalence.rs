@@ -1,9 +1,12 @@
 //! `find` against the server's own answer: generated documents, generated transactions left
-//! pending or committed-but-unfinished by coordinators that died, and generated filters (field
-//! conditions, `$in` / `$nin` / `$exists` / null, `$and` / `$or` / `$nor`, `$expr`), with and
-//! without sort and limit. The expected answer is the same query run by the raw driver on a
-//! collection holding exactly the committed values; mongotx's `find` on the held collection must
-//! return the same documents with the same values, in the same order. Some of the documents are
+//! pending or committed-but-unfinished by coordinators that died, or rolled back by their
+//! coordinator (a document moved under them), and generated filters (field conditions, `$in` /
+//! `$nin` / `$exists` / null, `$and` / `$or` / `$nor`, `$expr`), with and without sort and limit,
+//! each with a generated projection (none, `{_id: 1}` alone, inclusions, exclusions of every
+//! field). The expected answer is the same query run by the raw driver on a collection holding
+//! exactly the committed values; mongotx's `find` on the held collection must return the same
+//! documents, byte for byte (field order included), in the same order, and at the versions an
+//! unprojected `find` reads. Some of the documents are
 //! plain (written by the raw driver, without system fields, as in a collection being adopted):
 //! the transactions that stage changes on them stamp them first, so the collection mixes plain,
 //! stamped and held documents.
@@ -46,13 +49,24 @@ enum Op {
     Delete,
 }
 
+/// How a generated transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum End {
+    /// Its coordinator dies before writing its record: pending, and never committed.
+    Pending,
+    /// Its coordinator dies before the commit point: committed, its documents still held.
+    Committed,
+    /// A document it changes moves under it (to the same values): its coordinator rolls it back.
+    RolledBack,
+}
+
 #[derive(Debug, Clone)]
 struct Txn {
     /// (document index, change); each document in at most one transaction.
     ops: Vec<(usize, Op)>,
     /// A new document it inserts (a, b), if any.
     insert: Option<(i64, i64)>,
-    committed: bool,
+    end: End,
 }
 
 type Model = BTreeMap<String, Document>;
@@ -64,10 +78,13 @@ fn initial(seed: &[Seed]) -> Model {
         .enumerate()
         .map(|(i, (a, b, c, _))| {
             let id = format!("d{i:02}");
-            let mut d = doc! { "_id": id.clone(), "a": *a, "b": *b };
+            // `c` before the others: a rolled-back unset of it must put it back there.
+            let mut d = doc! { "_id": id.clone() };
             if let Some(c) = c {
                 d.insert("c", *c);
             }
+            d.insert("a", *a);
+            d.insert("b", *b);
             (id, d)
         })
         .collect()
@@ -123,7 +140,11 @@ fn txns() -> impl Strategy<Value = Vec<Txn>> {
                 1_usize..4,
                 prop::collection::vec(op(), 3),
                 prop::option::of((0_i64..5, 0_i64..5)),
-                any::<bool>(),
+                prop_oneof![
+                    Just(End::Pending),
+                    Just(End::Committed),
+                    Just(End::RolledBack)
+                ],
             ),
             0..4,
         ),
@@ -131,18 +152,15 @@ fn txns() -> impl Strategy<Value = Vec<Txn>> {
         .prop_map(|(order, specs)| {
             let mut next = 0;
             let mut out = Vec::new();
-            for (n, ops, insert, committed) in specs {
+            for (n, ops, insert, end) in specs {
                 let take: Vec<usize> = order.iter().skip(next).take(n).copied().collect();
                 next += take.len();
                 let ops: Vec<(usize, Op)> = take.into_iter().zip(ops).collect();
-                if ops.is_empty() && insert.is_none() {
+                // A rollback needs a document to move under the transaction.
+                if ops.is_empty() && (insert.is_none() || end == End::RolledBack) {
                     continue;
                 }
-                out.push(Txn {
-                    ops,
-                    insert,
-                    committed,
-                });
+                out.push(Txn { ops, insert, end });
             }
             out
         })
@@ -172,6 +190,21 @@ fn filter() -> impl Strategy<Value = Document> {
     ]
 }
 
+/// Projections a caller may give: none, `_id` alone, inclusions, exclusions (of every field too).
+fn projection() -> impl Strategy<Value = Option<Document>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(doc! { "_id": 1 })),
+        Just(Some(doc! { "_id": true })),
+        Just(Some(doc! { "a": 1 })),
+        Just(Some(doc! { "c": 1, "a": 1 })),
+        Just(Some(doc! { "_id": 1, "b": 1 })),
+        Just(Some(doc! { "a": 0 })),
+        Just(Some(doc! { "c": 0 })),
+        Just(Some(doc! { "a": 0, "b": 0, "c": 0 })),
+    ]
+}
+
 fn seed() -> impl Strategy<Value = Vec<Seed>> {
     prop::collection::vec(
         (
@@ -188,7 +221,7 @@ fn seed() -> impl Strategy<Value = Vec<Seed>> {
 async fn run_case(
     seed: Vec<Seed>,
     txns: Vec<Txn>,
-    filters: Vec<(Document, bool)>,
+    filters: Vec<(Document, bool, Option<Document>)>,
 ) -> Result<(), String> {
     let t = TestDb::new().await;
     let spec = CollectionSpec::new("props", 1, SCHEMA).map_err(|e| e.to_string())?;
@@ -210,18 +243,18 @@ async fn run_case(
     }
     for (k, txn) in txns.iter().enumerate() {
         // A dead coordinator stops for good: one handle (and injector) per transaction.
-        let at = if txn.committed {
-            failpoint::COMMIT_BEFORE
-        } else {
-            failpoint::BEGIN_BEFORE
+        let mut options = TxnOptions::default()
+            .timeout(std::time::Duration::from_secs(3600))
+            .finish(mongotx::options::Finish::BeforeReturning);
+        let at = match txn.end {
+            End::Committed => Some(failpoint::COMMIT_BEFORE),
+            End::Pending => Some(failpoint::BEGIN_BEFORE),
+            End::RolledBack => None,
         };
-        let handle = Transactions::with_options(
-            &t.store,
-            TxnOptions::default()
-                .timeout(std::time::Duration::from_secs(3600))
-                .finish(mongotx::options::Finish::BeforeReturning)
-                .fault_injector(Arc::new(CrashAt(Failpoint { name: at, step: 0 }))),
-        );
+        if let Some(at) = at {
+            options = options.fault_injector(Arc::new(CrashAt(Failpoint { name: at, step: 0 })));
+        }
+        let handle = Transactions::with_options(&t.store, options);
         let tx = handle.begin();
         for (i, op) in &txn.ops {
             let id = format!("d{i:02}");
@@ -257,11 +290,37 @@ async fn run_case(
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        if txn.end == End::RolledBack {
+            // The first document it changes moves under it, keeping its values (a stamp for a
+            // plain one, a rewrite of the same `a` for a stamped one).
+            let (i, _) = &txn.ops[0];
+            let id = format!("d{i:02}");
+            let now = repo
+                .get(id.as_str())
+                .await
+                .map_err(|e| format!("read {id}: {e}"))?;
+            let a = now.value.get_i64("a").map_err(|e| e.to_string())?;
+            repo.update(id.as_str(), now.version, &Update::new().set("a", a))
+                .await
+                .map_err(|e| format!("move {id}: {e}"))?;
+            match tx.commit().await {
+                Err(e)
+                    if e.repo_error().is_some_and(|r| {
+                        matches!(r, mongotx::RepoError::VersionConflict { .. })
+                    }) => {}
+                other => {
+                    return Err(format!(
+                        "the transaction should have rolled back: {other:?}"
+                    ))
+                }
+            }
+            continue;
+        }
         match tx.commit().await {
             Err(TxnError::Crashed { .. }) => {}
             other => return Err(format!("the coordinator should have died: {other:?}")),
         }
-        if txn.committed {
+        if txn.end == End::Committed {
             apply(&mut model, k, txn);
         }
     }
@@ -273,7 +332,8 @@ async fn run_case(
             .await
             .map_err(|e| e.to_string())?;
     }
-    for (filter, sorted) in filters {
+    let bytes = |d: &Document| bson::to_vec(d).unwrap_or_default();
+    for (filter, sorted, projection) in filters {
         let mut raw = expected_coll.find(filter.clone());
         let mut query = Query::new().filter(filter.clone());
         if sorted {
@@ -283,23 +343,53 @@ async fn run_case(
             raw = raw.sort(doc! { "_id": 1 });
             query = query.sort(doc! { "_id": 1 });
         }
+        // The versions an unprojected find reads, by id.
+        let versions: BTreeMap<String, i64> = repo
+            .find(query.clone())
+            .await
+            .map_err(|e| format!("find {filter}: {e}"))?
+            .into_iter()
+            .map(|s| {
+                (
+                    s.value.get_str("_id").unwrap_or_default().to_string(),
+                    s.version,
+                )
+            })
+            .collect();
+        if let Some(projection) = &projection {
+            raw = raw.projection(projection.clone());
+            query = query.projection(projection.clone());
+        }
         let expected: Vec<Document> = raw
             .await
             .map_err(|e| e.to_string())?
             .try_collect()
             .await
             .map_err(|e| e.to_string())?;
-        let found: Vec<Document> = repo
+        let found = repo
             .find(query)
             .await
-            .map_err(|e| format!("find {filter}: {e}"))?
-            .into_iter()
-            .map(|s| s.value)
-            .collect();
-        if found != expected {
+            .map_err(|e| format!("find {filter} {projection:?}: {e}"))?;
+        let found_docs: Vec<Document> = found.iter().map(|s| s.value.clone()).collect();
+        let same = found_docs.len() == expected.len()
+            && found_docs
+                .iter()
+                .zip(&expected)
+                .all(|(f, e)| bytes(f) == bytes(e));
+        if !same {
             return Err(format!(
-                "filter {filter} (sorted and limited: {sorted}):\n  find: {found:?}\n  committed: {expected:?}\n  transactions: {txns:?}"
+                "filter {filter} (sorted and limited: {sorted}, projection {projection:?}):\n  find: {found_docs:?}\n  committed: {expected:?}\n  transactions: {txns:?}"
             ));
+        }
+        for row in &found {
+            let id = row.value.get_str("_id").unwrap_or_default();
+            if versions.get(id) != Some(&row.version) {
+                return Err(format!(
+                    "filter {filter}, projection {projection:?}: {id} read at version {} where an unprojected find reads {:?}",
+                    row.version,
+                    versions.get(id)
+                ));
+            }
         }
     }
     Ok(())
@@ -312,7 +402,7 @@ proptest! {
     fn find_returns_what_the_server_returns_on_the_committed_values(
         seed in seed(),
         txns in txns(),
-        filters in prop::collection::vec((filter(), any::<bool>()), 8),
+        filters in prop::collection::vec((filter(), any::<bool>(), projection()), 8),
     ) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -187,7 +187,9 @@ impl Hold {
             return Write::Delete(held);
         }
         if !self.order.is_empty() {
-            return Write::Pipeline(held, self.ordered_undo());
+            if let Some(pipeline) = self.ordered_undo() {
+                return Write::Pipeline(held, pipeline);
+            }
         }
         let unset: Document = self
             .unset
@@ -205,51 +207,38 @@ impl Hold {
 }
 
 impl Hold {
-    /// The undo of a hold with an [`order`](Hold::order), as a pipeline update: the pre-image's
-    /// fields (the stored ones with `restore` merged in, less `unset` and the hold's own), first
-    /// those of `order` in that order, then any other in the order they have. (Built from
-    /// `$objectToArray` and `$indexOfArray` rather than `$getField`, which needs MongoDB 5.0,
-    /// or `$let`, which some wire-compatible servers lack.)
-    fn ordered_undo(&self) -> Vec<Document> {
-        const PRE: &str = "_mongotx_pre";
-        let gone: Vec<Bson> = self
-            .unset
-            .iter()
-            .map(String::as_str)
-            .chain(ALWAYS_UNSET)
-            .map(Bson::from)
-            .collect();
-        let order: Vec<Bson> = self.order.iter().map(|n| Bson::from(n.as_str())).collect();
-        let names = format!("${PRE}.k");
-        vec![
-            doc! { "$set": { PRE: { "$filter": {
-                "input": { "$objectToArray": { "$mergeObjects": [
-                    "$$ROOT",
-                    { "$literal": self.restore.clone() },
-                ] } },
-                "as": "field",
-                "cond": { "$not": [{ "$in": ["$$field.k", { "$literal": gone }] }] },
-            } } } },
-            doc! { "$replaceWith": { "$arrayToObject": { "$concatArrays": [
-                { "$map": {
-                    "input": { "$filter": {
-                        "input": { "$literal": order.clone() },
-                        "as": "name",
-                        "cond": { "$in": ["$$name", names.as_str()] },
-                    } },
-                    "as": "name",
-                    "in": { "$arrayElemAt": [
-                        format!("${PRE}"),
-                        { "$indexOfArray": [names.as_str(), "$$name"] },
-                    ] },
-                } },
-                { "$filter": {
-                    "input": format!("${PRE}"),
-                    "as": "field",
-                    "cond": { "$not": [{ "$in": ["$$field.k", { "$literal": order }] }] },
-                } },
-            ] } } },
-        ]
+    /// The undo of a hold with an [`order`](Hold::order), as a pipeline update that rebuilds the
+    /// document: each field of `order` in that order, from the hold's own `restore` where the
+    /// change took it away or altered it (`$_hold.restore.<name>`), else as stored; then the
+    /// system fields the document gained since it was read (a stamp), unless the undo removes
+    /// them. The values are field paths, never literals or bound variables, so no value is read
+    /// as an expression on any server; a field path that yields nothing leaves its field out.
+    /// `None` when a name cannot be written as a field of an expression object (a `.` in it, or
+    /// a leading `$`): the plain undo puts it back, at the end.
+    fn ordered_undo(&self) -> Option<Vec<Document>> {
+        let mut rebuilt = Document::new();
+        let from = |name: &str| {
+            if self.restore.contains_key(name) {
+                Bson::String(format!("${HOLD}.restore.{name}"))
+            } else {
+                Bson::String(format!("${name}"))
+            }
+        };
+        for name in &self.order {
+            if name.is_empty() || name.contains('.') || name.starts_with('$') {
+                return None;
+            }
+            if ALWAYS_UNSET.contains(&name.as_str()) || self.unset.contains(name) {
+                continue;
+            }
+            rebuilt.insert(name.clone(), from(name));
+        }
+        for name in [fields::SCHEMA_VERSION, fields::VERSION] {
+            if !rebuilt.contains_key(name) && !self.unset.iter().any(|u| u == name) {
+                rebuilt.insert(name, from(name));
+            }
+        }
+        Some(vec![doc! { "$replaceWith": rebuilt }])
     }
 }
 
