@@ -1145,9 +1145,11 @@ async fn a_replacement_is_stored_in_its_own_field_order() {
     let names = |d: Document| d.keys().cloned().collect::<Vec<_>>();
     let stored = coll.find_one(doc! {}).await.expect("read").expect("stored");
     assert_eq!(names(stored), ["_id", "c", "b", "a"]);
+    // A field whose expression yields nothing is left out
+    // (https://www.mongodb.com/docs/manual/reference/operator/aggregation/replaceWith/).
     coll.update_one(
         doc! { "_id": 1 },
-        vec![doc! { "$replaceWith": { "a": "$a", "z": 26, "c": "$c" } }],
+        vec![doc! { "$replaceWith": { "a": "$a", "gone": "$nothing.here", "z": 26, "c": "$c" } }],
     )
     .await
     .expect("pipeline update");

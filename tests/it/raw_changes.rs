@@ -5,7 +5,6 @@
 //! change left exactly as written, never replaced from the old read.
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,13 +34,11 @@ pub fn measures_spec() -> CollectionSpec {
     CollectionSpec::new("measures", 1, MEASURES_SCHEMA).expect("measures schema")
 }
 
-/// Whether `command` is a write to `measures` conditional on a whole document's content (its
-/// filter compares `$$ROOT` with the document as read).
+/// Whether `command` is a write conditional on a whole document's content (its filter compares
+/// `$$ROOT` with the document as read).
 fn content_conditional(command: &Document) -> bool {
     let names = ["update", "delete", "findAndModify"];
-    names.contains(&command_name(command))
-        && command.get_str(command_name(command)).ok() == Some("measures")
-        && command.to_string().contains("$$ROOT")
+    names.contains(&command_name(command)) && command.to_string().contains("$$ROOT")
 }
 
 /// Whether `command` stamps documents of `measures` (an `update` setting `_version`), whatever
@@ -52,39 +49,46 @@ fn stamping(command: &Document) -> bool {
         && command.to_string().contains("\"$set\": { \"_schema\"")
 }
 
-/// Holds back the first write `matches` accepts for `delay` (its sender still waits for it) and
-/// says so on `seen`, so that a test can change the document in between.
+/// Holds back the first write `matches` accepts until the test releases it (its sender still
+/// waits for it) and says so on `seen`, so that a test can change the document in between.
 struct BeforeTheWrite {
     matches: fn(&Document) -> bool,
-    delay: Duration,
-    fired: Arc<AtomicUsize>,
+    release: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     seen: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
 impl Rules for BeforeTheWrite {
     fn command(&self, command: &mut Document) -> Action {
-        if (self.matches)(command)
-            && self
-                .fired
-                .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        {
-            let _ = self.seen.send(());
-            return Action::Delay(self.delay);
+        if !(self.matches)(command) {
+            return Action::Forward;
         }
-        Action::Forward
+        let Some(release) = self
+            .release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return Action::Forward;
+        };
+        let _ = self.seen.send(());
+        Action::After(Box::pin(async move {
+            // Released by the test, or let go after a while if the test gave up.
+            let _ = tokio::time::timeout(Duration::from_secs(30), release).await;
+        }))
     }
 }
 
-/// A store whose first write of a kind waits on the way, and the receiver told when it does.
+/// A store whose first write of a kind waits on the way until released, and the receiver told
+/// when it does.
 pub struct RawWindow {
     pub store: Store,
-    pub seen: tokio::sync::mpsc::UnboundedReceiver<()>,
+    seen: tokio::sync::mpsc::UnboundedReceiver<()>,
+    release: Option<tokio::sync::oneshot::Sender<()>>,
     _proxy: WireProxy,
 }
 
 impl RawWindow {
-    /// Holds back the first content-conditional write to `measures`.
+    /// Holds back the first content-conditional write.
     pub async fn open(t: &TestDb) -> RawWindow {
         RawWindow::before(t, content_conditional).await
     }
@@ -92,12 +96,12 @@ impl RawWindow {
     /// Holds back the first write `matches` accepts.
     pub async fn before(t: &TestDb, matches: fn(&Document) -> bool) -> RawWindow {
         let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
+        let (release, held) = tokio::sync::oneshot::channel();
         let proxy = WireProxy::start(
             &common::server_uri(),
             BeforeTheWrite {
                 matches,
-                delay: Duration::from_millis(700),
-                fired: Arc::new(AtomicUsize::new(0)),
+                release: std::sync::Mutex::new(Some(held)),
                 seen: seen_tx,
             },
         )
@@ -106,6 +110,7 @@ impl RawWindow {
         RawWindow {
             store,
             seen,
+            release: Some(release),
             _proxy: proxy,
         }
     }
@@ -116,6 +121,13 @@ impl RawWindow {
             .await
             .expect("the content-conditional write was never sent")
             .expect("the proxy is gone");
+    }
+
+    /// Lets the held-back write go on to the server.
+    pub fn release(&mut self) {
+        if let Some(release) = self.release.take() {
+            let _ = release.send(());
+        }
     }
 }
 
@@ -178,6 +190,7 @@ async fn a_type_only_raw_change_before_a_first_write_is_a_conflict_never_lost() 
         )
         .await
         .unwrap();
+        window.release();
         let written = writer.await.unwrap();
         assert!(
             matches!(written, Err(RepoError::VersionConflict { .. })),
@@ -224,6 +237,7 @@ where
     raw.update_one(doc! { "_id": "m" }, doc! { "$set": { "value": after } })
         .await
         .unwrap();
+    window.release();
     let said = writer.await.unwrap();
     let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
     (said, stored)
@@ -347,6 +361,7 @@ async fn adoption_never_stamps_content_it_did_not_check() {
         raw.update_one(doc! { "_id": "m" }, doc! { "$set": { "value": 5_i32 } })
             .await
             .unwrap();
+        window.release();
         let report = adoption.await.unwrap().expect("adoption");
         assert_eq!(
             (report.stamped, report.refused),
@@ -398,6 +413,7 @@ async fn a_case_only_raw_change_under_a_collation_is_a_conflict_never_lost() {
         raw.update_one(doc! { "_id": "m" }, doc! { "$set": { "label": after } })
             .await
             .unwrap();
+        window.release();
         let written = writer.await.unwrap();
         assert!(
             matches!(written, Err(RepoError::VersionConflict { .. })),

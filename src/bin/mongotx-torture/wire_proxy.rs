@@ -46,6 +46,9 @@ pub enum Action {
     /// while its sender still waits for the reply, and the connection's next commands queue
     /// behind it.
     Delay(Duration),
+    /// Send it once this completes, on the same connection (as `Delay`, for as long as a test
+    /// needs to act in between).
+    After(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
 }
 
 /// How a test tampers with traffic. Both hooks see `OP_MSG` bodies only.
@@ -199,12 +202,20 @@ async fn commands(
             continue;
         };
         let mut action = rules.command(&mut msg.body);
-        if let Action::Delay(delay) = action {
-            tokio::time::sleep(delay).await;
-            action = Action::Forward;
+        match action {
+            Action::Delay(delay) => {
+                tokio::time::sleep(delay).await;
+                action = Action::Forward;
+            }
+            Action::After(wait) => {
+                wait.await;
+                action = Action::Forward;
+            }
+            _ => {}
         }
         match action {
-            action @ (Action::Forward | Action::LoseReply | Action::Delay(_)) => {
+            action
+            @ (Action::Forward | Action::LoseReply | Action::Delay(_) | Action::After(_)) => {
                 if msg.flags & MORE_TO_COME == 0 {
                     let lose = matches!(action, Action::LoseReply);
                     lock(&pending).insert(msg.request_id, (msg.body.clone(), lose));
