@@ -76,7 +76,8 @@ pub(crate) fn unchanged(stored: &Document) -> Document {
         filter.insert("$and", exact.types);
     }
     filter.insert("$expr", doc! { "$and": checks });
-    let fits = bson::to_vec(&filter).is_ok_and(|bytes| bytes.len() <= EXACT_CONDITION_BYTES);
+    let fits = exact.bytes <= EXACT_CONDITION_BYTES
+        && bson::to_vec(&filter).is_ok_and(|bytes| bytes.len() <= EXACT_CONDITION_BYTES);
     if fits {
         filter
     } else {
@@ -104,6 +105,11 @@ struct Exact {
     /// Whether each array reached so far maps one to one through the field names after it (see
     /// [`Exact::reach`]), by the array's address and those names.
     one_to_one: std::collections::HashMap<(usize, Vec<String>), bool>,
+    /// The field names made of digits in each array's document elements, by the array's address.
+    numbered_fields: std::collections::HashMap<usize, std::collections::HashSet<String>>,
+    /// About how many bytes the conditions take so far: past [`EXACT_CONDITION_BYTES`] the walk
+    /// stops, and the document is compared by value only.
+    bytes: usize,
 }
 
 /// One step from the document down to a value: a field of a document, or an element of an array.
@@ -124,15 +130,22 @@ impl<'a> Exact {
             Bson::String(_) => Some("string"),
             _ => None,
         };
-        if let (Some(alias), Some(path)) = (alias, dotted(route)) {
-            self.types
-                .push(Bson::Document(doc! { path: { "$type": alias } }));
+        if self.bytes > EXACT_CONDITION_BYTES {
+            return;
+        }
+        if let Some(alias) = alias {
+            if let Some(path) = self.dotted(route) {
+                self.bytes += path.len() + 32;
+                self.types
+                    .push(Bson::Document(doc! { path: { "$type": alias } }));
+            }
         }
         match value {
             Bson::Decimal128(_) => self.same_string_form(value, route),
             Bson::Double(d) if *d == 0.0 => self.same_string_form(value, route),
             Bson::String(s) => {
                 if let Some(expr) = self.reach(route) {
+                    self.bytes += 2 * s.len() + 96;
                     let len = i64::try_from(s.len()).unwrap_or(i64::MAX);
                     self.expressions.push(Bson::Document(
                         doc! { "$eq": [{ "$strLenBytes": expr.clone() }, len] },
@@ -163,6 +176,7 @@ impl<'a> Exact {
     /// Adds the check that the value at `route` has the server's string form of `value`.
     fn same_string_form(&mut self, value: &Bson, route: &[Step<'a>]) {
         if let Some(expr) = self.reach(route) {
+            self.bytes += 96;
             self.expressions.push(Bson::Document(doc! { "$eq": [
                 { "$toString": expr },
                 { "$toString": { "$literal": value.clone() } },
@@ -242,28 +256,39 @@ fn through_documents<'v>(value: &'v Bson, names: &[String]) -> Option<&'v Bson> 
     })
 }
 
-/// The dotted path of `route` for a query condition, if it has one that names that value alone:
-/// every field name writable in a path, and no array on the way with a document element that has
-/// a field named like the element's position (a path's number names both).
-fn dotted(route: &[Step<'_>]) -> Option<String> {
-    let mut parts = Vec::with_capacity(route.len());
-    for step in route {
-        match *step {
-            Step::Field(name) if addressable(name) => parts.push(name.to_string()),
-            Step::Field(_) => return None,
-            Step::Element(i, siblings) => {
-                let key = i.to_string();
-                let ambiguous = siblings
-                    .iter()
-                    .any(|item| matches!(item, Bson::Document(d) if d.contains_key(&key)));
-                if ambiguous {
-                    return None;
+impl Exact {
+    /// The dotted path of `route` for a query condition, if it has one that names that value
+    /// alone: every field name writable in a path, and no array on the way with a document
+    /// element that has a field named like the element's position (a path's number names both).
+    fn dotted(&mut self, route: &[Step<'_>]) -> Option<String> {
+        let mut parts = Vec::with_capacity(route.len());
+        for step in route {
+            match *step {
+                Step::Field(name) if addressable(name) => parts.push(name.to_string()),
+                Step::Field(_) => return None,
+                Step::Element(i, siblings) => {
+                    let key = i.to_string();
+                    let numbered = self
+                        .numbered_fields
+                        .entry(siblings.as_ptr() as usize)
+                        .or_insert_with(|| {
+                            siblings
+                                .iter()
+                                .filter_map(Bson::as_document)
+                                .flat_map(|d| d.keys())
+                                .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+                                .cloned()
+                                .collect()
+                        });
+                    if numbered.contains(&key) {
+                        return None;
+                    }
+                    parts.push(key);
                 }
-                parts.push(key);
             }
         }
+        Some(parts.join("."))
     }
-    Some(parts.join("."))
 }
 
 /// The filter that matches plain documents: no system field at all.
@@ -420,5 +445,78 @@ mod tests {
             assert!(!is_plain(&doc! { "_id": 1, name: 1 }), "{name}");
         }
         assert_eq!(plain_filter().len(), fields::RESERVED.len());
+    }
+
+    /// The `$type` conditions and the `$expr` clauses of `unchanged(stored)`, as strings.
+    fn parts(stored: &Document) -> (Vec<String>, Vec<String>) {
+        let filter = unchanged(stored);
+        let types = filter
+            .get_array("$and")
+            .map(|a| a.iter().map(|c| c.to_string()).collect())
+            .unwrap_or_default();
+        let exprs = filter
+            .get_document("$expr")
+            .and_then(|e| e.get_array("$and"))
+            .map(|a| a.iter().skip(1).map(|c| c.to_string()).collect())
+            .unwrap_or_default();
+        (types, exprs)
+    }
+
+    #[test]
+    fn the_content_condition_pins_types_and_bytes_where_it_can_read_them() {
+        use std::str::FromStr;
+        let dec = Bson::Decimal128(bson::Decimal128::from_str("1.50").expect("decimal"));
+        let stored = doc! {
+            "_id": "x", "n": 5, "l": 5_i64, "d": dec, "z": -0.0, "s": "Ab",
+            "doc": { "inner": 1.5 }, "arr": [1, "t"], "rows": [{ "v": "a" }, { "v": "b" }],
+            "ragged": [{ "v": "a" }, { "w": "b" }], "deep": [{ "v": [0.0] }],
+        };
+        let (types, exprs) = parts(&stored);
+        for wanted in [
+            r#"{ "n": { "$type": "int" } }"#,
+            r#"{ "l": { "$type": "long" } }"#,
+            r#"{ "d": { "$type": "decimal" } }"#,
+            r#"{ "doc.inner": { "$type": "double" } }"#,
+            r#"{ "arr.0": { "$type": "int" } }"#,
+            r#"{ "rows.1.v": { "$type": "string" } }"#,
+            r#"{ "deep.0.v.0": { "$type": "double" } }"#,
+        ] {
+            assert!(types.iter().any(|t| t == wanted), "{wanted} in {types:?}");
+        }
+        let has = |needle: &str| exprs.iter().any(|e| e.contains(needle));
+        assert!(has(r#"{ "$toString": "$d" }"#));
+        assert!(has(r#"{ "$toString": "$z" }"#));
+        assert!(has(r#"{ "$strLenBytes": "$s" }"#));
+        // An element of a uniform array of documents is read by a field path and its position.
+        assert!(has(
+            r#"{ "$strLenBytes": { "$arrayElemAt": ["$rows.v", 1] } }"#
+        ));
+        assert!(has(
+            r#"{ "$strLenBytes": { "$arrayElemAt": ["$arr", 1] } }"#
+        ));
+        // Not where a field path would skip or spread elements.
+        assert!(!has("$ragged"));
+        assert!(!has("$deep"));
+        // A non-zero double and numbers of the other types need no string form.
+        assert!(!has(r#"{ "$toString": "$n" }"#) && !has(r#"{ "$toString": "$doc.inner" }"#));
+    }
+
+    #[test]
+    fn a_path_a_document_elements_field_could_also_answer_gets_no_type_condition() {
+        let stored = doc! { "_id": 1, "a": [{ "1": 2 }, 3] };
+        let (types, _) = parts(&stored);
+        assert!(!types.iter().any(|t| t.contains("\"a.1\"")), "{types:?}");
+        assert!(types.iter().any(|t| t.contains("\"a.0.1\"")), "{types:?}");
+    }
+
+    #[test]
+    fn an_oversized_condition_falls_back_to_comparing_by_value() {
+        let big: Vec<Bson> = (0..700_000).map(Bson::Int32).collect();
+        let stored = doc! { "_id": 1, "big": big };
+        let filter = unchanged(&stored);
+        assert!(!filter.contains_key("$and"));
+        assert!(filter
+            .get_document("$expr")
+            .is_ok_and(|e| e.contains_key("$eq")));
     }
 }

@@ -430,6 +430,7 @@ mod tests {
             undo: Undo {
                 restore: doc! { "n": 3 },
                 absent: vec!["fresh".into()],
+                order: Vec::new(),
             },
         });
         // The post-image as the apply leaves it.
@@ -568,5 +569,67 @@ mod tests {
         assert_eq!(stored.get_str("state").ok(), Some("staging"));
         let back: ActiveTransaction = bson::from_document(stored).expect("decode");
         assert_eq!(back.entries, txn.entries);
+    }
+
+    #[test]
+    fn an_undo_keeps_the_order_only_when_the_change_removes_a_field() {
+        let stored = doc! { "_id": "a", "x": 1, "y": 2 };
+        let kept = keep_order(
+            undo_for(&stored, ["x"].into_iter()),
+            &stored,
+            ["x"].into_iter(),
+        );
+        assert_eq!(kept.order, ["_id", "x", "y"]);
+        let none = keep_order(
+            undo_for(&stored, ["z"].into_iter()),
+            &stored,
+            ["z"].into_iter(),
+        );
+        assert!(
+            none.order.is_empty(),
+            "unsetting a missing field removes nothing"
+        );
+        let nested = keep_order(
+            undo_for(&stored, ["x.q"].into_iter()),
+            &stored,
+            ["x.q"].into_iter(),
+        );
+        assert!(
+            nested.order.is_empty(),
+            "a nested unset keeps the top-level field in place"
+        );
+    }
+
+    #[test]
+    fn a_rewrite_of_a_plain_document_is_undone_to_the_plain_document() {
+        let pre = doc! { "_id": "a", "name": "Ada L", "n": "7" };
+        let mut rewrite = entry(Op::Rewrite {
+            post: doc! { "_id": "a", "given": "Ada", "n": 7 },
+            pre: pre.clone(),
+        });
+        rewrite.expected = -12;
+        rewrite.applied = 1;
+        assert!(rewrite.rewrites_plain());
+        let hold = rewrite.hold(at());
+        assert!(hold.unset.contains(&"_schema".to_string()));
+        assert!(hold.unset.contains(&"_version".to_string()));
+        assert!(!hold.restore.contains_key("_version"));
+        assert_eq!(hold.order, ["_id", "name", "n"]);
+        let Write::Replace(filter, _) = rewrite.apply(ObjectId::new(), at()) else {
+            panic!("a rewrite replaces");
+        };
+        // Conditional on the exact content and on the deadline, not on a version.
+        let clauses = filter.get_array("$and").expect("two clauses");
+        assert_eq!(clauses.len(), 2);
+        assert!(!filter.contains_key("_version"));
+        // The post-image, held, reads back as the plain document.
+        let mut held =
+            doc! { "_id": "a", "given": "Ada", "n": 7, "_schema": 1_i64, "_version": 1_i64 };
+        held.insert("_txn", ObjectId::new());
+        assert_eq!(
+            hold.pre_image(&held)
+                .map(|d| bson::to_vec(&d).expect("bytes")),
+            Some(bson::to_vec(&pre).expect("bytes"))
+        );
     }
 }

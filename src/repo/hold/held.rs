@@ -405,4 +405,73 @@ mod tests {
         assert_eq!(stored.get_str("op").ok(), Some("delete"));
         assert_eq!(bson::from_document::<Hold>(stored).expect("decode"), h);
     }
+
+    #[test]
+    fn a_creation_stamped_after_the_deadline_never_commits() {
+        let exp = DateTime::from_millis(1_000);
+        let created = |at: Option<i64>| Hold {
+            at: at.map(DateTime::from_millis),
+            ..hold(HoldKind::Insert, doc! {}, &[])
+        };
+        let mut on_time = created(Some(1_000));
+        on_time.exp = exp;
+        let mut late = created(Some(1_001));
+        late.exp = exp;
+        let mut unstamped = created(None);
+        unstamped.exp = exp;
+        assert!(!on_time.created_late() && !on_time.never_commits());
+        assert!(late.created_late() && late.never_commits());
+        assert!(!unstamped.created_late());
+        // Only a creation: an update's hold carries no `at`, and a fence never commits anyway.
+        let mut update = hold(HoldKind::Update, doc! {}, &[]);
+        update.at = Some(DateTime::from_millis(5_000));
+        assert!(!update.created_late());
+        assert!(Hold::fence(exp, true).never_commits());
+        // The stamp is read back from the stored hold.
+        let mut stored = late.to_document();
+        stored.insert(AT, DateTime::from_millis(1_001));
+        let read: Hold = bson::from_document(stored).expect("decode");
+        assert!(read.created_late());
+    }
+
+    #[test]
+    fn an_undo_with_an_order_rebuilds_the_document_in_it_from_field_paths() {
+        let t = ObjectId::new();
+        let id = Bson::from("a");
+        let mut h = hold(
+            HoldKind::Update,
+            doc! { "gone": 1, "n": 2, "_version": 4_i64 },
+            &["fresh"],
+        );
+        h.order = ["_id", "gone", "n", "kept", "_schema", "_version"]
+            .map(String::from)
+            .to_vec();
+        let Write::Pipeline(filter, pipeline) = h.undo(&id, t) else {
+            panic!("an ordered undo is a pipeline");
+        };
+        assert_eq!(
+            filter,
+            doc! { "_id": "a", "_txn": t, "_hold.fence": { "$ne": true } }
+        );
+        assert_eq!(
+            pipeline,
+            vec![doc! { "$replaceWith": {
+                "_id": "$_id",
+                "gone": "$_hold.restore.gone",
+                "n": "$_hold.restore.n",
+                "kept": "$kept",
+                "_schema": "$_schema",
+                "_version": "$_hold.restore._version",
+            } }]
+        );
+        // A name no expression object can hold: the plain undo, which keeps every value.
+        h.order.push("a.b".into());
+        assert!(matches!(h.undo(&id, t), Write::Update(..)));
+        // The pre-image a reader sees is in the order too.
+        let mut ordered = hold(HoldKind::Update, doc! { "gone": 1 }, &[]);
+        ordered.order = ["_id", "gone", "n"].map(String::from).to_vec();
+        let stored = doc! { "_id": "a", "n": 3, "_txn": t };
+        let pre = ordered.pre_image(&stored).expect("pre-image");
+        assert_eq!(pre.keys().collect::<Vec<_>>(), ["_id", "gone", "n"]);
+    }
 }
