@@ -428,6 +428,28 @@ async fn a_case_only_raw_change_under_a_collation_is_a_conflict_never_lost() {
     }
 }
 
+/// Stages an adjust of account `q` (at version 1) in `tx`, moves `q` under it, and commits: the
+/// round's apply of `q` is refused, so whatever else `tx` applied is rolled back.
+async fn refused_by_a_moved_account(
+    tx: mongotx::Transaction,
+    accounts: &Repository<crate::common::Account>,
+) {
+    tx.adjust(
+        accounts,
+        "q",
+        1,
+        &mongotx::Adjust::new().by("balance", 1_i64),
+    )
+    .await
+    .unwrap();
+    accounts
+        .update("q", 1, &Update::new().set("owner", "moved"))
+        .await
+        .unwrap();
+    let refused = tx.commit().await;
+    assert!(refused.is_err(), "{refused:?}");
+}
+
 /// The user fields of `doc` in their stored order, system fields left out.
 fn user_fields(doc: &Document) -> Vec<(String, Bson)> {
     doc.iter()
@@ -500,20 +522,7 @@ async fn a_rolled_back_transaction_leaves_the_field_order_as_it_was() {
             // q moved under the transaction: its apply is refused and p's is rolled back.
             let tx = mongotx::Transactions::new(&t.store).begin();
             tx.update(&accounts, "p", version, &change).await.unwrap();
-            tx.adjust(
-                &accounts,
-                "q",
-                1,
-                &mongotx::Adjust::new().by("balance", 1_i64),
-            )
-            .await
-            .unwrap();
-            accounts
-                .update("q", 1, &Update::new().set("owner", "moved"))
-                .await
-                .unwrap();
-            let refused = tx.commit().await;
-            assert!(refused.is_err(), "{what}: {refused:?}");
+            refused_by_a_moved_account(tx, &accounts).await;
         }
         common::assert_settled(&t, &["accounts"], what).await;
         let after = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
@@ -570,20 +579,7 @@ async fn a_rolled_back_rewrite_puts_renamed_fields_back_in_place() {
     )
     .await
     .unwrap();
-    tx.adjust(
-        &accounts,
-        "q",
-        1,
-        &mongotx::Adjust::new().by("balance", 1_i64),
-    )
-    .await
-    .unwrap();
-    accounts
-        .update("q", 1, &Update::new().set("owner", "moved"))
-        .await
-        .unwrap();
-    let refused = tx.commit().await;
-    assert!(refused.is_err(), "{refused:?}");
+    refused_by_a_moved_account(tx, &accounts).await;
     common::assert_settled(&t, &["profiles"], "rewrite rolled back").await;
     let after = raw.find_one(doc! { "_id": "ada" }).await.unwrap().unwrap();
     assert_eq!(
@@ -744,20 +740,7 @@ async fn a_transaction_may_fix_a_plain_document_the_schema_refuses() {
     )
     .await
     .unwrap();
-    tx.adjust(
-        &accounts,
-        "q",
-        1,
-        &mongotx::Adjust::new().by("balance", 1_i64),
-    )
-    .await
-    .unwrap();
-    accounts
-        .update("q", 1, &Update::new().set("owner", "moved"))
-        .await
-        .unwrap();
-    let refused = tx.commit().await;
-    assert!(refused.is_err(), "{refused:?}");
+    refused_by_a_moved_account(tx, &accounts).await;
     common::assert_settled(&t, &["accounts"], "rolled back").await;
     let stored = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
     assert_eq!(
