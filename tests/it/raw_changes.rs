@@ -164,83 +164,111 @@ fn type_only_changes() -> Vec<(&'static str, Bson, Bson)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_type_only_raw_change_before_a_first_write_is_a_conflict_never_lost() {
     for (what, before, after) in type_only_changes() {
-        let t = TestDb::new().await;
-        let raw = t.db.collection::<Document>("measures");
-        raw.insert_one(doc! { "_id": "m", "label": "alice", "value": before.clone() })
-            .await
-            .unwrap();
-        let mut window = RawWindow::open(&t).await;
-        let measures: Repository<Document> =
-            window.store.repository(measures_spec()).await.unwrap();
-        let read = measures.get("m").await.unwrap();
-        assert!(read.is_plain(), "{what}");
-        let writer = {
-            let measures = measures.clone();
-            let version = read.version;
-            tokio::spawn(async move {
+        let case = RawCase::value(before, after);
+        let (written, stored) = case
+            .run(|_, measures, v| async move {
                 measures
-                    .update("m", version, &Update::new().set("label", "bob"))
+                    .update("m", v, &Update::new().set("label", "bob"))
                     .await
             })
-        };
-        window.write_on_its_way().await;
-        raw.update_one(
-            doc! { "_id": "m" },
-            doc! { "$set": { "value": after.clone() } },
-        )
-        .await
-        .unwrap();
-        window.release();
-        let written = writer.await.unwrap();
-        assert!(
-            matches!(written, Err(RepoError::VersionConflict { .. })),
-            "{what}: {written:?}"
-        );
-        let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
-        assert_eq!(
-            stored,
-            doc! { "_id": "m", "label": "alice", "value": after.clone() },
-            "{what}: the raw change must stay as written"
-        );
-        // Byte for byte (Rust's Bson equality tells int from long, but -0.0 equals 0.0).
-        assert_eq!(
-            bson::to_vec(&stored).unwrap(),
-            bson::to_vec(&doc! { "_id": "m", "label": "alice", "value": after }).unwrap(),
-            "{what}"
-        );
+            .await;
+        case.assert_kept(what, &written, &stored);
     }
 }
 
-/// Runs `write` against a plain measure `{label: "alice", value: before}` through a store whose
-/// content-conditional write waits on the way, changes the value to `after` with the raw driver
-/// meanwhile, and returns what `write` said and the document as stored afterwards.
-async fn with_a_raw_change_in_between<F, Fut, R>(
-    before: Bson,
-    after: Bson,
-    write: F,
-) -> (R, Document)
-where
-    F: FnOnce(Store, Repository<Document>, i64) -> Fut,
-    Fut: std::future::Future<Output = R> + Send + 'static,
-    R: Send + 'static,
-{
-    let t = TestDb::new().await;
-    let raw = t.db.collection::<Document>("measures");
-    raw.insert_one(doc! { "_id": "m", "label": "alice", "value": before })
-        .await
-        .unwrap();
-    let mut window = RawWindow::open(&t).await;
-    let measures: Repository<Document> = window.store.repository(measures_spec()).await.unwrap();
-    let version = measures.get("m").await.unwrap().version;
-    let writer = tokio::spawn(write(window.store.clone(), measures, version));
-    window.write_on_its_way().await;
-    raw.update_one(doc! { "_id": "m" }, doc! { "$set": { "value": after } })
-        .await
-        .unwrap();
-    window.release();
-    let said = writer.await.unwrap();
-    let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
-    (said, stored)
+/// A version conflict, as a repository's write or a transaction's commit reports it.
+trait IsConflict {
+    fn is_conflict(&self) -> bool;
+}
+
+impl IsConflict for RepoError {
+    fn is_conflict(&self) -> bool {
+        matches!(self, RepoError::VersionConflict { .. })
+    }
+}
+
+impl IsConflict for mongotx::TxnError {
+    fn is_conflict(&self) -> bool {
+        self.repo_error().is_some_and(IsConflict::is_conflict)
+    }
+}
+
+/// A plain measure `m` (in a collection created with `collation`, if given) made of `original`'s
+/// fields; the raw change `$set`s `raw_set`.
+struct RawCase {
+    collation: Option<Document>,
+    original: Document,
+    raw_set: Document,
+}
+
+impl RawCase {
+    /// `{label: "alice", value: before}`, whose value the raw change sets to `after`.
+    fn value(before: Bson, after: Bson) -> RawCase {
+        RawCase {
+            collation: None,
+            original: doc! { "label": "alice", "value": before },
+            raw_set: doc! { "value": after },
+        }
+    }
+
+    /// The document the raw change leaves.
+    fn changed(&self) -> Document {
+        let mut changed = doc! { "_id": "m" };
+        changed.extend(self.original.clone());
+        changed.extend(self.raw_set.clone());
+        changed
+    }
+
+    /// Runs `write` through a store whose content-conditional write waits on the way, makes the
+    /// raw change meanwhile, and returns what `write` said and the document as stored afterwards.
+    async fn run<F, Fut, R>(&self, write: F) -> (R, Document)
+    where
+        F: FnOnce(Store, Repository<Document>, i64) -> Fut,
+        Fut: std::future::Future<Output = R> + Send + 'static,
+        R: Send + 'static,
+    {
+        let t = TestDb::new().await;
+        if let Some(collation) = &self.collation {
+            t.db.run_command(doc! { "create": "measures", "collation": collation.clone() })
+                .await
+                .unwrap();
+        }
+        let raw = t.db.collection::<Document>("measures");
+        let mut stored = doc! { "_id": "m" };
+        stored.extend(self.original.clone());
+        raw.insert_one(stored).await.unwrap();
+        let mut window = RawWindow::open(&t).await;
+        let measures: Repository<Document> =
+            window.store.repository(measures_spec()).await.unwrap();
+        let version = measures.get("m").await.unwrap().version;
+        let writer = tokio::spawn(write(window.store.clone(), measures, version));
+        window.write_on_its_way().await;
+        raw.update_one(doc! { "_id": "m" }, doc! { "$set": self.raw_set.clone() })
+            .await
+            .unwrap();
+        window.release();
+        let said = writer.await.unwrap();
+        let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
+        (said, stored)
+    }
+
+    /// Asserts that `said` is a conflict and `stored` the raw change, byte for byte.
+    fn assert_kept<T, E>(&self, what: &str, said: &Result<T, E>, stored: &Document)
+    where
+        T: std::fmt::Debug,
+        E: std::fmt::Debug + IsConflict,
+    {
+        assert!(
+            said.as_ref().err().is_some_and(IsConflict::is_conflict),
+            "{what}: {said:?}"
+        );
+        // Byte for byte (Rust's Bson equality tells int from long, but -0.0 equals 0.0).
+        assert_eq!(
+            bson::to_vec(stored).unwrap(),
+            bson::to_vec(&self.changed()).unwrap(),
+            "{what}: the raw change must stay as written: {stored}"
+        );
+    }
 }
 
 /// Issue 46, case 2, the other writes that start from a plain document's content: a delete (its
@@ -250,44 +278,22 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_type_only_raw_change_before_a_delete_or_a_transaction_is_a_conflict() {
     for (what, before, after) in type_only_changes() {
-        let (deleted, stored) = with_a_raw_change_in_between(
-            before.clone(),
-            after.clone(),
-            |_, measures, v| async move { measures.delete("m", v).await },
-        )
-        .await;
-        assert!(
-            matches!(deleted, Err(RepoError::VersionConflict { .. })),
-            "delete, {what}: {deleted:?}"
-        );
-        assert_eq!(
-            bson::to_vec(&stored).unwrap(),
-            bson::to_vec(&doc! { "_id": "m", "label": "alice", "value": after.clone() }).unwrap(),
-            "delete, {what}"
-        );
+        let case = RawCase::value(before, after);
+        let (deleted, stored) = case
+            .run(|_, measures, v| async move { measures.delete("m", v).await })
+            .await;
+        case.assert_kept(&format!("delete, {what}"), &deleted, &stored);
 
-        let (committed, stored) = with_a_raw_change_in_between(
-            before.clone(),
-            after.clone(),
-            |store, measures, v| async move {
+        let (committed, stored) = case
+            .run(|store, measures, v| async move {
                 let tx = mongotx::Transactions::new(&store).begin();
                 tx.update(&measures, "m", v, &Update::new().set("label", "bob"))
                     .await?;
                 tx.commit().await
-            },
-        )
-        .await;
-        let conflict = committed
-            .as_ref()
-            .err()
-            .and_then(|e| e.repo_error())
-            .is_some_and(|e| matches!(e, RepoError::VersionConflict { .. }));
-        assert!(conflict, "transaction, {what}: {committed:?}");
-        assert_eq!(
-            bson::to_vec(&stored).unwrap(),
-            bson::to_vec(&doc! { "_id": "m", "label": "alice", "value": after.clone() }).unwrap(),
-            "transaction, {what}: nothing stamped, nothing lost"
-        );
+            })
+            .await;
+        // Nothing stamped, nothing lost: the commit fails with the conflict its stamp met.
+        case.assert_kept(&format!("transaction, {what}"), &committed, &stored);
     }
 }
 
@@ -388,43 +394,20 @@ async fn a_case_only_raw_change_under_a_collation_is_a_conflict_never_lost() {
         ("one letter", "alice", "alicE"),
         ("an accent under strength 1", "resume", "resumé"),
     ] {
-        let t = TestDb::new().await;
         let strength = if what.contains("strength 1") { 1 } else { 2 };
-        t.db.run_command(doc! {
-            "create": "measures",
-            "collation": { "locale": "en", "strength": strength },
-        })
-        .await
-        .unwrap();
-        let raw = t.db.collection::<Document>("measures");
-        raw.insert_one(doc! { "_id": "m", "label": before, "value": 1_i64 })
-            .await
-            .unwrap();
-        let mut window = RawWindow::open(&t).await;
-        let measures: Repository<Document> =
-            window.store.repository(measures_spec()).await.unwrap();
-        let version = measures.get("m").await.unwrap().version;
-        let writer = tokio::spawn(async move {
-            measures
-                .update("m", version, &Update::new().set("value", 2_i64))
-                .await
-        });
-        window.write_on_its_way().await;
-        raw.update_one(doc! { "_id": "m" }, doc! { "$set": { "label": after } })
-            .await
-            .unwrap();
-        window.release();
-        let written = writer.await.unwrap();
-        assert!(
-            matches!(written, Err(RepoError::VersionConflict { .. })),
-            "{what}: {written:?}"
-        );
-        let stored = raw.find_one(doc! { "_id": "m" }).await.unwrap().unwrap();
-        assert_eq!(
-            stored,
-            doc! { "_id": "m", "label": after, "value": 1_i64 },
-            "{what}: the raw change must stay as written"
-        );
+        let case = RawCase {
+            collation: Some(doc! { "locale": "en", "strength": strength }),
+            original: doc! { "label": before, "value": 1_i64 },
+            raw_set: doc! { "label": after },
+        };
+        let (written, stored) = case
+            .run(|_, measures, v| async move {
+                measures
+                    .update("m", v, &Update::new().set("value", 2_i64))
+                    .await
+            })
+            .await;
+        case.assert_kept(what, &written, &stored);
     }
 }
 
