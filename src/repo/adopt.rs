@@ -469,8 +469,9 @@ impl Adoption<'_> {
             fields::VERSION: version,
         } };
         let mut statements: Vec<(Bson, usize)> = Vec::with_capacity(ready.len());
+        let binary = self.store.binary_collation(self.name());
         for doc in ready {
-            let statement = doc! { "q": plain::unchanged(&doc), "u": set.clone() };
+            let statement = doc! { "q": plain::unchanged(&doc, binary), "u": set.clone() };
             let size = bson::to_vec(&statement).map_or(usize::MAX, |b| b.len());
             if size > COMMAND_BYTES {
                 // Its content cannot be compared in one command: stamping it could land on a

@@ -59,6 +59,14 @@ where
         );
     }
 
+    // Whether the collection compares strings by bytes (no default collation): a plain
+    // document's content condition then needs no byte-by-byte check of its strings. A
+    // collection's collation is fixed when it is created, so asking once is enough.
+    let binary = binary_collation(store, &name)
+        .await
+        .map_err(db_error("reading the collection's collation"))?;
+    store.remember_binary_collation(&name, binary);
+
     let coll = store.inner.db.collection::<Document>(&name);
     // Sparse indexes: only tombstones and held documents carry these fields; purge, the GC's
     // sweep and queries on committed values look documents up by them (a query finds the held
@@ -174,6 +182,30 @@ async fn install_validator(
         put_validator(store, spec.name(), validator).await?;
     }
     Ok(())
+}
+
+/// Whether `collection` compares strings by their bytes: it has no default collation, or the
+/// `simple` one (a collection that does not exist yet gets none when mongotx creates it).
+async fn binary_collation(store: &Store, collection: &str) -> Result<bool, mongodb::error::Error> {
+    let listed = store
+        .inner
+        .db
+        .run_command(doc! { "listCollections": 1, "filter": { "name": collection } })
+        .await?;
+    let collation = listed
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .and_then(|batch| {
+            batch
+                .iter()
+                .filter_map(Bson::as_document)
+                .find(|entry| entry.get_str("name").ok() == Some(collection))
+        })
+        .and_then(|entry| entry.get_document("options").ok())
+        .and_then(|options| options.get_document("collation").ok())
+        .cloned();
+    Ok(collation.is_none_or(|c| c.get_str("locale").ok() == Some("simple")))
 }
 
 /// The validator `collection` has, if it has one.

@@ -59,10 +59,13 @@ const STAMP_ATTEMPTS: usize = 4;
 /// element's field of the same name would also answer for) is compared by `$eq` only, and so is
 /// every value of a document whose exact condition would be larger than
 /// [`EXACT_CONDITION_BYTES`] (a command carries at most 16 MiB); NaN payloads are not told apart.
-pub(crate) fn unchanged(stored: &Document) -> Document {
+pub(crate) fn unchanged(stored: &Document, binary_strings: bool) -> Document {
     let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
     let whole = doc! { "$eq": ["$$ROOT", { "$literal": stored.clone() }] };
-    let mut exact = Exact::default();
+    let mut exact = Exact {
+        binary_strings,
+        ..Exact::default()
+    };
     let mut route = Vec::new();
     for (name, value) in stored {
         route.push(Step::Field(name));
@@ -110,6 +113,9 @@ struct Exact {
     /// About how many bytes the conditions take so far: past [`EXACT_CONDITION_BYTES`] the walk
     /// stops, and the document is compared by value only.
     bytes: usize,
+    /// The collection compares strings by their bytes (no collation): `$eq` tells them apart
+    /// already.
+    binary_strings: bool,
 }
 
 /// One step from the document down to a value: a field of a document, or an element of an array.
@@ -127,7 +133,7 @@ impl<'a> Exact {
             Bson::Int64(_) => Some("long"),
             Bson::Double(_) => Some("double"),
             Bson::Decimal128(_) => Some("decimal"),
-            Bson::String(_) => Some("string"),
+            Bson::String(_) if !self.binary_strings => Some("string"),
             _ => None,
         };
         if self.bytes > EXACT_CONDITION_BYTES {
@@ -143,7 +149,7 @@ impl<'a> Exact {
         match value {
             Bson::Decimal128(_) => self.same_string_form(value, route),
             Bson::Double(d) if *d == 0.0 => self.same_string_form(value, route),
-            Bson::String(s) => {
+            Bson::String(s) if !self.binary_strings => {
                 if let Some(expr) = self.reach(route) {
                     self.bytes += 2 * s.len() + 96;
                     let len = i64::try_from(s.len()).unwrap_or(i64::MAX);
@@ -401,7 +407,7 @@ pub(crate) async fn stamp(
         })?;
         let update = doc! { "$set": { fields::SCHEMA_VERSION: schema, fields::VERSION: version } };
         let written = coll
-            .update_one(unchanged(&stored), update)
+            .update_one(unchanged(&stored, store.binary_collation(name)), update)
             .await
             .map_err(|e| RepoError::written(name, &shown, "stamp the plain document", e))?;
         if written.matched_count == 1 {
@@ -449,7 +455,7 @@ mod tests {
 
     /// The `$type` conditions and the `$expr` clauses of `unchanged(stored)`, as strings.
     fn parts(stored: &Document) -> (Vec<String>, Vec<String>) {
-        let filter = unchanged(stored);
+        let filter = unchanged(stored, false);
         let types = filter
             .get_array("$and")
             .map(|a| a.iter().map(|c| c.to_string()).collect())
@@ -502,6 +508,16 @@ mod tests {
     }
 
     #[test]
+    fn strings_are_checked_byte_for_byte_only_under_a_collation() {
+        let stored = doc! { "_id": "x", "s": "Ab", "n": 1 };
+        let binary = unchanged(&stored, true).to_string();
+        assert!(!binary.contains("$strLenBytes") && !binary.contains("\"string\""));
+        assert!(binary.contains("\"int\""));
+        let collated = unchanged(&stored, false).to_string();
+        assert!(collated.contains("$strLenBytes") && collated.contains("\"string\""));
+    }
+
+    #[test]
     fn a_path_a_document_elements_field_could_also_answer_gets_no_type_condition() {
         let stored = doc! { "_id": 1, "a": [{ "1": 2 }, 3] };
         let (types, _) = parts(&stored);
@@ -513,7 +529,7 @@ mod tests {
     fn an_oversized_condition_falls_back_to_comparing_by_value() {
         let big: Vec<Bson> = (0..700_000).map(Bson::Int32).collect();
         let stored = doc! { "_id": 1, "big": big };
-        let filter = unchanged(&stored);
+        let filter = unchanged(&stored, false);
         assert!(!filter.contains_key("$and"));
         assert!(filter
             .get_document("$expr")

@@ -299,7 +299,7 @@ where
     T: Serialize + DeserializeOwned + Send + Sync,
 {
     let version = repo.first_version(shown).await?;
-    let filter = plain::unchanged(&stored);
+    let filter = plain::unchanged(&stored, repo.store.binary_collation(repo.name()));
     let current = repo.spec.schema_version();
     if let Change::Adjust(adjust) = change {
         if let Some(written) =

@@ -242,7 +242,7 @@ impl Entry {
                 if self.rewrites_plain() {
                     // A plain document has no version to condition on: its exact content is.
                     let filter = doc! { "$and": [
-                        plain::unchanged(pre),
+                        plain::unchanged(pre, false),
                         { "$expr": { "$lte": ["$$NOW", deadline] } },
                     ] };
                     return Write::Replace(filter, full);

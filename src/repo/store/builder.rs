@@ -120,6 +120,7 @@ impl StoreBuilder {
                 floors: Mutex::new(HashMap::new()),
                 markers: Mutex::new(HashMap::new()),
                 absent_since: Mutex::new(HashMap::new()),
+                binary_collation: Mutex::new(HashMap::new()),
                 batch_writes: AtomicBool::new(self.batch_writes),
                 specs: Mutex::new(HashMap::new()),
                 pending_validators: Mutex::new(BTreeMap::new()),

@@ -78,6 +78,8 @@ pub(crate) struct StoreInner {
     pub(crate) markers: Mutex<HashMap<String, Arc<Vec<String>>>>,
     /// When this process first met a hold of each transaction whose record was absent.
     pub(super) absent_since: Mutex<HashMap<bson::oid::ObjectId, Instant>>,
+    /// The collections known to compare strings by bytes (no default collation), by name.
+    pub(super) binary_collation: Mutex<HashMap<String, bool>>,
     /// Whether a round of writes goes as one `bulkWrite`: the setting, until the server turns out
     /// not to have the command.
     pub(super) batch_writes: AtomicBool,

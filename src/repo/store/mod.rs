@@ -316,6 +316,27 @@ impl Store {
         }
     }
 
+    /// Remembers whether `collection` compares strings by their bytes (see `open`).
+    pub(crate) fn remember_binary_collation(&self, collection: &str, binary: bool) {
+        self.inner
+            .binary_collation
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(collection.to_string(), binary);
+    }
+
+    /// Whether `collection` is known to compare strings by their bytes; `false` when this store
+    /// has not opened it (the careful answer: its strings are then checked byte for byte).
+    pub(crate) fn binary_collation(&self, collection: &str) -> bool {
+        self.inner
+            .binary_collation
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(collection)
+            .copied()
+            .unwrap_or(false)
+    }
+
     /// Remembers the definition of a collection this store works on.
     pub(crate) fn remember_spec(&self, spec: &Arc<CollectionSpec>) {
         let mut specs = self
