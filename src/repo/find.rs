@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
 use crate::repo::outcome::TxnStatus;
+use crate::repo::projection;
 use crate::repo::query;
 use crate::repo::repository::{Repository, Stamped};
 
@@ -88,7 +89,7 @@ where
     let batch = window.and_then(|l| u32::try_from(l.saturating_add(query::HOLDER_BATCH)).ok());
     let mut first = query::holders_pass(filter, sort, window);
     if let Some(projection) = &query.projection {
-        first.extend(query::projection_stages(projection));
+        first.extend(projection::projection_stages(projection));
     }
     let rows = aggregate(repo, first, batch).await?;
     let mut holders: Vec<ObjectId> = rows.iter().filter_map(query::unknown_holder).collect();
@@ -177,7 +178,7 @@ where
         query
             .projection
             .as_ref()
-            .and_then(query::projection_problem)
+            .and_then(projection::projection_problem)
     });
     match problem {
         Some(reason) => Err(RepoError::InvalidQuery {
@@ -244,7 +245,7 @@ where
         stages.push(doc! { "$limit": limit });
     }
     if let Some(projection) = &query.projection {
-        stages.extend(query::projection_stages(projection));
+        stages.extend(projection::projection_stages(projection));
     }
     stages
 }
@@ -288,7 +289,7 @@ where
             ),
         ));
     }
-    let whole = match row.remove(query::ROOT_TAG) {
+    let whole = match row.remove(projection::ROOT_TAG) {
         Some(Bson::Document(mut whole)) => {
             whole.remove(query::KNOWN_TAG);
             Some(whole)

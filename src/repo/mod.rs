@@ -24,9 +24,9 @@
 //!    (tombstones included) all of that uses.
 //! 3. **The CRUD layer**: `repository` reads and writes documents by id, with its input checks in
 //!    `checks` and, in `write_path`, the conditional write loop that waits for or resolves the
-//!    holds it meets; `query` evaluates queries on committed values and `find` runs them; `open`
-//!    opens collections (definition checks, indexes, validators); `adopt` stamps a collection's
-//!    plain documents in batches (explicit adoption).
+//!    holds it meets; `query` evaluates queries on committed values (`projection` cuts their
+//!    results) and `find` runs them; `open` opens collections (definition checks, indexes,
+//!    validators); `adopt` stamps a collection's plain documents in batches (explicit adoption).
 //!
 //! The layer never names the transaction layer: the store is handed a [`HoldResolver`]
 //! (by default [`RecordResolver`], which reads transaction records) for the one thing it cannot
@@ -53,6 +53,7 @@ pub(crate) mod names;
 pub(crate) mod open;
 pub(crate) mod outcome;
 pub(crate) mod plain;
+pub(crate) mod projection;
 pub(crate) mod query;
 pub(crate) mod repository;
 pub(crate) mod schema;

@@ -2,7 +2,8 @@
 //!
 //! [`Transactions`] is the handle a user starts from; a [`Transaction`] stages actions (insert,
 //! update, adjust, delete, check) and commits them. Inside, one idea per module: `worklist` turns
-//! each entry into its writes without I/O; `committer` runs the commit protocol (its module doc
+//! each entry into its writes without I/O; `stamps` readies the plain documents entries were
+//! staged on; `committer` runs the commit protocol (its module doc
 //! gives the steps and why each is safe when repeated, late or interrupted); `recovery` finishes or
 //! rolls back whole transactions from their records, and `expired` decides those whose deadline
 //! passed; [`Gc`] does that page by page, sweeps holds whose transaction ended, and purges
@@ -18,5 +19,6 @@ pub mod failpoint;
 pub(crate) mod gc;
 pub(crate) mod options;
 pub(crate) mod recovery;
+pub(crate) mod stamps;
 pub(crate) mod transaction;
 pub(crate) mod worklist;
