@@ -201,6 +201,10 @@ impl<'a> Exact {
     fn reach(&mut self, route: &[Step<'a>]) -> Option<Bson> {
         let mut names: Vec<&str> = Vec::new();
         let mut indices: Vec<usize> = Vec::new();
+        let elements = route
+            .iter()
+            .filter(|s| matches!(s, Step::Element(..)))
+            .count();
         for (k, step) in route.iter().enumerate() {
             match *step {
                 Step::Field(name) => {
@@ -210,33 +214,32 @@ impl<'a> Exact {
                     names.push(name);
                 }
                 Step::Element(i, siblings) => {
-                    // The field names between this array and the next one (or the value).
+                    // The field names after this array: the field path runs through it, one
+                    // value per element that has them. Only one array may be run through so
+                    // (one that holds arrays, or leads to another, is kept whole by MongoDB and
+                    // spread out by some wire-compatible servers), and only where every element
+                    // has those fields, through documents, none of them an array.
                     let after: Vec<String> = route[k + 1..]
                         .iter()
-                        .map_while(|s| match s {
+                        .filter_map(|s| match s {
                             Step::Field(name) => Some((*name).to_string()),
                             Step::Element(..) => None,
                         })
                         .collect();
-                    // A field path through an array of documents keeps an array it meets as one
-                    // value (MongoDB) or spreads it out (some wire-compatible servers): past one,
-                    // only a direct element is read.
-                    let deeper = route[k + 1..]
-                        .iter()
-                        .any(|s| matches!(s, Step::Element(..)));
-                    if deeper && !after.is_empty() {
-                        return None;
-                    }
-                    let key = (siblings.as_ptr() as usize, after.clone());
-                    let one_to_one = *self.one_to_one.entry(key).or_insert_with(|| {
-                        siblings.iter().all(|item| {
-                            after.is_empty()
-                                || through_documents(item, &after)
+                    if !after.is_empty() {
+                        if elements > 1 {
+                            return None;
+                        }
+                        let key = (siblings.as_ptr() as usize, after.clone());
+                        let one_to_one = *self.one_to_one.entry(key).or_insert_with(|| {
+                            siblings.iter().all(|item| {
+                                through_documents(item, &after)
                                     .is_some_and(|v| !matches!(v, Bson::Array(_)))
-                        })
-                    });
-                    if !one_to_one {
-                        return None;
+                            })
+                        });
+                        if !one_to_one {
+                            return None;
+                        }
                     }
                     indices.push(i);
                 }
@@ -503,6 +506,14 @@ mod tests {
         // Not where a field path would skip or spread elements.
         assert!(!has("$ragged"));
         assert!(!has("$deep"));
+        // Nor through an array of arrays on the way to a field.
+        let (_, exprs) = parts(&doc! { "_id": "y", "a": [[{ "a": -0.0 }]], "b": [[-0.0]] });
+        let joined = exprs.join(" ");
+        assert!(!joined.contains("$a.a"), "{joined}");
+        assert!(
+            joined.contains(r#"{ "$arrayElemAt": [{ "$arrayElemAt": ["$b", 0] }, 0] }"#),
+            "{joined}"
+        );
         // A non-zero double and numbers of the other types need no string form.
         assert!(!has(r#"{ "$toString": "$n" }"#) && !has(r#"{ "$toString": "$doc.inner" }"#));
     }

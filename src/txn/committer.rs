@@ -927,21 +927,23 @@ async fn complete(env: &Env, txn: &ActiveTransaction) -> Result<(), TxnError> {
 
 /// Whether the server (or the driver) refused the record's write before carrying it out, so that
 /// it certainly did not happen: the client's own refusal of a malformed command, failed
-/// authentication, or a refusal by code that no executed write gets (not authorized, the document
-/// refused by a validator). Anything else may come after the write: a write concern error (the
-/// primary wrote it, its majority did not confirm it in time), a duplicate key (another copy of
-/// the upsert created it), or an answer the driver could not read.
+/// authentication, or a command or write error the server answered instead of writing (`ok: 0`).
+/// Not so: a write concern error (the primary wrote it, its majority did not confirm it in
+/// time), a duplicate key (another copy of the upsert created the record), or an answer the
+/// driver could not read: the record may be there.
 fn refused_before_writing(error: &mongodb::error::Error) -> bool {
-    use mongodb::error::ErrorKind;
-    const UNAUTHORIZED: i32 = 13;
-    const DOCUMENT_VALIDATION_FAILURE: i32 = 121;
+    use mongodb::error::{ErrorKind, WriteFailure};
+    const DUPLICATE_KEY: i32 = 11000;
+    // The write concern failures a server may report as a command error (64 WriteConcernFailed,
+    // 79 UnknownReplWriteConcern, 100 UnsatisfiableWriteConcern) after the write.
+    const CONCERN: [i32; 3] = [64, 79, 100];
     match error.kind.as_ref() {
         ErrorKind::InvalidArgument { .. } | ErrorKind::Authentication { .. } => true,
-        ErrorKind::Write(mongodb::error::WriteFailure::WriteConcernError(_)) => false,
-        _ => matches!(
-            codes::error_code(error),
-            Some(UNAUTHORIZED | DOCUMENT_VALIDATION_FAILURE)
-        ),
+        ErrorKind::Write(WriteFailure::WriteError(refused)) => refused.code != DUPLICATE_KEY,
+        ErrorKind::Command(refused) => {
+            refused.code != DUPLICATE_KEY && !CONCERN.contains(&refused.code)
+        }
+        _ => false,
     }
 }
 
