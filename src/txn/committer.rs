@@ -33,7 +33,8 @@
 //!   undecided transaction whose record was already decided and deleted.
 //! - No apply takes effect after the deadline on the server's clock: changes of existing
 //!   documents are conditional on `$$NOW`, and a created document carries the server's time of
-//!   creation in its hold, which the coordinator checks. A resolver aborts a staging transaction
+//!   creation in its hold: one created after the deadline counts for nobody (the coordinator and
+//!   every resolver judge it by that stamp, `Hold::created_late`). A resolver aborts a staging transaction
 //!   only after the deadline (again by `$$NOW`) and only after fencing a participant whose apply had
 //!   not landed; so when the record came back `staging` and every apply took effect in time, no
 //!   resolver can have aborted it, and the coordinator returns committed without another write.
