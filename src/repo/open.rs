@@ -48,8 +48,15 @@ where
         move |source| RepoError::database(&collection, "*", operation, source)
     };
 
+    // The collection's options, read once: its validator and its collation.
+    let options = collection_options(store, &name)
+        .await
+        .map_err(db_error("reading the collection's options"))?;
     if installs_validator(store).await {
-        install_validator(store, &spec)
+        let installed = options
+            .as_ref()
+            .and_then(|o| o.get_document("validator").ok());
+        install_validator(store, &spec, installed)
             .await
             .map_err(db_error("installing the validator"))?;
     } else {
@@ -59,13 +66,17 @@ where
         );
     }
 
-    // Whether the collection compares strings by bytes (no default collation): a plain
-    // document's content condition then needs no byte-by-byte check of its strings. A
-    // collection's collation is fixed when it is created, so asking once is enough.
-    let binary = binary_collation(store, &name)
-        .await
-        .map_err(db_error("reading the collection's collation"))?;
-    store.remember_binary_collation(&name, binary);
+    // Whether the collection compares strings by bytes (no default collation, or the `simple`
+    // one; a collection mongotx creates gets none): a plain document's content condition then
+    // needs no byte-by-byte check of its strings. A collection's collation is fixed when it is
+    // created, so reading it once is enough.
+    let collation = options
+        .as_ref()
+        .and_then(|o| o.get_document("collation").ok());
+    store.remember_binary_collation(
+        &name,
+        collation.is_none_or(|c| c.get_str("locale").ok() == Some("simple")),
+    );
 
     let coll = store.inner.db.collection::<Document>(&name);
     // Sparse indexes: only tombstones and held documents carry these fields; purge, the GC's
@@ -148,10 +159,10 @@ async fn installs_validator(store: &Store) -> bool {
 async fn install_validator(
     store: &Store,
     spec: &CollectionSpec,
+    installed: Option<&Document>,
 ) -> Result<(), mongodb::error::Error> {
     let version = spec.schema_version();
-    let installed = installed_validator(store, spec.name()).await?;
-    if let Some(installed) = installed.as_ref().and_then(validator_version) {
+    if let Some(installed) = installed.and_then(validator_version) {
         if installed > version {
             tracing::info!(
                 collection = spec.name(),
@@ -178,38 +189,14 @@ async fn install_validator(
             { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },
         ]
     };
-    if installed.as_ref() != Some(&validator) {
+    if installed != Some(&validator) {
         put_validator(store, spec.name(), validator).await?;
     }
     Ok(())
 }
 
-/// Whether `collection` compares strings by their bytes: it has no default collation, or the
-/// `simple` one (a collection that does not exist yet gets none when mongotx creates it).
-async fn binary_collation(store: &Store, collection: &str) -> Result<bool, mongodb::error::Error> {
-    let listed = store
-        .inner
-        .db
-        .run_command(doc! { "listCollections": 1, "filter": { "name": collection } })
-        .await?;
-    let collation = listed
-        .get_document("cursor")
-        .ok()
-        .and_then(|c| c.get_array("firstBatch").ok())
-        .and_then(|batch| {
-            batch
-                .iter()
-                .filter_map(Bson::as_document)
-                .find(|entry| entry.get_str("name").ok() == Some(collection))
-        })
-        .and_then(|entry| entry.get_document("options").ok())
-        .and_then(|options| options.get_document("collation").ok())
-        .cloned();
-    Ok(collation.is_none_or(|c| c.get_str("locale").ok() == Some("simple")))
-}
-
-/// The validator `collection` has, if it has one.
-async fn installed_validator(
+/// The options `collection` was created with (`listCollections`), if it exists.
+async fn collection_options(
     store: &Store,
     collection: &str,
 ) -> Result<Option<Document>, mongodb::error::Error> {
@@ -218,7 +205,7 @@ async fn installed_validator(
         .db
         .run_command(doc! { "listCollections": 1, "filter": { "name": collection } })
         .await?;
-    let validator = listed
+    let options = listed
         .get_document("cursor")
         .ok()
         .and_then(|c| c.get_array("firstBatch").ok())
@@ -228,9 +215,17 @@ async fn installed_validator(
                 .filter_map(Bson::as_document)
                 .find(|entry| entry.get_str("name").ok() == Some(collection))
         })
-        .and_then(|entry| entry.get_document("options").ok())
-        .and_then(|options| options.get_document("validator").ok());
-    Ok(validator.cloned())
+        .and_then(|entry| entry.get_document("options").ok());
+    Ok(options.cloned())
+}
+
+/// The validator `collection` has, if it has one.
+async fn installed_validator(
+    store: &Store,
+    collection: &str,
+) -> Result<Option<Document>, mongodb::error::Error> {
+    let options = collection_options(store, collection).await?;
+    Ok(options.and_then(|o| o.get_document("validator").ok().cloned()))
 }
 
 /// Installs `schema` (JSON Schema text) as the validator of a collection that only a

@@ -49,16 +49,18 @@ const STAMP_ATTEMPTS: usize = 4;
 /// collation (case-insensitive where a collation says so). A raw change of that kind between the
 /// read and the write would slip through, and the write would replace it from the old read (a
 /// lost write). So beside the `$eq`, every value whose representation `$eq` does not see is
-/// checked one by one: the BSON type of every number and string (`$type`, on the value's dotted
-/// path), the server's own string form of every decimal and of every double zero (`$toString`:
-/// 1.0 and 1.00, 0.0 and -0.0 differ there), and every string byte for byte (`$strLenBytes` and
-/// `$indexOfBytes`, which no collation affects).
+/// checked one by one: the BSON type of every number (`$type`, on the value's dotted path), the
+/// server's own string form of every decimal and of every double zero (`$toString`: 1.0 and
+/// 1.00, 0.0 and -0.0 differ there), and, in a collection with a collation (`binary_strings`
+/// false), the type of every string and its bytes (`$strLenBytes` and `$indexOfBytes`, which no
+/// collation affects).
 ///
-/// What this cannot pin (docs/adoption.md lists it): a value whose path cannot be written in a
-/// filter (a field name with a `.` or starting with `$`, or an array element that another
-/// element's field of the same name would also answer for) is compared by `$eq` only, and so is
-/// every value of a document whose exact condition would be larger than
-/// [`EXACT_CONDITION_BYTES`] (a command carries at most 16 MiB); NaN payloads are not told apart.
+/// What this cannot pin (docs/adoption.md lists it): a value whose dotted path cannot be written
+/// (a field name with a `.` or starting with `$`, or an array element that another element's
+/// field of the same name would also answer for) has no `$type` condition; one that no
+/// variable-free expression reads (see [`Exact::reach`]) has no `$toString` or byte check; every
+/// value of a document whose exact condition would be larger than [`EXACT_CONDITION_BYTES`] (a
+/// command carries at most 16 MiB) is compared by `$eq` only; NaN payloads are not told apart.
 pub(crate) fn unchanged(stored: &Document, binary_strings: bool) -> Document {
     let id = stored.get("_id").cloned().unwrap_or(Bson::Null);
     let whole = doc! { "$eq": ["$$ROOT", { "$literal": stored.clone() }] };
@@ -194,10 +196,11 @@ impl<'a> Exact {
     /// needs MongoDB 5.0, and `$let` or a bound `$map` variable is what some wire-compatible
     /// servers get wrong): the field path of every field on the way (`$a.b.c`), taken apart at
     /// each array by `$arrayElemAt`. On an array of documents a field path gives one value per
-    /// element that has it, so this is exact only where every element of every array on the way
-    /// has the fields that follow it, through documents, and none of them is an array; `None`
-    /// elsewhere (a value in an array inside a document inside an array, say), and for a field
-    /// name a field path cannot hold.
+    /// element that has it, so a field path may run through one array at most, and only where
+    /// every element has the fields that follow it, through documents, none of them an array;
+    /// `None` elsewhere (a field of a document in an array of arrays, or in an array inside a
+    /// document in an array), and for a field name a field path cannot hold. Arrays the path
+    /// does not run through (arrays of arrays of values) are read position by position.
     fn reach(&mut self, route: &[Step<'a>]) -> Option<Bson> {
         let mut names: Vec<&str> = Vec::new();
         let mut indices: Vec<usize> = Vec::new();
@@ -255,17 +258,7 @@ impl<'a> Exact {
         }
         Some(expr)
     }
-}
 
-/// The value at `names` below `value`, through documents only (`None` past anything else).
-fn through_documents<'v>(value: &'v Bson, names: &[String]) -> Option<&'v Bson> {
-    names.iter().try_fold(value, |at, name| match at {
-        Bson::Document(d) => d.get(name),
-        _ => None,
-    })
-}
-
-impl Exact {
     /// The dotted path of `route` for a query condition, if it has one that names that value
     /// alone: every field name writable in a path, and no array on the way with a document
     /// element that has a field named like the element's position (a path's number names both).
@@ -298,6 +291,14 @@ impl Exact {
         }
         Some(parts.join("."))
     }
+}
+
+/// The value at `names` below `value`, through documents only (`None` past anything else).
+fn through_documents<'v>(value: &'v Bson, names: &[String]) -> Option<&'v Bson> {
+    names.iter().try_fold(value, |at, name| match at {
+        Bson::Document(d) => d.get(name),
+        _ => None,
+    })
 }
 
 /// The filter that matches plain documents: no system field at all.
