@@ -15,7 +15,7 @@ use crate::quota::decide::{self, Docs, Take, Write};
 use crate::quota::error::{QuotaError, Refusal};
 use crate::quota::model::{Consumed, ProviderDoc, ProviderId, Request, Reservation, StripeId};
 use crate::quota::ops::{self, stored_or_restored, Attempts, Step, FAST_TRIES, MAX_TTL};
-use crate::quota::stripes::{hash, STRIPE_ENTRIES};
+use crate::quota::stripes::{hash, lend, STRIPE_ENTRIES};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
@@ -279,8 +279,10 @@ pub(super) async fn take_fast(
     Ok(None)
 }
 
-/// A request found applied by a resend may have other copies in flight: its entry must keep
-/// their deadline so that a release remembers it until then.
+/// A request found applied by a resend may have other copies in flight, sent after the one that
+/// landed and so with later deadlines: its entry must keep the latest of them (`deadline` is
+/// this send's, no earlier than any copy sent before it) so that a release remembers it until
+/// no copy can land any more.
 pub(super) async fn keep_deadline(
     quota: &Quota,
     request: &Request,
@@ -296,11 +298,11 @@ pub(super) async fn keep_deadline(
     );
     loop {
         let (generation, mut doc) = access::read_stripe(quota, stripe).await?;
-        let Some(entry) = doc
-            .held
-            .iter_mut()
-            .find(|e| e.is(&request.consumer, &request.id) && !e.is_tombstone() && e.dl.is_none())
-        else {
+        let Some(entry) = doc.held.iter_mut().find(|e| {
+            e.is(&request.consumer, &request.id)
+                && !e.is_tombstone()
+                && e.dl.is_none_or(|dl| dl < deadline)
+        }) else {
             return Ok(());
         };
         entry.dl = Some(deadline);
@@ -398,6 +400,19 @@ pub(super) async fn take_checked(
         };
         let writes_now = match take {
             Take::Replay { expires } => {
+                // A copy sent by the fast path before this one fell back here may still be on
+                // its way: it must find the request remembered when it lands.
+                if let Some(deadline) = deadline {
+                    for (stripe, (_, doc)) in &docs {
+                        if doc
+                            .held
+                            .iter()
+                            .any(|e| e.is(&request.consumer, &request.id))
+                        {
+                            keep_deadline(quota, request, stripe, deadline).await?;
+                        }
+                    }
+                }
                 return Ok((
                     Consumed {
                         consumer: request.consumer.clone(),
@@ -408,7 +423,7 @@ pub(super) async fn take_checked(
                         claims: request.claims.clone(),
                     },
                     expires,
-                ))
+                ));
             }
             Take::Apply(writes_now) => writes_now,
         };
@@ -459,22 +474,22 @@ async fn borrow_and_take(
             })
         }
     };
-    let mut lent = docs.clone();
-    let mut others = Vec::new();
-    for write in borrowed {
-        if write.doc.id == *stripe {
-            lent.insert(stripe.clone(), (write.generation, write.doc));
-        } else {
-            others.push(write);
-        }
-    }
+    let Some((lent, others)) = lend(docs, stripe, borrowed.clone()) else {
+        return Ok(None);
+    };
     match decide::take(request, &lent, expires, deadline, now) {
         Ok(Take::Apply(mut together)) => {
             together.extend(others);
             Ok(Some(Take::Apply(together)))
         }
         Ok(replay @ Take::Replay { .. }) => Ok(Some(replay)),
-        Err(QuotaError::QuotaExceeded { .. }) => Ok(None),
+        // The share moved, but not enough for this request (a provider back under a lowered
+        // limit is shared out afresh, evenly): write the move anyway, or the next attempt would
+        // plan the same one and never get further.
+        Err(QuotaError::QuotaExceeded { .. }) => {
+            access::write(quota, borrowed).await?;
+            Ok(None)
+        }
         Err(e) => Err(e),
     }
 }

@@ -280,6 +280,11 @@ pub(crate) fn remove(
         doc.held = held;
         doc.usage -= amount;
         doc.available += amount;
+        // A provider of one stripe is its own whole: it is over exactly while its usage is.
+        // (A striped one learns that it is back under by reading every stripe: `borrow`.)
+        if doc.is_whole() {
+            doc.over = doc.available < 0;
+        }
         *returned.entry(id.provider()).or_default() += amount;
         writes.push(Write {
             generation: *generation,
@@ -343,12 +348,26 @@ pub(crate) fn confirm(
     Ok(Confirm::Apply(writes))
 }
 
-/// The provider with a new limit (usage is untouched: a limit below it only blocks new takes).
+/// The provider of one stripe with a new limit (usage is untouched: a limit below it only
+/// blocks new takes). Below its usage it is marked `over`, which a split hands to both halves:
+/// each half's own `available` would otherwise show room the provider as a whole lacks.
 pub(crate) fn set_limit(doc: &ProviderDoc, limit: i64) -> ProviderDoc {
     let mut doc = doc.clone();
     doc.limit = limit;
     doc.available = limit - doc.usage;
+    doc.over = doc.available < 0;
     doc
+}
+
+/// The writes giving a provider (`all`, every stripe of it, read at once) the limit `limit`.
+pub(crate) fn new_limit(all: &Docs, limit: i64) -> Vec<Write> {
+    match all.values().collect::<Vec<_>>()[..] {
+        [(generation, doc)] if doc.is_whole() => vec![Write {
+            generation: *generation,
+            doc: set_limit(doc, limit),
+        }],
+        _ => crate::quota::stripes::share(all, limit),
+    }
 }
 
 /// The provider without tombstones past their deadline, if it had any.

@@ -139,11 +139,18 @@ pub(crate) struct ProviderDoc {
     /// On stripe 0 of a provider with several: every stripe (the layout readers address by).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) stripes: Vec<Part>,
-    /// On every stripe of a striped provider whose limit was lowered below its usage: a stripe's
-    /// own room says nothing then (another stripe holds the excess), so its consumes look at the
-    /// whole provider.
+    /// On every stripe of a provider whose limit was lowered below its usage, until its usage
+    /// is back under: a stripe's own room says nothing then (another stripe, or the half a split
+    /// makes, holds the excess), so its consumes look at the whole provider.
     #[serde(default, skip_serializing_if = "is_false")]
     pub(crate) over: bool,
+}
+
+impl ProviderDoc {
+    /// Whether this document is the whole provider (one stripe, never split).
+    pub(crate) fn is_whole(&self) -> bool {
+        self.bits == 0 && self.stripes.is_empty()
+    }
 }
 
 fn is_false(b: &bool) -> bool {

@@ -102,7 +102,7 @@ pub(super) fn update_of(doc: &ProviderDoc) -> Result<Update, QuotaError> {
     }
     if doc.over {
         update = update.set("over", true);
-    } else if doc.bits != 0 {
+    } else {
         update = update.unset("over");
     }
     if !doc.stripes.is_empty() {

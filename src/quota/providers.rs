@@ -7,11 +7,10 @@ use std::collections::BTreeMap;
 use bson::doc;
 
 use crate::quota::access;
-use crate::quota::decide::{self, Write};
+use crate::quota::decide;
 use crate::quota::error::QuotaError;
 use crate::quota::model::{NewProvider, Provider, ProviderDoc, ProviderId};
 use crate::quota::ops::{Attempts, Step};
-use crate::quota::stripes::share;
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::find::Query;
@@ -63,13 +62,7 @@ pub(crate) async fn set_limit(
         // Every stripe is written, each conditionally on the version read, so the shares
         // are of one moment and add up to the new limit.
         let all = access::read_stripes(quota, &id).await?;
-        let writes = match all.values().collect::<Vec<_>>()[..] {
-            [(generation, doc)] => vec![Write {
-                generation: *generation,
-                doc: decide::set_limit(doc, limit),
-            }],
-            _ => share(&all, limit),
-        };
+        let writes = decide::new_limit(&all, limit);
         match access::write(quota, writes).await? {
             Step::Done => return quota.provider(id).await,
             Step::Retry(reason) | Step::Ambiguous(reason) => attempts.again(reason).await?,

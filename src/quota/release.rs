@@ -390,6 +390,9 @@ async fn pull(
     filter.insert(fields::SCHEMA_VERSION, quota.repo.spec().schema_version());
     filter.insert(fields::ACTIVE_TXN, Bson::Null);
     filter.insert(fields::DELETED, Bson::Null);
+    // A provider over a lowered limit may come back under it here, and a provider of one
+    // stripe must then lose its `over` mark (`decide::remove`): the general path does that.
+    filter.insert("over", doc! { "$ne": true });
     let update = doc! {
         "$inc": { "usage": -amount, "available": amount, fields::VERSION: 1_i64 },
         "$pull": { "held": { "c": consumer, "r": { "$in": requests } } },

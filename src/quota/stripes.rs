@@ -163,6 +163,10 @@ pub(crate) fn split(
     if old.bits >= MAX_BITS {
         return Full::Keep;
     }
+    // A stripe short of its own share is so only under a lowered limit (borrowing moves free
+    // share alone): the provider is over, and both halves must say so until a reading of every
+    // stripe finds it back under (`borrow`), or the half that got the free entries would grant.
+    old.over |= old.available < 0;
     let bits = old.bits + 1;
     let number = old.id.stripe + (1_i64 << old.bits);
     let provider = old.id.provider();
@@ -273,6 +277,31 @@ pub(crate) fn borrow(all: &Docs, target: &StripeId, need: i64) -> Result<Vec<Wri
         doc: to,
     });
     Ok(writes)
+}
+
+/// `docs` (the one stripe a request addresses, as read for it) with the share `borrowed` (writes
+/// planned from a later reading of every stripe) moved in, and the other stripes' writes.
+/// `None` when the later reading shows the stripe split since: its entries are then addressed
+/// by one more bit, and the request's entry may belong in the new stripe, where a resend would
+/// look for it (putting it here would let that resend take a second time).
+pub(crate) fn lend(
+    docs: &Docs,
+    stripe: &StripeId,
+    borrowed: Vec<Write>,
+) -> Option<(Docs, Vec<Write>)> {
+    let (_, read) = docs.get(stripe)?;
+    let mut lent = docs.clone();
+    let mut others = Vec::new();
+    for write in borrowed {
+        if write.doc.id != *stripe {
+            others.push(write);
+        } else if write.doc.bits == read.bits {
+            lent.insert(stripe.clone(), (write.generation, write.doc));
+        } else {
+            return None;
+        }
+    }
+    Some((lent, others))
 }
 
 /// Plans giving a striped provider the limit `limit`: each stripe keeps a share covering its

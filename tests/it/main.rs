@@ -60,6 +60,7 @@ mod quota;
 mod quota_concurrency;
 #[cfg(feature = "cli")]
 mod quota_crash;
+mod quota_races;
 mod quota_release;
 mod quota_stripes;
 mod ratelimit;

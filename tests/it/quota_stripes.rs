@@ -22,10 +22,39 @@ fn units(scope: &str) -> ProviderId {
     ProviderId::new(scope, "units")
 }
 
+/// The hash that addresses a request's stripe (the library's `stripes::hash`, restated: it is
+/// part of the stored format, so a test spelling it out also pins it).
+pub(crate) fn stripe_hash(consumer: &str, request: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut digest = Sha256::new();
+    digest.update(consumer.as_bytes());
+    digest.update([0u8]);
+    digest.update(request.as_bytes());
+    let bytes = digest.finalize();
+    u64::from_le_bytes(bytes[..8].try_into().unwrap())
+}
+
+/// Every entry of a stored stripe sits in the stripe its hash addresses: the stripe's number is
+/// the low `bits` bits of the hash (a resend looks for its request there and nowhere else).
+pub(crate) fn check_addresses(stripe: &Document) {
+    let id = stripe.get_document("_id").unwrap();
+    let number = id.get_i64("stripe").unwrap_or(0);
+    let bits = stripe.get_i64("bits").unwrap_or(0);
+    for e in stripe.get_array("held").unwrap() {
+        let e = e.as_document().unwrap();
+        let h = stripe_hash(e.get_str("c").unwrap(), e.get_str("r").unwrap());
+        assert_eq!(
+            h % (1_u64 << bits),
+            number.unsigned_abs(),
+            "an entry sits in a stripe its hash does not address: {e} in {stripe}"
+        );
+    }
+}
+
 /// The stored stripes of `scope`'s provider, checked: none over its share or holding more than
-/// a stripe may, usage the sum of its entries, and the shares adding up to `limit`. Returns the
-/// stripe count.
-async fn check_stripes(t: &TestDb, scope: &str, limit: i64) -> usize {
+/// a stripe may, usage the sum of its entries, every entry where its hash points, and the
+/// shares adding up to `limit`. Returns the stripe count.
+pub(crate) async fn check_stripes(t: &TestDb, scope: &str, limit: i64) -> usize {
     let stripes: Vec<Document> = raw_snapshot(&t.db, PROVIDERS_COLLECTION)
         .await
         .into_iter()
@@ -34,6 +63,7 @@ async fn check_stripes(t: &TestDb, scope: &str, limit: i64) -> usize {
     let mut shares = 0;
     for doc in &stripes {
         assert!(!doc.contains_key("_txn"), "left held: {doc}");
+        check_addresses(doc);
         let held = doc.get_array("held").unwrap();
         assert!(
             held.len() <= STRIPE_ENTRIES,
@@ -418,4 +448,70 @@ async fn a_limit_lowered_below_usage_holds_across_stripes_until_usage_falls_unde
     let p = quota.provider(units("low")).await.unwrap();
     assert_eq!((p.limit, p.usage, p.available), (50, 50, 0));
     check_stripes(&t, "low", 50).await;
+}
+
+/// Issue 47, case 1: a limit lowered while the provider is one full stripe. The split that the
+/// next consume makes must not hand either half room the provider as a whole does not have.
+#[tokio::test]
+async fn a_limit_lowered_on_one_full_stripe_still_holds_after_it_splits() {
+    let t = TestDb::new().await;
+    let quota = Quota::open(&t.store).await.unwrap();
+    let (p, q) = (ProviderId::new("s", "p"), ProviderId::new("s", "q"));
+    quota
+        .create(NewProvider::new(p.clone(), 100))
+        .await
+        .unwrap();
+    quota
+        .create(NewProvider::new(q.clone(), 100))
+        .await
+        .unwrap();
+    for i in 0..STRIPE_ENTRIES {
+        quota
+            .consume(&Request::with_id(format!("c{i}"), "r").take(p.clone(), 1))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        check_stripes(&t, "s", 200).await,
+        2,
+        "p is still one stripe"
+    );
+    quota.set_limit(p.clone(), 20).await.unwrap();
+    // Two providers: the checked path, which splits p's full stripe before deciding.
+    let both = Request::with_id("both", "r")
+        .take(p.clone(), 1)
+        .take(q.clone(), 1);
+    assert!(matches!(
+        quota.consume(&both).await,
+        Err(QuotaError::QuotaExceeded { .. })
+    ));
+    for i in 0..6 {
+        quota.release(&format!("c{i}")).await.unwrap();
+    }
+    // Usage 26 over a limit of 20: every consume is refused, whichever stripe it lands in.
+    for i in 0..20 {
+        let single = Request::with_id(format!("n{i}"), "r").take(p.clone(), 1);
+        match quota.consume(&single).await {
+            Err(QuotaError::QuotaExceeded { refusals, .. }) => {
+                assert_eq!((refusals[0].available, refusals[0].limit), (-6, 20));
+            }
+            other => panic!("granted over a lowered limit: {other:?}"),
+        }
+    }
+    let now = quota.provider(p.clone()).await.unwrap();
+    assert_eq!((now.limit, now.usage), (20, 26));
+    // Under the limit again: exactly the room there is.
+    for i in 6..16 {
+        quota.release(&format!("c{i}")).await.unwrap();
+    }
+    let mut granted = 0;
+    for i in 0..10 {
+        let single = Request::with_id(format!("m{i}"), "r").take(p.clone(), 1);
+        if quota.consume(&single).await.is_ok() {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 4, "16 held under a limit of 20");
+    let now = quota.provider(p.clone()).await.unwrap();
+    assert_eq!((now.limit, now.usage, now.available), (20, 20, 0));
 }

@@ -42,6 +42,13 @@ pub enum Action {
     /// Close the client's connection at once, and send the command to the server this much later
     /// on a connection of its own (its reply goes nowhere): it runs after its sender gave up.
     DeliverLate(Duration),
+    /// As `DeliverLate`, but sent once the future completes: a test delivers the command at the
+    /// moment its scenario needs (after a release, say) rather than after a guessed delay. The
+    /// sender is told once the server has answered it (or gave no answer in 30 s).
+    DeliverWhen(
+        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+        tokio::sync::oneshot::Sender<()>,
+    ),
     /// Send it this much later on the same connection (a slow link on the way out): it runs late
     /// while its sender still waits for the reply, and the connection's next commands queue
     /// behind it.
@@ -229,6 +236,16 @@ async fn commands(
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     deliver(&upstream, &late).await;
+                });
+                return Err(std::io::Error::other("command held back by a proxy rule"));
+            }
+            Action::DeliverWhen(when, delivered) => {
+                let late = msg.encode();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    when.await;
+                    deliver(&upstream, &late).await;
+                    let _ = delivered.send(());
                 });
                 return Err(std::io::Error::other("command held back by a proxy rule"));
             }
