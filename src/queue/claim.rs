@@ -11,29 +11,39 @@
 //! 1. **take the slot** of the service, until the claim's `until`: only if it is free, or held
 //!    by this very batch under a taking that has run out by the server's clock (a retry of an
 //!    unknown or delayed batch, or of a taker that died), and only if the batch comes after the
-//!    mark. A slot whose batch the ledger has settled is freed first, moving the mark to that
+//!    mark. A slot whose batch the ledger is done with is freed first, moving the mark to that
 //!    batch (its monitor may have died before doing so); a slot whose batch never went is freed
-//!    once its `until` has passed by the server's clock.
-//! 2. together: **claim** the batch and mark it submitted, only if it is unsettled, not with a
-//!    submitter, unclaimed or its claim expired, its stamp unchanged, and the server's clock
-//!    before `until`; and **count** the service's unsettled batches that are older. If the claim
-//!    failed or the count is not zero (a batch added late with an older stamp goes first), both
-//!    are given back: the claim, and the slot as it was before step 1. Otherwise the batch goes.
+//!    once its `until` has passed by the server's clock and the batch is fenced (below).
+//! 2. together: **claim** the batch and mark it submitted, only if it is not at or done with
+//!    the ledger, not with a submitter, unclaimed or its claim expired, not fenced against this
+//!    taking (below), its stamp unchanged, and the server's clock before `until`; and **count**
+//!    the service's older batches the ledger is not done with (committed or invalid; a valid
+//!    one counts). If the claim failed or the count is not zero (a batch added late with an
+//!    older stamp goes first), both are given back: the claim, and the slot as it was before
+//!    step 1. Otherwise the batch goes.
 //!
-//! The `until` is the fence between the two steps: nobody else frees a slot whose batch never
-//! went before the server's clock passes its `until`, and the claim lands only before it, so a
-//! claim that lands holds the slot. A taking that replaced this batch's own earlier one (whose
-//! batch may be at the ledger: only the claim says) is given back by putting the earlier one
-//! back, so a claimant working from an old reading never frees the slot of a batch in flight.
-//! The mark moves in the same write that frees the slot of a batch that went (settled): whenever
-//! the slot is free, the mark is at the last batch that went.
+//! The slot stays with its batch until the ledger is done with it (committed or invalid). A
+//! slot whose batch never went is freed by another taker only once the server's clock has
+//! passed the taking's `until` (the claim lands only before it), and only after a **fence**:
+//! the taker writes on the batch, only while it is unclaimed and not submitted, an expired claim
+//! under the taking's token, and a claim under that token never lands on a batch that carries
+//! it. The time only decides when to look; the fence decides, so a clock that steps back (a
+//! failover to a primary whose clock is behind, or a batches collection whose clock runs behind
+//! the services collection's) lets no claim land after its slot was freed. A taking that
+//! replaced this batch's own earlier one (whose batch may be at the ledger: only the claim says)
+//! is given back by putting the earlier one back, so a claimant working from an old reading
+//! never frees the slot of a batch in flight. The mark moves in the same write that frees the
+//! slot of a batch the ledger is done with: whenever the slot is free, the mark is at the last
+//! batch that went.
 //!
-//! Adding a batch runs the other half: after the insert it reads the service's slot and mark,
-//! and a batch stamped at or before either (it was stamped before a later batch was taken) is
-//! stamped again, after them. Either the adder sees the taken slot, or the taker's count (sent
-//! after the slot was taken) sees the added batch: so batches reach the ledger in the order of
-//! their final stamps, and a slot held from step 1 until the ledger settles the batch keeps one
-//! batch per service in flight.
+//! Adding a batch runs the other half. Its stamp is drawn from the service's counter before
+//! the insert (after the newest stamp, the slot's batch and the mark), so it is never claimable
+//! out of its place; after the insert the adder reads the slot and mark once, and a batch
+//! stamped at or before either (an overlapping add drew later and its batch was taken
+//! meanwhile) is stamped again, after them. Either the adder sees the taken slot, or the taker's
+//! count (sent after the slot was taken) sees the added batch: so batches reach the ledger in
+//! the order of their final stamps, and a slot held from step 1 until the ledger is done with
+//! the batch keeps one batch per service in flight.
 //!
 //! (Over 700 lines: the two steps, the slot's rules and the give-backs are one argument, and
 //! reading them apart would hide which write fences which.)
@@ -49,12 +59,14 @@ use crate::queue::model::{Batch, BatchStatus, Place, Service};
 use crate::queue::store;
 use crate::queue::store::{name_problem, parse_status, shown};
 use crate::queue::Batches;
-use crate::server::clock::plus;
+use crate::server::clock::{minus, plus};
 use crate::server::codes;
 
-/// Statuses the ledger has settled for good: the queuer leaves them out, and a slot held by
-/// such a batch is free.
-pub(crate) const SETTLED: [&str; 3] = ["committed", "valid", "invalid"];
+/// Statuses that end a batch's time at the ledger: a slot held by such a batch is free (the mark
+/// moves to it), and it no longer keeps a younger batch of its service waiting. Valid is not
+/// one: the ledger may still forget a valid batch (it then says unknown), and the batch must be
+/// sent again before any younger one goes.
+pub(crate) const DONE: [&str; 2] = ["committed", "invalid"];
 
 /// Statuses a submission can no longer change: settled, or pending (accepted by the ledger, to be
 /// decided there). A claim and the record of an answer both need a status outside these.
@@ -74,8 +86,11 @@ pub struct Claim {
     pub content: String,
     /// The claim's token: every write of the claimant names it.
     pub token: ObjectId,
-    /// When the claim expires by this process's monotonic clock (the stored expiry is the
-    /// server's time): submit only before it.
+    /// An instant of this process's monotonic clock before which the server's clock has
+    /// surely not reached the claim's stored expiry: the expiry less the uncertainty of this
+    /// process's estimate of the server's time (half the round trip of the `hello` it was
+    /// sampled with). Submit only before it: a monitor records the ledger's "unknown" for the
+    /// batch only from a question asked after the expiry.
     pub deadline: Instant,
 }
 
@@ -156,9 +171,12 @@ pub(crate) async fn claim(
         });
     }
     let token = ObjectId::new();
-    let now = store::now(queue).await?;
+    // The deadline is an instant of this process's clock by which the server's clock has surely
+    // not reached `until`: the estimate of the server's time may be behind by `error`.
+    let began = Instant::now();
+    let (now, error) = store::now_within(queue).await?;
     let until = plus(now, ttl);
-    let deadline = Instant::now() + ttl;
+    let deadline = began + ttl.saturating_sub(error);
     let place = Place::of(batch);
     let service = batch.service_id.as_str();
     // Round 1: the slot, which is also the claim's fence (see the module's doc).
@@ -179,8 +197,12 @@ pub(crate) async fn claim(
                 { "claim": { "$exists": false } },
                 { "claim.until": { "$lt": now } },
             ],
-            // Only while the slot is surely ours: a taker frees an abandoned slot only once
-            // the server's clock has passed its `until`.
+            // Not fenced: a taker that judged this taking of the slot abandoned wrote an
+            // expired claim under its token before freeing the slot (see `fence`), whatever
+            // the clocks say.
+            "claim.token": { "$ne": token },
+            // And only before `until` by the server's clock: a taker judges a taking
+            // abandoned only once it has passed.
             "$expr": { "$lt": ["$$NOW", until] },
         },
         // The estimate of the server's time rather than `$currentDate`: it is matched
@@ -192,7 +214,7 @@ pub(crate) async fn claim(
         } },
     );
     let mut older = before(service, &place);
-    older.insert("status", doc! { "$nin": SETTLED.to_vec() });
+    older.insert("status", doc! { "$nin": DONE.to_vec() });
     let (claimed, waiting) = tokio::join!(
         async { claim.return_document(ReturnDocument::Before).await },
         async { queue.coll.count_documents(older).await }
@@ -327,17 +349,21 @@ async fn take_slot(
                 Err(e) => return Err(store::db_error(queue, header, "take the slot", e)),
             }
         };
+        let holding = current.get_document("holder").ok().cloned();
         let current = Service::parse(&current);
         let Some(holder) = current.holder.filter(|h| h.header != header) else {
             return Ok(None);
         };
         let holder_token = current.holder_token;
-        // The holder is done with the slot if the ledger settled it (its monitor may have
+        // The holder is done with the slot if the ledger is done with it (its monitor may have
         // died before freeing the slot): the slot is freed and the mark moves to it. Or if
         // it was never sent and nobody is at work on it (its taker died before sending, or
-        // took the slot for a batch that is not there). The latter is decided only from a
-        // reading of the batch made once the server's clock has passed the taking's
-        // `until`: its taker's claim can land only before, so the reading is final.
+        // took the slot for a batch that is not there). The latter is judged only once the
+        // server's clock has passed the taking's `until` (its taker's claim lands only
+        // before), from a reading made then, and made final by the fence: an expired claim
+        // under the taking's token, written only over a batch still unclaimed, which the
+        // taker's claim can no longer land on. So a clock that steps back (a failover to a
+        // primary whose clock is behind) lets no claim in after the slot is freed.
         let mut taking = held_by(service, &holder.header, holder_token);
         taking.insert("$expr", taking_ran_out());
         let ran_out = queue
@@ -356,7 +382,7 @@ async fn take_slot(
         let now = store::now(queue).await?;
         let settled = stored
             .as_ref()
-            .is_some_and(|d| d.get_str("status").is_ok_and(|s| SETTLED.contains(&s)));
+            .is_some_and(|d| d.get_str("status").is_ok_and(|s| DONE.contains(&s)));
         let abandoned = ran_out
             && match &stored {
                 None => true,
@@ -371,7 +397,7 @@ async fn take_slot(
             };
         if settled {
             slot_done(queue, service, &holder, holder_token).await?;
-        } else if abandoned {
+        } else if abandoned && fence(queue, &holder.header, holding.as_ref(), now).await? {
             slot_abandoned(queue, service, &holder.header, holder_token).await?;
         } else {
             return Ok(None);
@@ -380,39 +406,110 @@ async fn take_slot(
     Ok(None)
 }
 
-/// The slot was refused. A batch at or before the mark can never take it: its adder died
-/// before stamping it again, so the claimant does it (only while nobody has a live claim on
-/// it). A batch that is not there is [`QueueError::UnknownBatch`].
+/// Makes sure the taking of the slot `holding` (for batch `header`) never leads to a claim: an
+/// expired claim under its token goes on the batch, only while the batch is still unsettled,
+/// not with a submitter and without a live claim. A claim under that token is refused from
+/// then on. Whether the batch could be fenced (or is not there): false when it was claimed
+/// meanwhile.
+async fn fence(
+    queue: &Batches,
+    header: &str,
+    holding: Option<&Document>,
+    now: DateTime,
+) -> Result<bool, QueueError> {
+    let Some(token) = holding.and_then(|h| h.get_object_id("token").ok()) else {
+        // A slot without a token (no version wrote one): nothing to fence it by.
+        return Ok(true);
+    };
+    let by = holding
+        .and_then(|h| h.get_str("by").ok())
+        .unwrap_or("?")
+        .to_string();
+    let until = holding
+        .and_then(|h| h.get_datetime("until").ok().copied())
+        .unwrap_or(DateTime::from_millis(0))
+        .min(now);
+    let fenced = queue
+        .coll
+        .update_one(
+            doc! {
+                "_id": header,
+                "status": { "$exists": false },
+                "submitted": false,
+                "$nor": [{ "claim.until": { "$gte": now } }],
+            },
+            doc! { "$set": { "claim": { "token": token, "by": by, "until": until } } },
+        )
+        .await
+        .map_err(|e| store::db_error(queue, header, "fence an abandoned taking", e))?;
+    if fenced.matched_count == 1 {
+        return Ok(true);
+    }
+    // Not there at all, or moved on (claimed, or settled).
+    Ok(queue
+        .coll
+        .find_one(doc! { "_id": header })
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(|e| store::db_error(queue, header, "fence an abandoned taking", e))?
+        .is_none())
+}
+
+/// The slot was refused. A batch at or before the mark can never take it, so the claimant
+/// stamps it again, after the mark (only while nobody has a live claim on it): a new batch whose
+/// adder died before stamping it again, or whose stamp was overtaken by an overlapping add's
+/// batch that went first; or a batch the ledger does not have (unknown, delayed) strictly
+/// before the mark, which a later batch has passed (a version before 2026-11-28 freed the slot
+/// when the ledger said valid, and the ledger may forget a valid batch): it goes again as a new
+/// batch, after the mark, rather than keep its service busy for ever. A batch that is not there
+/// is [`QueueError::UnknownBatch`].
 async fn after_refused_slot(queue: &Batches, header: &str) -> Result<(), QueueError> {
     let batch = store::parse(queue, &store::stored(queue, header).await?)?;
-    if batch.status.is_some() || batch.submitted {
+    if batch.submitted {
         return Ok(());
     }
     let place = Place::of(&batch);
     let service = store::service(queue, &batch.service_id).await?;
-    match service.mark {
-        Some(mark) if mark >= place => {
-            let at = DateTime::from_millis(mark.at.saturating_add(1).max(place.at));
-            let now = store::now(queue).await?;
-            let at = at.max(now);
-            queue
-                .coll
-                .update_one(
-                    doc! {
-                        "_id": header,
-                        "created_at": batch.created_at,
-                        "submitted": false,
-                        "status": { "$exists": false },
-                        "$nor": [{ "claim.until": { "$gte": now } }],
-                    },
-                    doc! { "$set": { "created_at": at } },
-                )
-                .await
-                .map_err(|e| store::db_error(queue, header, "stamp", e))?;
-            Ok(())
-        }
-        _ => Ok(()),
+    let Some(mark) = service.mark else {
+        return Ok(());
+    };
+    let passed = match batch.status {
+        None => mark >= place,
+        Some(BatchStatus::Unknown | BatchStatus::Delayed) => mark > place,
+        Some(_) => false,
+    };
+    if !passed {
+        return Ok(());
     }
+    let at = store::draw_stamp(queue, &batch.service_id, header).await?;
+    let now = store::now(queue).await?;
+    let mut filter = doc! {
+        "_id": header,
+        "created_at": batch.created_at,
+        "submitted": false,
+        "$nor": [{ "claim.until": { "$gte": now } }],
+    };
+    let mut update = doc! { "$set": { "created_at": at } };
+    match batch.status {
+        None => filter.insert("status", doc! { "$exists": false }),
+        Some(status) => {
+            update.insert("$unset", doc! { "status": "" });
+            filter.insert("status", status.as_str())
+        }
+    };
+    queue
+        .coll
+        .update_one(filter, update)
+        .await
+        .map_err(|e| store::db_error(queue, header, "stamp", e))?;
+    if batch.status.is_some() {
+        tracing::warn!(
+            header,
+            service = %batch.service_id,
+            "a batch the ledger does not have was passed by a later batch of its service; it goes again, after it"
+        );
+    }
+    Ok(())
 }
 
 /// Frees the slot of a batch the ledger has settled, moving the mark to it in the same
@@ -602,11 +699,14 @@ pub(crate) async fn record(
     store::parse(queue, &store::stored(queue, header).await?)
 }
 
-/// The body of [`Batches::record_status`].
+/// The body of [`Batches::record_status`] (`asked` unset: the time of the call) and of
+/// [`Batches::record_answer`]. `asked` is a time of the server's clock no later than the moment
+/// the ledger was asked (an estimate less its error).
 pub(crate) async fn record_status(
     queue: &Batches,
     seen: &Batch,
     status: BatchStatus,
+    asked: Option<DateTime>,
 ) -> Result<Batch, QueueError> {
     let header = seen.header.as_str();
     store::check_header(queue, header)?;
@@ -649,13 +749,21 @@ pub(crate) async fn record_status(
     };
     let with_submitter = !matches!(seen.status, Some(BatchStatus::Pending | BatchStatus::Valid));
     if with_submitter && status == BatchStatus::Unknown {
-        // The ledger not knowing a batch whose submitter is still at work says nothing.
-        let now = store::now(queue).await?;
+        // The ledger not knowing a batch whose submitter was still at work when it was asked
+        // says nothing: the submitter may have sent it since (it sends only before its claim
+        // expires). So the claim must have expired before the question, not merely by now.
+        let asked = match asked {
+            Some(asked) => asked,
+            None => {
+                let (now, error) = store::now_within(queue).await?;
+                minus(now, error)
+            }
+        };
         filter.insert(
             "$or",
             vec![
                 doc! { "claim": { "$exists": false } },
-                doc! { "claim.until": { "$lt": now } },
+                doc! { "claim.until": { "$lt": asked } },
             ],
         );
     }
@@ -689,7 +797,7 @@ pub(crate) async fn record_status(
         });
     };
     let batch = store::parse(queue, &written)?;
-    if status.is_final() {
+    if DONE.contains(&status.as_str()) {
         slot_done(queue, &batch.service_id, &Place::of(&batch), None).await?;
     } else if status == BatchStatus::Unknown {
         // To be sent again: its slot may be taken again at once.

@@ -63,9 +63,14 @@ impl Batches {
     /// Adds a batch, created now. Adding the same batch again changes nothing; reusing its
     /// header for another service or content is [`QueueError::HeaderReused`].
     ///
-    /// Its stamp (`created_at`) comes after every batch of its service already added or taken
-    /// for submission, so the order of stamps is the order of `add` calls that did not overlap,
-    /// and no batch is ever stamped before one that went to the ledger ahead of it.
+    /// Its stamp (`created_at`) is drawn from its service's counter before the batch is
+    /// inserted: after every stamp given to a batch of the service, so the order of stamps is
+    /// the order of `add` calls that did not overlap (overlapping ones in the order they drew),
+    /// whatever the clocks say, and the batch is never claimable anywhere but in its place. Once
+    /// inserted it is stamped again, before `add` returns, if a batch of an overlapping add that
+    /// drew later went to the ledger ahead of it: no batch is ever stamped before one that went
+    /// ahead of it. Four round trips (a look for the header, the draw, the insert, a look at the
+    /// service).
     ///
     /// # Examples
     ///
@@ -104,7 +109,9 @@ impl Batches {
     /// is left taken when it answers `None`.
     ///
     /// Two round trips (see the module's doc). The claim lands only before it runs out by the
-    /// server's clock, so a `ttl` too short to reach the server answers `None`.
+    /// server's clock, so a `ttl` too short to reach the server answers `None`; its
+    /// [`deadline`](Claim::deadline) comes earlier than its expiry by the uncertainty of this
+    /// process's estimate of the server's clock, so a `ttl` within it leaves no time to send.
     ///
     /// A batch that does not exist is [`QueueError::UnknownBatch`]; an unusable claimant name
     /// (empty, over [`MAX_NAME`](crate::fields::MAX_NAME) bytes, with a NUL) or a `ttl` under a
@@ -131,14 +138,18 @@ impl Batches {
     /// only if the batch is still so (same status, `submitted` and last submission), since an
     /// answer about an earlier state says nothing about a later one; otherwise
     /// [`QueueError::Contended`], and the next pass asks again. Unknown clears `submitted`, so
-    /// the batch is queued again; a settled status frees the service's slot. The statuses go
-    /// one way only:
+    /// the batch is queued again; committed and invalid free the service's slot (the ledger is
+    /// done with the batch), valid does not (the ledger may still forget a valid batch, and it
+    /// must then go again before any younger one). The statuses go one way only:
     ///
     /// - with a submitter (`submitted`, and nothing yet, unknown or delayed) → pending, valid,
-    ///   committed, invalid, unknown (unknown only once the submitter's claim has expired:
-    ///   until then it may still be sending; it clears `submitted`, also of an unknown batch
-    ///   whose new submitter died);
-    /// - pending → valid, committed, invalid, unknown; valid → committed, unknown;
+    ///   committed, invalid, unknown (unknown only if the submitter's claim had expired when
+    ///   the ledger was asked: until then it may still be sending; here that is taken as the
+    ///   time of this call, and [`record_answer`](Batches::record_answer) takes the time the
+    ///   question was asked; it clears `submitted`, also of an unknown batch whose new
+    ///   submitter died);
+    /// - pending → valid, committed, invalid, unknown; valid → committed, unknown (a valid
+    ///   batch the ledger forgets is sent again, still ahead of the younger ones);
     /// - unknown or delayed without a submitter → only by a new submission
     ///   ([`record`](Batches::record)).
     ///
@@ -149,7 +160,27 @@ impl Batches {
         seen: &Batch,
         status: BatchStatus,
     ) -> Result<Batch, QueueError> {
-        claim::record_status(self, seen, status).await
+        claim::record_status(self, seen, status, None).await
+    }
+
+    /// Records the ledger's answer to a question asked at `asked_at`, as
+    /// [`record_status`](Batches::record_status) does: `asked_at` is the server's time read
+    /// (with [`Store::server_time`](crate::Store::server_time) on this collection's store) before
+    /// the ledger was asked. An unknown for a batch with a submitter is recorded only if the
+    /// submitter's claim had expired by then, with the store's estimate of the server's time
+    /// taken at its earliest: a question asked while the claim was live may have been overtaken
+    /// by the submission (a submitter sends only before its claim expires), and its answer says
+    /// nothing about the batch now ([`QueueError::Contended`]). [`Monitor`] records its answers
+    /// this way.
+    pub async fn record_answer(
+        &self,
+        seen: &Batch,
+        status: BatchStatus,
+        asked_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Batch, QueueError> {
+        let (_, error) = store::now_within(self).await?;
+        let asked = crate::server::clock::minus(bson::DateTime::from_chrono(asked_at), error);
+        claim::record_status(self, seen, status, Some(asked)).await
     }
 
     /// The batches a monitor asks the ledger about: at the ledger (pending, valid), or with a

@@ -13,7 +13,8 @@ pub enum BatchStatus {
     Pending,
     /// Refused by the ledger; never submitted again.
     Invalid,
-    /// Validated by the ledger, on its way to being committed.
+    /// Validated by the ledger, on its way to being committed (the ledger may still forget it:
+    /// then it is unknown, and sent again before any younger batch of its service).
     Valid,
     /// Committed by the ledger.
     Committed,
@@ -37,7 +38,9 @@ impl BatchStatus {
         }
     }
 
-    /// Whether the ledger has settled the batch for good (the queuer's step 1 leaves these out).
+    /// Whether the ledger has settled the batch, as the queuer sees it: committed, valid or
+    /// invalid (its step 1 leaves these out). A valid batch may still come back unknown (the
+    /// ledger forgot it), so it keeps its service's slot until the ledger commits it.
     pub fn is_final(self) -> bool {
         matches!(
             self,
@@ -113,8 +116,6 @@ pub(crate) struct Service {
     /// The claim that took the slot.
     pub holder_token: Option<ObjectId>,
     pub mark: Option<Place>,
-    /// The newest stamp given to a batch of the service, in milliseconds.
-    pub newest: Option<i64>,
 }
 
 impl Service {
@@ -129,7 +130,6 @@ impl Service {
                 .ok()
                 .and_then(|h| h.get_object_id("token").ok()),
             mark: Place::from_fields(d, "mark_at", "mark_header"),
-            newest: d.get_datetime("newest").ok().map(|t| t.timestamp_millis()),
         }
     }
 

@@ -8,11 +8,12 @@ use std::time::Duration;
 use bson::doc;
 use futures::TryStreamExt;
 
-use crate::queue::claim::{Claim, Submission};
+use crate::queue::claim::{self, Claim, Submission};
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus};
 use crate::queue::store;
 use crate::queue::Batches;
+use crate::server::clock::minus;
 
 /// The external ledger, as submitters and monitors use it. Errors are the transport's, in
 /// words. A submission without an answer may still have arrived, so it is not taken for
@@ -141,11 +142,17 @@ impl<L: LedgerApi> Monitor<L> {
     }
 
     /// One pass over the batches with a submitter or at the ledger. Returns the batches whose
-    /// status it changed.
+    /// status it changed. Each answer is recorded as of the time the question was asked, read
+    /// before asking ([`Batches::record_answer`]): an "unknown" asked while a submitter's claim
+    /// was live is dropped, however late it comes.
     pub async fn run_once(&self) -> Result<Vec<Batch>, QueueError> {
         let watched = self.batches.watched().await?;
         let mut changed = Vec::new();
         for batch in watched {
+            // The time of the question, read before it is asked and taken at its earliest: an
+            // unknown is recorded only for a claim that had expired by then.
+            let (now, error) = store::now_within(&self.batches).await?;
+            let asked = minus(now, error);
             let said = match self.ledger.status(&batch.header).await {
                 Ok(s) => s,
                 Err(e) => {
@@ -162,7 +169,7 @@ impl<L: LedgerApi> Monitor<L> {
             if !batch.needs(status) {
                 continue;
             }
-            match self.batches.record_status(&batch, status).await {
+            match claim::record_status(&self.batches, &batch, status, Some(asked)).await {
                 Ok(b) => changed.push(b),
                 // Another monitor or a submitter moved it meanwhile, or its submitter is still
                 // at work: the next pass looks again.

@@ -1,6 +1,7 @@
 //! Batches in the database: adding them (idempotent per header, refused if the header is reused
-//! for another content, stamped after everything of their service already taken) and one
-//! queuer round over what is stored.
+//! for another content, stamped from their service's counter before they are inserted, after
+//! everything of their service already added or taken) and one queuer round over what is
+//! stored.
 
 use std::time::Duration;
 
@@ -155,7 +156,20 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
             ),
         ));
     }
-    let created_at = now(queue).await?;
+    // Added before (or by someone else): only the stored batch says which. Looked up before
+    // the stamp is drawn, so that a refusal writes nothing.
+    let found = queue
+        .coll
+        .find_one(doc! { "_id": &batch.header })
+        .await
+        .map_err(|e| db_error(queue, &batch.header, "add", e))?;
+    if let Some(stored) = found {
+        return added_before(queue, batch, &stored);
+    }
+    // The stamp comes from the service's counter, after every stamp given to a batch of the
+    // service, its slot and its mark: the batch is inserted in its place, so no submitter can
+    // find it anywhere else.
+    let created_at = draw_stamp(queue, &batch.service_id, &batch.header).await?;
     let doc = doc! {
         "_id": &batch.header,
         "service_id": &batch.service_id,
@@ -164,12 +178,17 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
         "submitted": false,
     };
     match queue.coll.insert_one(&doc).await {
-        Ok(_) => return place_after_the_service(queue, &batch.header).await,
-        // Added before (or by someone else): only the stored batch says which.
-        Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {}
-        Err(e) => return Err(db_error(queue, &batch.header, "add", e)),
+        Ok(_) => place_after_the_service(queue, batch, created_at).await,
+        // Added by someone else meanwhile (the stamp drawn is left unused).
+        Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
+            added_before(queue, batch, &stored(queue, &batch.header).await?)
+        }
+        Err(e) => Err(db_error(queue, &batch.header, "add", e)),
     }
-    let stored = stored(queue, &batch.header).await?;
+}
+
+/// `batch` found stored: the same batch (the stored one is returned), or its header reused.
+fn added_before(queue: &Batches, batch: &NewBatch, stored: &Document) -> Result<Batch, QueueError> {
     let same = stored.get_str("service_id") == Ok(batch.service_id.as_str())
         && stored.get_str("content") == Ok(batch.content.as_str());
     if !same {
@@ -179,67 +198,117 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
             service_id: stored.get_str("service_id").unwrap_or("?").to_string(),
         });
     }
-    parse(queue, &stored)
+    parse(queue, stored)
 }
 
-/// The adder's half of the ordering: a batch just inserted is stamped again
-/// while its service has a newer (or equal) stamp, a batch in its slot or a mark at or
-/// after it.
-async fn place_after_the_service(queue: &Batches, header: &str) -> Result<Batch, QueueError> {
-    let mut first = true;
-    for _ in 0..STAMPS {
-        let stored = stored(queue, header).await?;
-        let batch = parse(queue, &stored)?;
-        // Taken, or settled: its place is fixed now (and was checked by its taker).
-        if batch.submitted || batch.status.is_some() {
-            return Ok(batch);
-        }
-        let at = DateTime::from_chrono(batch.created_at);
-        let before = queue
+/// Draws a stamp for batch `header` of `service` from the service's counter (`newest`, which
+/// it raises to the stamp), in one write: one millisecond after the newest stamp given so far,
+/// after the batch in the slot (unless it is this one) and after the mark, and no earlier than
+/// the server's time as estimated here. Stamps of a service are unique and rise in the order
+/// they are drawn.
+pub(crate) async fn draw_stamp(
+    queue: &Batches,
+    service: &str,
+    header: &str,
+) -> Result<DateTime, QueueError> {
+    let now = now(queue).await?;
+    // A missing field adds up to null, which `$max` leaves out.
+    let stamp = doc! { "$max": [
+        { "$add": ["$newest", 1] },
+        now,
+        { "$add": ["$mark_at", 1] },
+        { "$cond": [{ "$ne": ["$holder.header", header] }, { "$add": ["$holder.at", 1] }, null] },
+    ] };
+    let mut tries = 0;
+    let drawn = loop {
+        tries += 1;
+        let drawn = queue
             .services
             .find_one_and_update(
-                doc! { "_id": &batch.service_id },
-                doc! { "$max": { "newest": at } },
+                doc! { "_id": service },
+                vec![doc! { "$set": { "newest": stamp.clone() } }],
             )
             .upsert(true)
-            .return_document(ReturnDocument::Before)
-            .await
-            .map_err(|e| db_error(queue, header, "add", e))?;
-        let service = before.as_ref().map(Service::parse).unwrap_or_default();
-        let place = Place::of(&batch);
-        // After a batch added earlier (first look only: later, the newest stamp may be this
-        // batch's own previous one, or that of an add overlapping this one, unordered).
-        let mut after: Option<i64> = service.newest.filter(|&n| first && n >= place.at);
-        // After the batch in the slot and the mark, strictly.
-        if let Some(bound) = service.bound(header).filter(|b| *b >= place) {
-            after = after.max(Some(bound.at));
+            .return_document(ReturnDocument::After)
+            .await;
+        match drawn {
+            Ok(drawn) => break drawn,
+            // Two first draws of a service at once: the loser's upsert finds the document
+            // made when it draws again.
+            Err(e) if tries < 2 && codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {}
+            Err(e) => return Err(db_error(queue, header, "draw a stamp", e)),
         }
-        first = false;
-        let Some(after) = after else {
-            return Ok(batch);
-        };
+    };
+    drawn
+        .as_ref()
+        .and_then(|d| d.get_datetime("newest").ok().copied())
+        .ok_or_else(|| QueueError::Malformed {
+            collection: queue.name.clone(),
+            header: header.to_string(),
+            reason: format!(
+                "the service {} has no newest stamp after drawing one",
+                shown(service)
+            ),
+        })
+}
+
+/// The adder's half of the ordering, once the batch is inserted: a batch taken meanwhile
+/// (its add overlapping this one, its stamp drawn later) may hold the slot, or have gone and
+/// moved the mark, ahead of it. Then it is stamped again, after them. Either this reading
+/// (after the insert) sees the taken slot, or the taker's count (sent after the slot was
+/// taken) sees the inserted batch; so a batch whose `add` returned never goes after a
+/// batch added later.
+async fn place_after_the_service(
+    queue: &Batches,
+    batch: &NewBatch,
+    created_at: DateTime,
+) -> Result<Batch, QueueError> {
+    let header = batch.header.as_str();
+    let mut place = Place {
+        at: created_at.timestamp_millis(),
+        header: header.to_string(),
+    };
+    for _ in 0..STAMPS {
+        let service = service(queue, &batch.service_id).await?;
+        if service.bound(header).is_none_or(|b| b < place) {
+            return Ok(Batch {
+                header: header.to_string(),
+                service_id: batch.service_id.clone(),
+                created_at: DateTime::from_millis(place.at).to_chrono(),
+                submitted: false,
+                status: None,
+                last_submitted_at: None,
+            });
+        }
+        let again = draw_stamp(queue, &batch.service_id, header).await?;
         let now = now(queue).await?;
-        let again = DateTime::from_millis(after.saturating_add(1).max(now.timestamp_millis()));
-        let claimed_live = doc! { "claim.until": { "$gte": now } };
         let stamped = queue
             .coll
             .update_one(
                 doc! {
                     "_id": header,
-                    "created_at": at,
+                    "created_at": DateTime::from_millis(place.at),
                     "submitted": false,
                     "status": { "$exists": false },
-                    "$nor": [claimed_live],
+                    "$nor": [{ "claim.until": { "$gte": now } }],
                 },
                 doc! { "$set": { "created_at": again } },
             )
             .await
             .map_err(|e| db_error(queue, header, "add", e))?;
-        if stamped.matched_count == 0 {
-            // A submitter has a claim on it: its taking will fail (the slot or the mark is
-            // ahead), and it gives the claim back.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        if stamped.matched_count == 1 {
+            place.at = again.timestamp_millis();
+            continue;
         }
+        let batch = parse(queue, &stored(queue, header).await?)?;
+        // Taken, or settled: its place is fixed now (and was checked by its taker).
+        if batch.submitted || batch.status.is_some() {
+            return Ok(batch);
+        }
+        // Stamped again by a claimant, or claimed for a moment (the claimant's taking of the
+        // slot fails, since the slot or the mark is ahead, and it gives the claim back).
+        place.at = batch.created_at.timestamp_millis();
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Err(QueueError::Contended {
         collection: queue.name.clone(),
@@ -305,6 +374,15 @@ pub(crate) async fn now(queue: &Batches) -> Result<DateTime, QueueError> {
     queue
         .store
         .now()
+        .await
+        .map_err(|e| QueueError::Clock(Box::new(e)))
+}
+
+/// The server's time as this process estimates it, and how far off the estimate may be.
+pub(crate) async fn now_within(queue: &Batches) -> Result<(DateTime, Duration), QueueError> {
+    queue
+        .store
+        .now_within()
         .await
         .map_err(|e| QueueError::Clock(Box::new(e)))
 }

@@ -151,6 +151,9 @@ struct Sample {
     /// Server time, in milliseconds, at the instant `taken`.
     server_ms: i64,
     taken: Instant,
+    /// How far `server_ms` may be from the server's clock at `taken`: the server read its
+    /// clock somewhere within the round trip, and `server_ms` assumes the middle.
+    error_ms: i64,
 }
 
 /// The server's time as seen from this process (cheap to clone; clones share samples).
@@ -177,6 +180,18 @@ impl ServerClock {
 
     /// The server's current time, estimated from the last sample (one `hello` when it is stale).
     pub async fn now(&self, db: &Database) -> Result<DateTime, ClockError> {
+        Ok(self.now_within(db).await?.0)
+    }
+
+    /// The server's current time, estimated as [`now`](ServerClock::now) does, and how far the
+    /// estimate may be from the server's clock either way: half the round trip of the `hello`
+    /// it was sampled with, and a millisecond for the server's whole milliseconds. (The drift of
+    /// this process's monotonic clock over a resample interval is left out: a few parts per
+    /// million.) The estimate is of the instant the call began, or later.
+    pub(crate) async fn now_within(
+        &self,
+        db: &Database,
+    ) -> Result<(DateTime, Duration), ClockError> {
         let mut sample = self.sample.lock().await;
         let fresh = match *sample {
             Some(s) if s.taken.elapsed() < self.resample => s,
@@ -186,7 +201,8 @@ impl ServerClock {
                 s
             }
         };
-        Ok(advance(fresh))
+        let error = Duration::from_millis(u64::try_from(fresh.error_ms).unwrap_or(0));
+        Ok((advance(fresh), error))
     }
 
     async fn take(db: &Database) -> Result<Sample, ClockError> {
@@ -197,10 +213,16 @@ impl ServerClock {
         let taken = Instant::now();
         let local = hello.local_time.ok_or(ClockError::NoLocalTime)?;
         // The server read its clock somewhere within the round trip: assume the middle.
-        let half_trip = i64::try_from(taken.duration_since(sent).as_millis() / 2).unwrap_or(0);
+        let trip = taken.duration_since(sent).as_millis();
+        let half_trip = i64::try_from(trip / 2).unwrap_or(0);
+        // Rounded up, and the millisecond the server's reading may have lost.
+        let error_ms = i64::try_from(trip.div_ceil(2))
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
         Ok(Sample {
             server_ms: local.timestamp_millis().saturating_add(half_trip),
             taken,
+            error_ms,
         })
     }
 }
@@ -256,6 +278,7 @@ mod tests {
         let past = Sample {
             server_ms: 1_000,
             taken: Instant::now() - Duration::from_millis(250),
+            error_ms: 1,
         };
         let now = advance(past).timestamp_millis();
         assert!((1_250..1_400).contains(&now), "{now}");

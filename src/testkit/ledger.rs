@@ -4,7 +4,9 @@
 //! through), or to lose a submission while answering that it was accepted. It records the order
 //! in which each service's batches were committed, and every breach of the rules a submitter
 //! must keep: a second batch of a service accepted while another is in flight, a batch submitted
-//! again after it was found invalid, and one batch header submitted with two contents.
+//! again after it was found invalid, and one batch header submitted with two contents. It also
+//! records each submission of a batch it already had (pending or committed): harmless to it, as
+//! to any ledger that deduplicates by header, but a sign that two submitters had one batch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -70,6 +72,7 @@ struct State {
     forced: HashMap<String, Fate>,
     committed: BTreeMap<String, Vec<String>>,
     breaches: Vec<String>,
+    repeats: Vec<String>,
     submissions: u64,
 }
 
@@ -94,6 +97,7 @@ impl Ledger {
                 forced: HashMap::new(),
                 committed: BTreeMap::new(),
                 breaches: Vec::new(),
+                repeats: Vec::new(),
                 submissions: 0,
             })),
         }
@@ -150,7 +154,12 @@ impl Ledger {
                     return Answer::Accepted;
                 }
                 // Already taken: a repeat changes nothing.
-                LedgerStatus::Pending | LedgerStatus::Committed => return Answer::Accepted,
+                LedgerStatus::Pending | LedgerStatus::Committed => {
+                    state
+                        .repeats
+                        .push(format!("{header} submitted again while {status:?}"));
+                    return Answer::Accepted;
+                }
                 LedgerStatus::Unknown => {}
             }
         }
@@ -222,6 +231,11 @@ impl Ledger {
         self.state().breaches.clone()
     }
 
+    /// Every submission of a batch the ledger already had (pending or committed), in order.
+    pub fn repeats(&self) -> Vec<String> {
+        self.state().repeats.clone()
+    }
+
     /// Submissions received.
     pub fn submissions(&self) -> u64 {
         self.state().submissions
@@ -270,6 +284,9 @@ mod tests {
         ledger.submit("s1", "a", "x");
         assert_eq!(ledger.status("a"), LedgerStatus::Pending);
         assert!(ledger.breaches().is_empty());
+        assert!(ledger.repeats().is_empty());
+        ledger.submit("s1", "a", "x");
+        assert_eq!(ledger.repeats(), vec!["a submitted again while Pending"]);
         ledger.submit("s1", "b", "y");
         ledger.force("c", Fate::Invalid);
         ledger.submit("s2", "c", "z");

@@ -1878,6 +1878,70 @@ async fn expressions_compare_and_compute_dates() {
     );
 }
 
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/add/ ("if any argument is
+/// null or refers to a field that is missing, `$add` returns null") and
+/// https://www.mongodb.com/docs/manual/reference/operator/aggregation/max/ (with several
+/// expressions, `$max` ignores null values and missing fields, and returns null only if all are):
+/// the batch queue draws a batch's stamp from its service's counter with one upserting
+/// `findAndModify` whose pipeline takes the greatest of the counter plus one, the time, and the
+/// slot's and mark's stamps plus one, any of them missing.
+#[tokio::test]
+async fn max_leaves_out_the_nulls_that_adding_to_a_missing_field_gives() {
+    let t = TestDb::unprobed().await;
+    let coll: Collection<Document> = t.db.collection("counters");
+    let now = DateTime::from_millis(1_764_000_000_000);
+    let draw = |header: &'static str| {
+        let coll = coll.clone();
+        async move {
+            let stamp = doc! { "$max": [
+                { "$add": ["$newest", 1] },
+                now,
+                { "$add": ["$mark_at", 1] },
+                { "$cond": [{ "$ne": ["$holder.header", header] }, { "$add": ["$holder.at", 1] }, Bson::Null] },
+            ] };
+            coll.find_one_and_update(
+                doc! { "_id": "s" },
+                vec![doc! { "$set": { "newest": stamp } }],
+            )
+            .upsert(true)
+            .return_document(ReturnDocument::After)
+            .await
+            .expect("draw")
+            .expect("document")
+            .get_datetime("newest")
+            .map(|d| d.timestamp_millis())
+            .expect("a date")
+        }
+    };
+    // A new counter: only the time is there.
+    assert_eq!(draw("a").await, now.timestamp_millis());
+    assert_eq!(draw("b").await, now.timestamp_millis() + 1);
+    let later = now.timestamp_millis() + 5_000;
+    coll.update_one(
+        doc! { "_id": "s" },
+        doc! { "$set": {
+            "mark_at": DateTime::from_millis(later - 2_000),
+            "holder": { "header": "h", "at": DateTime::from_millis(later) },
+        } },
+    )
+    .await
+    .expect("slot");
+    assert_eq!(draw("c").await, later + 1, "after the slot's batch");
+    // The slot's own batch is not after itself: after the counter.
+    assert_eq!(draw("h").await, later + 2);
+    let all_null =
+        t.db.collection::<Document>("counters")
+            .aggregate(vec![
+                doc! { "$project": { "m": { "$max": [{ "$add": ["$none", 1] }, Bson::Null] } } },
+            ])
+            .await
+            .expect("aggregate")
+            .try_collect::<Vec<Document>>()
+            .await
+            .expect("rows");
+    assert_eq!(all_null[0].get("m"), Some(&Bson::Null));
+}
+
 /// https://www.mongodb.com/docs/manual/reference/command/bulkWrite/ (8.0+): one command writes to
 /// several collections and reports each operation by its index; an unordered bulk goes past a
 /// refused entry. Before 8.0 the command does not exist.

@@ -1,10 +1,12 @@
 //! Four worker processes (each a queuer, a submitter and a monitor) move 5 services × 200
 //! batches to one ledger served over HTTP, which finds 5 % of submissions invalid, forgets 5 %
 //! (unknown) and answers 5 % delayed, while one worker is SIGKILLed every 1.5 to 2.5 s (each time
-//! just after it claimed a batch, before it sent it) and started again. Afterwards: every batch
-//! is committed or invalid, every valid batch was committed exactly once and in creation order
-//! per service, the ledger never saw two batches of one service in flight, and no invalid batch
-//! was submitted again.
+//! just after it claimed a batch, before it sent it) and started again. Half the batches are
+//! added before the workers start, the other half while they run, in turn on a link of the
+//! test's own and on a slow one (20 ms for each reply about the services) whose estimate of the
+//! server's clock is 1 s behind. Afterwards: every batch is committed or invalid, every valid
+//! batch was committed exactly once and in the order of its service's adds, the ledger never saw
+//! two batches of one service in flight, and no invalid batch was submitted again.
 
 use crate::common;
 
@@ -87,23 +89,35 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
         .unwrap();
     let ledger = server.ledger().clone();
 
-    // Creation order: the order of the adds of each service (interleaved across services).
-    let mut created: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for i in 0..PER_SERVICE {
-        for s in 0..SERVICES {
-            let service = format!("svc{s}");
-            let header = format!("{service}-{:03}", PER_SERVICE - i);
-            batches
-                .add(&NewBatch::new(
-                    &service,
-                    &header,
-                    format!("content of {header}"),
-                ))
-                .await
-                .unwrap();
-            created.entry(service).or_default().push(header);
+    // Creation order: the order of the adds of each service (interleaved across services),
+    // half of them before the workers start.
+    let lagging = crate::queue_claim::Tampered::start(&t).await;
+    lagging.link.hello_behind(1_000);
+    lagging.link.slow_services(20);
+    let handles = [batches.clone(), lagging.batches().await];
+    let adds = move |from: usize, to: usize| {
+        let handles = handles.clone();
+        async move {
+            let mut created: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for i in from..to {
+                for s in 0..SERVICES {
+                    let service = format!("svc{s}");
+                    let header = format!("{service}-{:03}", PER_SERVICE - i);
+                    handles[(i + s) % 2]
+                        .add(&NewBatch::new(
+                            &service,
+                            &header,
+                            format!("content of {header}"),
+                        ))
+                        .await
+                        .unwrap();
+                    created.entry(service).or_default().push(header);
+                }
+            }
+            created
         }
-    }
+    };
+    let mut created = adds(0, PER_SERVICE / 2).await;
 
     let started = Instant::now();
     let mut names = 0usize;
@@ -112,14 +126,21 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
         start_worker(t, &server.url(), &format!("worker-{names}"))
     };
     let mut workers: Vec<Worker> = (0..WORKERS).map(|_| start(&t)).collect();
+    let adding = tokio::spawn(adds(PER_SERVICE / 2, PER_SERVICE));
     let mut killed_at_claim = Vec::new();
     let mut kills = 0usize;
     let mut next_kill = Duration::from_secs(2);
     let open = doc! { "status": { "$nin": ["committed", "invalid"] } };
     let coll = t.db.collection::<Document>(BATCHES_COLLECTION);
+    let mut adding = Some(adding);
     loop {
+        if adding.as_ref().is_some_and(|a| a.is_finished()) {
+            for (service, headers) in adding.take().unwrap().await.unwrap() {
+                created.entry(service).or_default().extend(headers);
+            }
+        }
         let left = coll.count_documents(open.clone()).await.unwrap();
-        if left == 0 {
+        if left == 0 && adding.is_none() {
             break;
         }
         if started.elapsed() >= LIMIT {
@@ -187,13 +208,14 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
     println!(
         "{} batches of {SERVICES} services in {took:?} ({:.0} per s); {kills} kills, {} of them \
          between a claim and its submission; {} submissions; {committed_count} committed, {} \
-         invalid; breaches: {}",
+         invalid; breaches: {}; batches sent again while the ledger had them: {}",
         SERVICES * PER_SERVICE,
         (SERVICES * PER_SERVICE) as f64 / took.as_secs_f64(),
         killed_at_claim.len(),
         ledger.submissions(),
         invalid.len(),
         breaches.len(),
+        ledger.repeats().len(),
     );
     assert!(breaches.is_empty(), "{breaches:?}");
     assert!(kills >= 4, "a kill every 1.5 to 2.5 s: {kills}");
@@ -210,7 +232,7 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
             .unwrap_or_default();
         assert_eq!(
             got, expected,
-            "{service}: every valid batch committed once, in creation order"
+            "{service}: every valid batch committed once, in the order of its adds"
         );
     }
     // The batches killed mid-submission were all settled in the end (the assertions above),

@@ -151,6 +151,12 @@ impl Store {
         self.inner.clock.now(&self.inner.db).await
     }
 
+    /// The server's time as [`now`](Store::now) estimates it, and how far off the estimate may
+    /// be either way.
+    pub(crate) async fn now_within(&self) -> Result<(DateTime, Duration), ClockError> {
+        self.inner.clock.now_within(&self.inner.db).await
+    }
+
     /// Whether protocol writes and deciding reads use majority concerns.
     pub(crate) async fn majority(&self) -> mongodb::error::Result<bool> {
         match self.inner.durability {
