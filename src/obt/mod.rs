@@ -20,13 +20,21 @@
 //! # What this adds
 //!
 //! - Tokens are unique and strictly increasing across every OBT of a namespace (one collection)
-//!   and every process: one `findAndModify` `$inc` on the namespace's counter document. An OBT's
-//!   own token only ever grows too: a preemption applies only over a lower token.
+//!   and every process: one `findAndModify` on the namespace's counter document, which also lifts
+//!   the counter over the highest token stored in the namespace, so a counter deleted or restored
+//!   from an old backup never hands out a token an OBT or a fence may hold. An OBT's own token
+//!   only ever grows too: a preemption applies only over a lower token.
+//! - A released OBT stays as a tombstone with its last owner and token: no copy of an earlier
+//!   write delivered late can bring it back or act on it (a late create collides with it; every
+//!   other write names an ownership it no longer has), and a release sent again after an error
+//!   can tell its own release from another owner's.
 //! - Leases without trusting clocks. An owner may hold a lease that it renews by heartbeat. A
 //!   contender takes over either after it has itself seen the OBT unchanged for the whole lease on
 //!   its own monotonic clock ([`Obt::observe`] then [`Obt::take_over`], the DynamoDB lock client's
 //!   rule), or when the server's clock says the last heartbeat is older than the lease
-//!   ([`Obt::take_over_expired`]). No wall clock of any caller is compared with another's.
+//!   ([`Obt::take_over_expired`]). No wall clock of any caller is compared with another's; the
+//!   latter compares the clocks of the server's nodes across a failover, within
+//!   [`ObtOptions::clock_slack`].
 //! - A heartbeat whose reply is lost is settled by sending it again and reading back, never by
 //!   assuming it was lost or that it landed.
 //! - Stages only move forward; a call with an older stage is a replay ([`ObtError::StageReplayed`]).
@@ -81,6 +89,14 @@ pub struct ObtOptions {
     /// How long an operation waits for an owned transaction's guard on the OBT to go away (it is
     /// normally held for one commit), and how it backs off meanwhile.
     pub retry: LockWait,
+    /// How far ahead the clock of the node that is primary for the OBT collection may be of the
+    /// clock of the node that stamped an owner's last heartbeat, for
+    /// [`take_over_expired`](Obt::take_over_expired): it takes over only after the lease plus
+    /// this slack by the server's clock. A failover to a primary whose clock is `d` ahead
+    /// shortens a silent owner's lease by `d` minus the slack when `d` is larger; a slack of at
+    /// least `d` keeps the whole lease, and delays every take-over by the slack. At most
+    /// [`MAX_LEASE`]. Default zero: trust the nodes' clocks to agree.
+    pub clock_slack: Duration,
 }
 
 impl Default for ObtOptions {
@@ -92,6 +108,7 @@ impl Default for ObtOptions {
                 initial_backoff: Duration::from_millis(1),
                 max_backoff: Duration::from_millis(50),
             },
+            clock_slack: Duration::ZERO,
         }
     }
 }
@@ -106,6 +123,12 @@ impl ObtOptions {
     /// Sets [`retry`](ObtOptions::retry).
     pub fn retry(mut self, retry: LockWait) -> ObtOptions {
         self.retry = retry;
+        self
+    }
+
+    /// Sets [`clock_slack`](ObtOptions::clock_slack).
+    pub fn clock_slack(mut self, slack: Duration) -> ObtOptions {
+        self.clock_slack = slack;
         self
     }
 }
@@ -155,6 +178,15 @@ impl Obt {
                 reason: format!("cannot keep OBTs there: {reason}"),
             });
         }
+        if options.clock_slack > MAX_LEASE {
+            return Err(ObtError::Invalid {
+                collection: shown(&options.collection),
+                reason: format!(
+                    "clock slack {:?} is over the longest lease, {MAX_LEASE:?}",
+                    options.clock_slack
+                ),
+            });
+        }
         let spec = CollectionSpec::new(&options.collection, 1, OBTS_SCHEMA).map_err(|e| {
             ObtError::Invalid {
                 collection: options.collection.clone(),
@@ -172,10 +204,32 @@ impl Obt {
                 })
             }
         };
+        let coll = protocol(&options.collection).await?;
+        // The highest token of the namespace is read before each one is issued (the floor of a
+        // counter that was lost or restored), and released OBTs stay as tombstones that keep
+        // their last token: the GC must not purge them.
+        let setup = |e| {
+            ObtError::from(crate::repo::error::RepoError::database(
+                &options.collection,
+                "*",
+                "open",
+                e,
+            ))
+        };
+        coll.create_index(
+            mongodb::IndexModel::builder()
+                .keys(bson::doc! { "token": -1 })
+                .build(),
+        )
+        .await
+        .map_err(setup)?;
+        crate::repo::meta::keep_tombstones(&store.meta(), &options.collection)
+            .await
+            .map_err(setup)?;
         Ok(Obt {
             store: store.clone(),
             repo,
-            coll: protocol(&options.collection).await?,
+            coll,
             tokens: open::validated_protocol_collection(store, TOKENS_COLLECTION, TOKENS_SCHEMA)
                 .await
                 .map_err(|e| {
@@ -195,9 +249,11 @@ impl Obt {
         &self.options
     }
 
-    /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token: one upsert that can
-    /// only insert, stamped with the server's time. Sending the same create again after a lost
-    /// reply returns the same ownership; an id that is taken is [`ObtError::Exists`].
+    /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token: one upsert that
+    /// inserts it, or takes the place of a released OBT of that id with a lower token, and never
+    /// changes a live one, stamped with the server's time. Sending the same create again after a
+    /// lost reply returns the same ownership; an id that is taken is [`ObtError::Exists`]. A copy
+    /// of it delivered late, after the OBT was preempted or released, changes nothing.
     ///
     /// # Examples
     ///
@@ -243,9 +299,13 @@ impl Obt {
         ops::take_over(self, observed, new_owner).await
     }
 
-    /// Takes over an OBT whose last heartbeat is older than its lease by the server's clock: the
-    /// write itself carries the condition (`beat_at <= $$NOW - lease`), so the server compares
-    /// its own stamps with its own clock and no caller's clock is involved.
+    /// Takes over an OBT whose last heartbeat is older than its lease (plus
+    /// [`clock_slack`](ObtOptions::clock_slack)) by the server's clock: the write itself carries
+    /// the condition (`beat_at <= $$NOW - lease - clock_slack`), so no caller's clock is
+    /// involved. The stamp is the clock of the node that took the heartbeat, `$$NOW` that of the
+    /// node that is primary now: after a failover to a node whose clock is `d` ahead, a silent
+    /// owner's lease is shortened by `d` less the slack (its token still fences it).
+    /// [`take_over`](Obt::take_over) compares no clocks.
     pub async fn take_over_expired(
         &self,
         id: &str,
@@ -273,16 +333,19 @@ impl Obt {
         ops::advance_owned(self, owned, stage).await
     }
 
-    /// Releases (deletes) OBT `id`, which `owner` must own: the reference design's delete call,
-    /// which identifies the owner by name only. A delete delivered late could remove a later OBT
-    /// of the same id and owner name; owners that reuse names should use
-    /// [`release_owned`](Obt::release_owned).
+    /// Releases OBT `id`, which `owner` must own: the reference design's delete call, which
+    /// identifies the owner by name only. The OBT then reads as gone ([`ObtError::NotFound`]);
+    /// its document stays as a tombstone keeping `owner` and its last token. A release sent again
+    /// after an error succeeds only if its own earlier send released the OBT. A release delivered
+    /// late could release a later OBT of the same id and owner name; owners that reuse names
+    /// should use [`release_owned`](Obt::release_owned).
     pub async fn release(&self, id: &str, owner: &str) -> Result<(), ObtError> {
         ops::release(self, id, owner).await
     }
 
-    /// Releases the OBT this ownership holds (owner and token), so that no copy of the delete
-    /// can remove a later OBT of the same id.
+    /// Releases the OBT this ownership holds (owner and token), so that no copy of the release
+    /// can release a later OBT of the same id, and a release sent again after an error succeeds
+    /// only if this ownership's own release landed.
     pub async fn release_owned(&self, owned: &Ownership) -> Result<(), ObtError> {
         ops::release_owned(self, owned).await
     }
@@ -308,12 +371,15 @@ impl Obt {
 
     // ----- tokens -----
 
-    /// Issues the namespace's next fencing token: one `findAndModify` `$inc` on its counter.
-    /// Strictly greater than every token issued before it in this namespace, by any process. A
-    /// token whose reply was lost is simply never used, and neither is one taken by a call that a
-    /// racing call beat (tokens may have gaps: fencing needs them to grow, not to be dense). A
-    /// call whose input is wrong (a taken id, a missing OBT, another owner, no lease, a lease
-    /// still running, an observation the OBT has moved past) is refused before it takes one.
+    /// Issues the namespace's next fencing token: a read of the highest token stored in the
+    /// namespace's OBTs, then one `findAndModify` setting the counter to the greater of the two
+    /// plus one. Strictly greater than every token issued before it in this namespace, by any
+    /// process, and than every token an OBT holds even if the counter was deleted or restored
+    /// from an old backup. A token whose reply was lost is simply never used, and neither is one
+    /// taken by a call that a racing call beat (tokens may have gaps: fencing needs them to
+    /// grow, not to be dense). A call whose input is wrong (a taken id, a missing OBT, another
+    /// owner, no lease, a lease still running, an observation the OBT has moved past) is refused
+    /// before it takes one.
     pub async fn issue_token(&self) -> Result<Token, ObtError> {
         steps::issue_token(self).await
     }

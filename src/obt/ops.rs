@@ -7,12 +7,13 @@
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
+use mongodb::options::ReturnDocument;
 
 use crate::obt::checks;
 use crate::obt::error::ObtError;
-use crate::obt::model::{NewObt, Observation, ObtState, Ownership};
+use crate::obt::model::{NewObt, Observation, ObtState, Ownership, Token};
 use crate::obt::steps;
-use crate::obt::steps::Verdict;
+use crate::obt::steps::{Stored, Verdict};
 use crate::obt::{shown, Obt, MAX_LEASE};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
@@ -50,36 +51,90 @@ pub(crate) async fn create(obt: &Obt, new: NewObt) -> Result<Ownership, ObtError
         }
         Some(lease) => Some(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
     };
-    // A taken id is refused before a token is issued for it.
-    if let Some((state, _)) = steps::committed(obt, &new.id).await? {
-        return Err(checks::exists(obt, new.id, state));
+    // A taken id is refused before a token is issued for it. A released one keeps its last
+    // token, which the new one must exceed (as it exceeds every token of the namespace).
+    let (found, mut floor) =
+        tokio::try_join!(steps::stored(obt, &new.id), steps::token_floor(obt))?;
+    match found {
+        Stored::Live(state, _) => return Err(checks::exists(obt, new.id, state)),
+        Stored::Released { token, .. } => floor = floor.max(token),
+        Stored::Absent => {}
     }
-    let token = obt.issue_token().await?;
-    let mut fields = doc! {
+    let mut retry = Retry::until_deadline(obt.options.retry);
+    for _ in 0..REISSUES {
+        let token = steps::issue_token_above(obt, floor).await?;
+        match create_with(obt, &new, lease_ms, token, &mut retry).await? {
+            Created::Owned(owned) => return Ok(owned),
+            Created::Outrun(higher) => floor = floor.max(higher),
+        }
+    }
+    Err(RepoError::Locked {
+        collection: checks::coll(obt),
+        id: show_id(&Bson::from(new.id.as_str())),
+        holder: None,
+        waited: retry.elapsed(),
+    }
+    .into())
+}
+
+/// What one token's create came to.
+enum Created {
+    Owned(Ownership),
+    /// The id was created and released again meanwhile with this higher token: this token can
+    /// never land (nor can any copy of it still on its way); take one above it.
+    Outrun(Token),
+}
+
+/// Creates OBT `new.id` with `token`: one upsert that inserts it, or turns the tombstone of a
+/// released OBT with a lower token into it, and never changes a live OBT. A copy delivered late
+/// finds either a live OBT or a tombstone with a token at least its own (the id's token only
+/// grows), and collides with the id.
+async fn create_with(
+    obt: &Obt,
+    new: &NewObt,
+    lease_ms: Option<i64>,
+    token: Token,
+    retry: &mut Retry,
+) -> Result<Created, ObtError> {
+    let mut set = doc! {
         fields::SCHEMA_VERSION: obt.repo.spec().schema_version(),
-        fields::VERSION: 1_i64,
         "owner": &new.owner,
         "stage": 0_i64,
         "token": token.0,
     };
-    if let Some(ms) = lease_ms {
-        fields.insert("lease_ms", ms);
-    }
-    // Every stored OBT has a version, so this filter matches none: the upsert inserts or
-    // collides with the id, and never changes an existing OBT.
-    let filter = doc! { "_id": &new.id, fields::VERSION: { "$exists": false } };
-    let change = doc! { "$setOnInsert": fields, "$currentDate": { "beat_at": true } };
+    let mut unset = doc! { fields::DELETED: "", fields::DELETING: "", fields::HOLD: "" };
+    match lease_ms {
+        Some(ms) => set.insert("lease_ms", ms),
+        None => unset.insert("lease_ms", ""),
+    };
+    // No condition here is an equality but the id's, so an insert holds only what the change
+    // sets (a `_txn: null` would be copied into it).
+    let filter = doc! {
+        "_id": &new.id,
+        fields::DELETED: { "$exists": true },
+        fields::ACTIVE_TXN: { "$not": { "$type": "objectId" } },
+        "token": { "$lt": token.0 },
+    };
+    let change = doc! {
+        "$set": set,
+        "$unset": unset,
+        "$currentDate": { "beat_at": true },
+        "$inc": { fields::VERSION: 1_i64 },
+    };
     let sent = Instant::now();
-    let mut retry = Retry::until_deadline(obt.options.retry);
     loop {
         let written = obt
             .coll
-            .update_one(filter.clone(), change.clone())
+            .find_one_and_update(filter.clone(), change.clone())
             .upsert(true)
+            .return_document(ReturnDocument::After)
             .await;
         match written {
-            Ok(r) if r.upserted_id.is_some() => break,
-            Ok(_) => {}
+            Ok(Some(stored)) => {
+                let state = steps::state_of(obt, &new.id, stored)?;
+                return Ok(Created::Owned(Ownership::new(state, sent)));
+            }
+            Ok(None) => {}
             Err(e) if crate::obt::fence::is_duplicate_key(&e) => {}
             Err(e) if is_transient(&e) && !retry.exhausted() => {
                 tracing::debug!(collection = %checks::coll(obt), id = %new.id, error = %e, "obt: create send failed, sending again");
@@ -90,15 +145,23 @@ pub(crate) async fn create(obt: &Obt, new: NewObt) -> Result<Ownership, ObtError
                 return Err(RepoError::database(&checks::coll(obt), &new.id, "create", e).into())
             }
         }
-        match steps::committed(obt, &new.id).await? {
+        match steps::stored(obt, &new.id).await? {
             // Our own earlier send landed.
-            Some((state, _)) if state.owner == new.owner && state.token == token => {
-                return Ok(Ownership::new(state, sent))
+            Stored::Live(state, _) if state.owner == new.owner && state.token == token => {
+                return Ok(Created::Owned(Ownership::new(state, sent)))
             }
-            Some((state, _)) => return Err(checks::exists(obt, new.id, state)),
-            // Released meanwhile: try again, within the wait budget.
-            None if !retry.exhausted() => {}
-            None => {
+            Stored::Live(state, _) => return Err(checks::exists(obt, new.id.clone(), state)),
+            Stored::Released { token: now, .. } if now >= token => return Ok(Created::Outrun(now)),
+            Stored::Released {
+                holder: Some(holder),
+                ..
+            } => {
+                steps::wait_turn(obt, &new.id, Some(holder), Some(holder), retry).await?;
+                continue;
+            }
+            // Released with a lower token (a race with the release), or gone: send again.
+            Stored::Released { .. } | Stored::Absent if !retry.exhausted() => {}
+            Stored::Released { .. } | Stored::Absent => {
                 return Err(RepoError::Locked {
                     collection: checks::coll(obt),
                     id: show_id(&Bson::from(new.id.as_str())),
@@ -110,16 +173,6 @@ pub(crate) async fn create(obt: &Obt, new: NewObt) -> Result<Ownership, ObtError
         }
         retry.pause().await;
     }
-    let state = ObtState {
-        id: new.id,
-        owner: new.owner,
-        stage: 0,
-        token,
-        lease: new.lease,
-        beat_at: None,
-        version: 1,
-    };
-    Ok(Ownership::new(state, sent))
 }
 
 /// The body of [`Obt::preempt`].
@@ -133,15 +186,16 @@ pub(crate) async fn preempt(
     checks::check_name(obt, "current owner", current_owner)?;
     checks::check_name(obt, "new owner", new_owner)?;
     // A missing OBT or another owner is refused before a token is issued.
-    match steps::committed(obt, id).await? {
+    let (found, mut floor) = tokio::try_join!(steps::committed(obt, id), steps::token_floor(obt))?;
+    match found {
         None => return Err(checks::not_found(obt, id)),
         Some((s, _)) if s.owner != current_owner => {
             return Err(checks::not_owner(obt, id, current_owner, &s))
         }
-        Some(_) => {}
+        Some((s, _)) => floor = floor.max(s.token),
     }
     for _ in 0..REISSUES {
-        let token = obt.issue_token().await?;
+        let token = steps::issue_token_above(obt, floor).await?;
         let sent = Instant::now();
         let result = steps::conditional(
             obt,
@@ -174,7 +228,7 @@ pub(crate) async fn preempt(
         .await;
         match result {
             Ok(state) => return Ok(Ownership::new(state, sent)),
-            Err(ObtError::Changed { .. }) => continue,
+            Err(ObtError::Changed { token: now, .. }) => floor = floor.max(now),
             Err(e) => return Err(e),
         }
     }
@@ -216,7 +270,9 @@ pub(crate) async fn take_over(
     // it: gone, or changed since observed. The lease is the committed one too: the
     // observation's fields are public, and a lease shortened there must not cut a live
     // owner's short (the lease never changes while the version stays the same).
-    let Some((now, _)) = steps::committed(obt, &seen.id).await? else {
+    let (found, floor) =
+        tokio::try_join!(steps::committed(obt, &seen.id), steps::token_floor(obt))?;
+    let Some((now, _)) = found else {
         return Err(checks::not_found(obt, &seen.id));
     };
     if now.version != seen.version || now.token != seen.token {
@@ -227,7 +283,7 @@ pub(crate) async fn take_over(
         Some(lease) if silent < lease => return Err(lease_live(&now.owner, lease)),
         Some(_) => {}
     }
-    take_unchanged(obt, seen, new_owner).await
+    take_unchanged(obt, seen, new_owner, floor.max(now.token)).await
 }
 
 /// The body of [`Obt::take_over_expired`].
@@ -238,11 +294,14 @@ pub(crate) async fn take_over_expired(
 ) -> Result<Ownership, ObtError> {
     checks::check_name(obt, "OBT id", id)?;
     checks::check_name(obt, "new owner", new_owner)?;
-    // A missing OBT, one without a lease, or one whose lease is running by this process's
-    // estimate of the server's clock is refused before a token is issued. The write itself
-    // still decides by the server's own clock; the estimate only spares a token when the
-    // answer is plain.
-    let Some((seen, _)) = steps::committed(obt, id).await? else {
+    // A missing OBT, one without a lease, or one whose lease (and the clock slack) is running
+    // by this process's estimate of the server's clock is refused before a token is issued.
+    // The write itself still decides by the server's own clock; the estimate only spares a
+    // token when the answer is plain.
+    let slack = obt.options.clock_slack;
+    let slack_ms = i64::try_from(slack.as_millis()).unwrap_or(i64::MAX);
+    let (found, floor) = tokio::try_join!(steps::committed(obt, id), steps::token_floor(obt))?;
+    let Some((seen, _)) = found else {
         return Err(checks::not_found(obt, id));
     };
     let Some(lease) = seen.lease else {
@@ -254,7 +313,7 @@ pub(crate) async fn take_over_expired(
     };
     if let Some(beat) = seen.beat_at {
         let silent = silent_since(beat, obt.store.now().await?);
-        if silent < lease {
+        if silent < lease.saturating_add(slack) {
             return Err(ObtError::LeaseLive {
                 collection: checks::coll(obt),
                 id: id.to_string(),
@@ -264,7 +323,7 @@ pub(crate) async fn take_over_expired(
             });
         }
     }
-    let token = obt.issue_token().await?;
+    let token = steps::issue_token_above(obt, floor.max(seen.token)).await?;
     // Only to tell a running lease from a guard in the way when the write misses.
     let server_now = obt.store.now().await?;
     let sent = Instant::now();
@@ -275,7 +334,12 @@ pub(crate) async fn take_over_expired(
         doc! {
             "lease_ms": { "$gt": 0_i64 },
             "token": { "$lt": token.0 },
-            "$expr": { "$lte": ["$beat_at", { "$subtract": ["$$NOW", "$lease_ms"] }] },
+            "$expr": {
+                "$lte": [
+                    "$beat_at",
+                    { "$subtract": ["$$NOW", { "$add": ["$lease_ms", slack_ms] }] },
+                ]
+            },
         },
         doc! {
             "$set": { "owner": new_owner, "token": token.0 },
@@ -293,7 +357,7 @@ pub(crate) async fn take_over_expired(
                 Some(lease) => {
                     let silent =
                         silent_since(s.beat_at.unwrap_or(server_now.to_chrono()), server_now);
-                    if s.token > token || silent < lease {
+                    if s.token > token || silent < lease.saturating_add(slack) {
                         Verdict::Fail(ObtError::LeaseLive {
                             collection: checks::coll(obt),
                             id: id.to_string(),
@@ -315,13 +379,15 @@ pub(crate) async fn take_over_expired(
     Ok(Ownership::new(state, sent))
 }
 
-/// Gives `seen` to `new_owner` with a new token if it is still exactly as seen.
+/// Gives `seen` to `new_owner` with a new token above `floor` (at least `seen`'s) if it is
+/// still exactly as seen.
 async fn take_unchanged(
     obt: &Obt,
     seen: &ObtState,
     new_owner: &str,
+    floor: Token,
 ) -> Result<Ownership, ObtError> {
-    let token = obt.issue_token().await?;
+    let token = steps::issue_token_above(obt, floor).await?;
     let sent = Instant::now();
     let state = steps::conditional(
         obt,
@@ -437,9 +503,13 @@ pub(crate) async fn advance_owned(
 pub(crate) async fn release(obt: &Obt, id: &str, owner: &str) -> Result<(), ObtError> {
     checks::check_name(obt, "OBT id", id)?;
     checks::check_name(obt, "owner", owner)?;
-    remove(obt, id, doc! { "owner": owner }, |now| {
-        (now.owner != owner).then(|| checks::not_owner(obt, id, owner, now))
-    })
+    remove(
+        obt,
+        id,
+        doc! { "owner": owner },
+        |now| (now.owner != owner).then(|| checks::not_owner(obt, id, owner, now)),
+        |by, _| by == owner,
+    )
     .await
 }
 
@@ -454,26 +524,41 @@ pub(crate) async fn release_owned(obt: &Obt, owned: &Ownership) -> Result<(), Ob
             (now.owner != owned.owner || now.token != owned.token)
                 .then(|| checks::preempted(obt, owned, Some(now)))
         },
+        |by, token| by == owned.owner && token == owned.token,
     )
     .await
 }
 
-/// Deletes OBT `id` if it matches `condition`; `refuse` says why a committed OBT that does
-/// not match is not the caller's to delete.
+/// Releases OBT `id` if it matches `condition`: turns it into a tombstone (`_deleted` set) that
+/// keeps the owner that released it and its last token. `refuse` says why a live OBT that does
+/// not match is not the caller's to release; `mine` whether a tombstone's owner and token are
+/// what this call releases.
+///
+/// The tombstone is what makes the release safe to send again and every other write safe to
+/// deliver late: no write matches a tombstone but a create with a higher token, so a late create,
+/// preempt, heartbeat or release changes nothing; and a release sent again after an error finds
+/// either its own tombstone (its earlier send landed: done) or another owner's, or a live OBT
+/// that is not its own (the caller had lost the OBT: refused as a call that was never retried
+/// would be).
 async fn remove(
     obt: &Obt,
     id: &str,
     condition: Document,
     refuse: impl Fn(&ObtState) -> Option<ObtError>,
+    mine: impl Fn(&str, Token) -> bool,
 ) -> Result<(), ObtError> {
-    let mut filter = doc! { "_id": id, fields::ACTIVE_TXN: null };
+    let mut filter = doc! { "_id": id, fields::ACTIVE_TXN: null, fields::DELETED: null };
     filter.extend(condition);
+    let change = doc! {
+        "$currentDate": { fields::DELETED: true },
+        "$inc": { fields::VERSION: 1_i64 },
+    };
     let mut retry = Retry::until_deadline(obt.options.retry);
     let mut unsure = false;
     loop {
-        let deleted = obt.coll.delete_one(filter.clone()).await;
-        match deleted {
-            Ok(r) if r.deleted_count == 1 => return Ok(()),
+        let released = obt.coll.update_one(filter.clone(), change.clone()).await;
+        match released {
+            Ok(r) if r.matched_count == 1 => return Ok(()),
             Ok(_) => {}
             Err(e) if is_transient(&e) && !retry.exhausted() => {
                 unsure = true;
@@ -482,11 +567,16 @@ async fn remove(
             }
             Err(e) => return Err(RepoError::database(&checks::coll(obt), id, "release", e).into()),
         }
-        let holder = match steps::committed(obt, id).await? {
-            // Gone: our earlier send landed (or it was never there).
-            None if unsure => return Ok(()),
-            None => return Err(checks::not_found(obt, id)),
-            Some((state, holder)) => match refuse(&state) {
+        let holder = match steps::stored(obt, id).await? {
+            // Our earlier send landed: the tombstone is ours.
+            Stored::Released {
+                owner: Some(by),
+                token,
+                ..
+            } if unsure && mine(&by, token) => return Ok(()),
+            // Released before this call (by the caller or anyone else), or never there.
+            Stored::Released { .. } | Stored::Absent => return Err(checks::not_found(obt, id)),
+            Stored::Live(state, holder) => match refuse(&state) {
                 Some(e) => return Err(e),
                 None => holder,
             },

@@ -1,6 +1,7 @@
-//! The steps every OBT operation is made of: issuing a fencing token, reading the committed OBT
-//! (through any transaction holding its document), and one conditional write that, when it
-//! matches nothing, reads the OBT to judge why (done already, refused, or worth sending again).
+//! The steps every OBT operation is made of: issuing a fencing token above every token stored in
+//! the namespace, reading the OBT as stored (live through any transaction holding its document,
+//! or a released OBT's tombstone), and one conditional write that, when it matches nothing, reads
+//! the OBT to judge why (done already, refused, or worth sending again).
 
 use std::time::Instant;
 
@@ -28,17 +29,55 @@ pub(super) enum Verdict {
     Again,
 }
 
-/// The body of [`Obt::issue_token`].
+/// The body of [`Obt::issue_token`]: above every token an OBT of the namespace holds, however
+/// the counter got behind.
 pub(crate) async fn issue_token(obt: &Obt) -> Result<Token, ObtError> {
+    let floor = token_floor(obt).await?;
+    issue_token_above(obt, floor).await
+}
+
+/// The highest token stored in the namespace: every OBT's, released ones included (a released
+/// OBT keeps its last token, see `ops::remove`). Every token ever handed to an owner was stored
+/// in its OBT, and an OBT's token only grows, so this is at least every token an owner or a
+/// fence can hold. One read on the `token` index.
+pub(super) async fn token_floor(obt: &Obt) -> Result<Token, ObtError> {
+    let top = obt
+        .coll
+        .find_one(doc! {})
+        .sort(doc! { "token": -1 })
+        .projection(doc! { "_id": 0, "token": 1 })
+        .await
+        .map_err(|e| RepoError::database(&checks::coll(obt), "*", "read the highest token", e))?;
+    Ok(Token(
+        top.and_then(|d| match d.get("token") {
+            Some(Bson::Int64(t)) => Some(*t),
+            Some(Bson::Int32(t)) => Some(i64::from(*t)),
+            _ => None,
+        })
+        .unwrap_or(0),
+    ))
+}
+
+/// Issues the namespace's next token, above `floor` whatever the counter says: one
+/// `findAndModify` setting `last` to `max(last, floor) + 1`. A counter that was deleted (it is
+/// created again) or restored from an old backup is lifted over the floor in the same write.
+pub(super) async fn issue_token_above(obt: &Obt, floor: Token) -> Result<Token, ObtError> {
     let namespace = obt.repo.name();
     let mut pace = Retry::tries(obt.options.retry, 9);
+    let next = vec![doc! {
+        "$set": {
+            "last": {
+                "$add": [
+                    { "$max": [{ "$ifNull": ["$last", 0_i64] }, floor.0] },
+                    1_i64,
+                ]
+            }
+        }
+    }];
     loop {
         let issued = obt
             .tokens
-            .find_one_and_update(
-                doc! { "_id": namespace },
-                doc! { "$inc": { "last": 1_i64 } },
-            )
+            .find_one_and_update(doc! { "_id": namespace }, next.clone())
             .upsert(true)
             .return_document(ReturnDocument::After)
             .await;
@@ -94,11 +133,24 @@ pub(super) fn state_of(obt: &Obt, id: &str, stored: Document) -> Result<ObtState
     Ok(ObtState::from_stored(doc, version))
 }
 
-/// The committed OBT and the transaction holding its document, if any.
-pub(super) async fn committed(
-    obt: &Obt,
-    id: &str,
-) -> Result<Option<(ObtState, Option<ObjectId>)>, ObtError> {
+/// An OBT document as stored.
+pub(super) enum Stored {
+    /// No document: the id was never used (or its tombstone was removed by hand).
+    Absent,
+    /// A released OBT: its tombstone keeps the owner that released it and its last token, so that
+    /// no late copy of an earlier write can bring the id back with a lower token, and a release
+    /// sent again can tell its own release from someone else's.
+    Released {
+        owner: Option<String>,
+        token: Token,
+        holder: Option<ObjectId>,
+    },
+    /// A live OBT as committed, and the transaction holding its document, if any.
+    Live(ObtState, Option<ObjectId>),
+}
+
+/// OBT `id` as stored (through any transaction holding its document).
+pub(super) async fn stored(obt: &Obt, id: &str) -> Result<Stored, ObtError> {
     let key = Bson::from(id);
     let shown = show_id(&key);
     let stored = obt
@@ -107,13 +159,38 @@ pub(super) async fn committed(
         .await
         .map_err(|e| RepoError::database(&checks::coll(obt), id, "read", e))?;
     let Some(stored) = stored else {
-        return Ok(None);
+        return Ok(Stored::Absent);
     };
     let holder = stored.get_object_id(fields::ACTIVE_TXN).ok();
+    let owner = stored.get_str("owner").ok().map(str::to_string);
+    let token = match stored.get("token") {
+        Some(Bson::Int64(t)) => Some(Token(*t)),
+        Some(Bson::Int32(t)) => Some(Token(i64::from(*t))),
+        _ => None,
+    };
     match obt.repo.committed(&shown, stored).await? {
-        Committed::Live(doc) => Ok(Some((state_of(obt, id, doc)?, holder))),
-        Committed::Deleted(_) | Committed::Absent => Ok(None),
+        Committed::Live(doc) => Ok(Stored::Live(state_of(obt, id, doc)?, holder)),
+        Committed::Deleted(_) | Committed::Absent => Ok(match token {
+            Some(token) => Stored::Released {
+                owner,
+                token,
+                holder,
+            },
+            None => Stored::Absent,
+        }),
     }
+}
+
+/// The committed OBT and the transaction holding its document, if any (`None` when there is
+/// none or it was released).
+pub(super) async fn committed(
+    obt: &Obt,
+    id: &str,
+) -> Result<Option<(ObtState, Option<ObjectId>)>, ObtError> {
+    Ok(match stored(obt, id).await? {
+        Stored::Live(state, holder) => Some((state, holder)),
+        Stored::Absent | Stored::Released { .. } => None,
+    })
 }
 
 /// The body of [`Obt::get`].

@@ -32,6 +32,8 @@ const PREFIX: &str = "collection:";
 const FLOOR: &str = "floor";
 const RAISED: &str = "raised";
 const NAME: &str = "collection";
+/// Set on a collection whose tombstones are state, not garbage: the purge leaves them.
+const KEEP_TOMBSTONES: &str = "keep_tombstones";
 
 fn meta_id(collection: &str) -> String {
     format!("{PREFIX}{collection}")
@@ -49,6 +51,31 @@ pub(crate) async fn register(
     .with_options(UpdateOptions::builder().upsert(true).build())
     .await
     .map(|_| ())
+}
+
+/// Records that the tombstones of `collection` must never be purged (idempotent): an OBT
+/// collection's tombstones keep each released id's last fencing token.
+pub(crate) async fn keep_tombstones(
+    meta: &Collection<Document>,
+    collection: &str,
+) -> mongodb::error::Result<()> {
+    meta.update_one(
+        doc! { "_id": meta_id(collection), KEEP_TOMBSTONES: { "$ne": true } },
+        doc! { "$set": { KEEP_TOMBSTONES: true } },
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Whether the tombstones of `collection` are kept for good (see [`keep_tombstones`]).
+pub(crate) async fn keeps_tombstones(
+    meta: &Collection<Document>,
+    collection: &str,
+) -> mongodb::error::Result<bool> {
+    Ok(meta
+        .find_one(doc! { "_id": meta_id(collection) })
+        .await?
+        .is_some_and(|d| d.get_bool(KEEP_TOMBSTONES) == Ok(true)))
 }
 
 /// The collections that hold stamped documents.

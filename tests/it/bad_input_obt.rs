@@ -188,7 +188,18 @@ async fn unusable_ids_owners_leases_and_collections() {
             ObtError::Invalid { .. }
         );
     }
-    assert!(r.checked() >= 28, "{} refusals checked", r.checked());
+    refuse!(
+        r,
+        "Obt::with_options with a clock slack over the longest lease",
+        Obt::with_options(
+            &t.store,
+            ObtOptions::default()
+                .collection("slack_obts")
+                .clock_slack(MAX_LEASE + std::time::Duration::from_millis(1))
+        ),
+        ObtError::Invalid { .. }
+    );
+    assert!(r.checked() >= 29, "{} refusals checked", r.checked());
 }
 
 /// The four refusals that must come before a fencing token is issued (the counter document in

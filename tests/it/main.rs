@@ -46,6 +46,7 @@ mod ids_and_inserts;
 mod late_delivery;
 mod obt;
 mod obt_http;
+mod obt_late;
 #[cfg(feature = "cli")]
 mod obt_processes;
 mod obt_race;

@@ -183,7 +183,7 @@ async fn a_copy_still_in_flight_after_a_replay_cannot_take_again_after_a_release
     let p = ProviderId::new("late", "units");
     quota.create(NewProvider::new(p.clone(), 10)).await.unwrap();
     let (deliver, held) = tokio::sync::oneshot::channel::<()>();
-    let (delivered_tx, delivered) = tokio::sync::oneshot::channel::<()>();
+    let (delivered_tx, delivered) = tokio::sync::oneshot::channel::<Option<Document>>();
     let proxy = WireProxy::start(
         &common::server_uri(),
         Script(std::sync::Mutex::new(
@@ -227,7 +227,12 @@ async fn a_copy_still_in_flight_after_a_replay_cannot_take_again_after_a_release
     let released = quota.release("job").await.unwrap();
     assert_eq!(released.returned, vec![(p.clone(), 5)]);
     deliver.send(()).unwrap();
-    delivered.await.unwrap();
+    let reply = delivered.await.unwrap().expect("the held copy ran");
+    assert_eq!(
+        reply.get_i32("n").ok(),
+        Some(0),
+        "the held copy matched: {reply}"
+    );
     let now = quota.provider(p.clone()).await.unwrap();
     assert_eq!(
         (now.usage, now.available),

@@ -42,12 +42,12 @@ pub enum Action {
     /// Close the client's connection at once, and send the command to the server this much later
     /// on a connection of its own (its reply goes nowhere): it runs after its sender gave up.
     DeliverLate(Duration),
-    /// As `DeliverLate`, but sent once the future completes: a test delivers the command at the
-    /// moment its scenario needs (after a release, say) rather than after a guessed delay. The
-    /// sender is told once the server has answered it (or gave no answer in 30 s).
+    /// As `DeliverLate`, at a moment the test chooses: the command is sent once the future
+    /// completes, and its reply (`None` if there was none) goes to the sender, so the test knows
+    /// the late copy has run and what it did.
     DeliverWhen(
         std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
-        tokio::sync::oneshot::Sender<()>,
+        tokio::sync::oneshot::Sender<Option<Document>>,
     ),
     /// Send it this much later on the same connection (a slow link on the way out): it runs late
     /// while its sender still waits for the reply, and the connection's next commands queue
@@ -239,13 +239,13 @@ async fn commands(
                 });
                 return Err(std::io::Error::other("command held back by a proxy rule"));
             }
-            Action::DeliverWhen(when, delivered) => {
+            Action::DeliverWhen(wait, done) => {
                 let late = msg.encode();
                 let upstream = upstream.clone();
                 tokio::spawn(async move {
-                    when.await;
-                    deliver(&upstream, &late).await;
-                    let _ = delivered.send(());
+                    wait.await;
+                    let reply = deliver(&upstream, &late).await;
+                    let _ = done.send(reply);
                 });
                 return Err(std::io::Error::other("command held back by a proxy rule"));
             }
@@ -304,15 +304,17 @@ async fn replies(
     }
 }
 
-/// Sends one command on a fresh connection and waits for (and discards) its reply.
-async fn deliver(upstream: &str, message: &[u8]) {
-    let Ok(server) = TcpStream::connect(upstream).await else {
-        return;
-    };
+/// Sends one command on a fresh connection and waits for its reply, which it returns (`None`
+/// if the server could not be reached or did not answer in 30 s).
+async fn deliver(upstream: &str, message: &[u8]) -> Option<Document> {
+    let server = TcpStream::connect(upstream).await.ok()?;
     let (mut read, mut write) = server.into_split();
-    if write.write_all(message).await.is_ok() {
-        let _ = tokio::time::timeout(Duration::from_secs(30), read_message(&mut read)).await;
-    }
+    write.write_all(message).await.ok()?;
+    let reply = tokio::time::timeout(Duration::from_secs(30), read_message(&mut read))
+        .await
+        .ok()?
+        .ok()?;
+    Msg::parse(&reply).map(|msg| msg.body)
 }
 
 fn lock(pending: &Pending) -> std::sync::MutexGuard<'_, HashMap<i32, (Document, bool)>> {

@@ -223,6 +223,7 @@ impl Store {
 
     /// Purges the free tombstones of `collection` deleted before `cutoff` (server time), after
     /// raising its version floor over them and letting the raise stand for the grace period.
+    /// A collection whose tombstones are kept for good (an OBT collection's) is left alone.
     pub(crate) async fn purge_tombstones(
         &self,
         collection: &str,
@@ -230,6 +231,12 @@ impl Store {
     ) -> Result<u64, RepoError> {
         let fail =
             |operation| move |source| RepoError::database(collection, "*", operation, source);
+        if meta::keeps_tombstones(&self.meta(), collection)
+            .await
+            .map_err(fail("read the collection registry"))?
+        {
+            return Ok(0);
+        }
         let coll = self.inner.db.collection::<Document>(collection);
         let highest = coll
             .find_one(meta::purgeable(cutoff))
