@@ -359,17 +359,6 @@ pub(crate) fn set_limit(doc: &ProviderDoc, limit: i64) -> ProviderDoc {
     doc
 }
 
-/// The writes giving a provider (`all`, every stripe of it, read at once) the limit `limit`.
-pub(crate) fn new_limit(all: &Docs, limit: i64) -> Vec<Write> {
-    match all.values().collect::<Vec<_>>()[..] {
-        [(generation, doc)] if doc.is_whole() => vec![Write {
-            generation: *generation,
-            doc: set_limit(doc, limit),
-        }],
-        _ => crate::quota::stripes::share(all, limit),
-    }
-}
-
 /// The provider without tombstones past their deadline, if it had any.
 pub(crate) fn pruned(doc: &ProviderDoc, now: DateTime) -> Option<ProviderDoc> {
     let mut doc = doc.clone();

@@ -11,6 +11,7 @@ use crate::quota::decide;
 use crate::quota::error::QuotaError;
 use crate::quota::model::{NewProvider, Provider, ProviderDoc, ProviderId};
 use crate::quota::ops::{Attempts, Step};
+use crate::quota::stripes;
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::find::Query;
@@ -62,7 +63,7 @@ pub(crate) async fn set_limit(
         // Every stripe is written, each conditionally on the version read, so the shares
         // are of one moment and add up to the new limit.
         let all = access::read_stripes(quota, &id).await?;
-        let writes = decide::new_limit(&all, limit);
+        let writes = stripes::new_limit(&all, limit);
         match access::write(quota, writes).await? {
             Step::Done => return quota.provider(id).await,
             Step::Retry(reason) | Step::Ambiguous(reason) => attempts.again(reason).await?,

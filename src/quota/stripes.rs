@@ -304,6 +304,18 @@ pub(crate) fn lend(
     Some((lent, others))
 }
 
+/// The writes giving a provider (`all`, every stripe of it, read at once) the limit `limit`:
+/// a provider of one stripe is given it whole, a striped one shares it out.
+pub(crate) fn new_limit(all: &Docs, limit: i64) -> Vec<Write> {
+    match all.values().collect::<Vec<_>>()[..] {
+        [(generation, doc)] if doc.is_whole() => vec![Write {
+            generation: *generation,
+            doc: crate::quota::decide::set_limit(doc, limit),
+        }],
+        _ => share(all, limit),
+    }
+}
+
 /// Plans giving a striped provider the limit `limit`: each stripe keeps a share covering its
 /// usage while the limit allows, and the rest is spread evenly. Below the provider's usage every
 /// stripe is marked `over`: a release would otherwise give a stripe room while the provider as

@@ -299,7 +299,7 @@ mod properties {
                     prop_assert!(matches!(consume(&mut all, &request, 1, false), Ok(true)));
                     held.insert((c, 0), 1);
                 }
-                let writes = crate::quota::decide::new_limit(&all, lowered);
+                let writes = crate::quota::stripes::new_limit(&all, lowered);
                 apply(&mut all, writes);
                 limit = lowered;
             }
@@ -337,7 +337,7 @@ mod properties {
                     Step::SetLimit { limit: new } => {
                         // As the public `set_limit` does: a provider of one stripe is given
                         // its limit whole, a striped one shares it out.
-                        let writes = crate::quota::decide::new_limit(&all, new);
+                        let writes = crate::quota::stripes::new_limit(&all, new);
                         apply(&mut all, writes);
                         limit = new;
                     }
