@@ -63,6 +63,7 @@ mod quota_crash;
 mod quota_release;
 mod quota_stripes;
 mod ratelimit;
+mod ratelimit_faults;
 #[cfg(feature = "cli")]
 mod ratelimit_processes;
 mod raw_changes;
