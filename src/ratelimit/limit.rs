@@ -97,7 +97,9 @@ pub struct Limit {
     /// bound; a longer one lets calls stop counting early by the excess (an interval of one
     /// window may then hold the limit plus the calls of a span that long). Set it from the
     /// deployment's clock discipline (how far apart NTP keeps the nodes); 0 by default. A step
-    /// backwards only keeps calls counted longer.
+    /// backwards only keeps calls counted longer; a settlement's sendings, whose windows of
+    /// server time must not overlap across such a step either, start each window `skew` after
+    /// the previous one's end.
     pub skew: Duration,
 }
 
@@ -271,6 +273,10 @@ pub(crate) struct Grant {
     /// The limiter's clock (server time, ms) when the granting write ran, and when its reply
     /// came: the sender's estimate of that clock, for its settlement's windows.
     pub clock: (i64, Instant),
+    /// The limit's skew in milliseconds: a sending after another starts its window this much
+    /// after the other's ended, so that a node whose clock is behind by up to that after a
+    /// primary change does not still find the other inside its window.
+    pub skew_ms: i64,
 }
 
 /// Added to every window: the server's clock reads whole milliseconds, so a call at most a

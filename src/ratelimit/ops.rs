@@ -405,7 +405,12 @@ async fn settle_one(
     loop {
         let (at, when) = replied;
         let mut now = at.saturating_add(i64::try_from(when.elapsed().as_millis()).unwrap_or(0));
-        let after = lock(&reservation.settling).tracks[index].after;
+        // After the end of every earlier sending's window, and the limit's skew more: a primary
+        // change to a node whose clock is behind by up to the skew cannot bring an earlier
+        // window back.
+        let after = lock(&reservation.settling).tracks[index]
+            .after
+            .map(|a| a.saturating_add(grant.skew_ms));
         if let Some(after) = after.filter(|&a| now <= a) {
             let wait = u64::try_from(after - now + 1).unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(wait)).await;

@@ -607,6 +607,8 @@ pub(crate) fn granted(doc: &Document, received: Instant) -> Option<Grant> {
             doc.get_datetime("read_at").ok()?.timestamp_millis(),
             received,
         ),
+        // Limiters defined before the skew have none.
+        skew_ms: doc.get_i64("skew_ms").unwrap_or(0),
     })
 }
 
