@@ -98,7 +98,10 @@ pub enum RateLimitError {
         /// The reservation.
         reservation: ObjectId,
     },
-    /// The reservation was settled before; the first settlement stands.
+    /// The reservation was settled, or is being settled, by another `settle` call (on it or a
+    /// clone of it) reporting `made` calls made; that settlement stands, and this call wrote
+    /// nothing. (After that call failed with a retryable error, a call reporting the same
+    /// `made` sends the same settlement again instead.)
     #[error("{collection}/{limiter}: reservation {reservation} was already settled with {made} calls made")]
     AlreadySettled {
         /// The collection of limiters.
@@ -134,8 +137,10 @@ pub enum RateLimitError {
         /// Time spent waiting.
         waited: Duration,
     },
-    /// The limiter kept changing under a settlement (its write found the entry pending and in
-    /// time, yet did not apply) until the tries ran out. Retrying is safe.
+    /// A settlement's sendings kept reaching the limiter outside their window of server time
+    /// (this process's estimate of the limiter's clock far off, or a link slower than
+    /// [`send_window`](crate::ratelimit::RateLimitOptions::send_window)) until the tries ran
+    /// out; none of them changed anything. Retrying is safe.
     #[error("{collection}/{limiter}: {what} did not apply after {tries} tries")]
     Contended {
         /// The collection of limiters.

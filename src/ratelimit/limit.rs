@@ -3,18 +3,58 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicU32, AtomicU8};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bson::oid::ObjectId;
 use bson::{doc, Document};
 
-/// A reservation not settled yet.
-pub(crate) const OPEN: u8 = 0;
-/// A reservation whose settlement was sent, and may or may not have landed.
-pub(crate) const SENT: u8 = 1;
-/// A settled reservation.
-pub(crate) const DONE: u8 = 2;
+/// Where a reservation's settlement is. A reservation has one settlement, whichever of its
+/// clones settles it: the first `settle` starts it, and it is identified by the calls it reports
+/// made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Not settled.
+    Open,
+    /// A `settle` call is sending it: any other is refused.
+    Sending { made: u32 },
+    /// A `settle` call failed after sending it (it may have landed, or may still): a call
+    /// reporting the same `made` sends it again, any other is refused.
+    Sent { made: u32 },
+    /// Settled.
+    Done { made: u32 },
+}
+
+/// What the sendings of a settlement to one limiter so far require of the next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Track {
+    /// The latest `until` (server time, ms) of every sending so far: the next one is valid only
+    /// after it, so no two sendings can ever apply at the same server time.
+    pub after: Option<i64>,
+    /// Sendings whose fate is unknown (an I/O error, or a call dropped while it waited): the
+    /// next one is a resend, which checks whether such a one may have landed and been forgotten.
+    pub unknown: u32,
+    /// What the limiter answered, once it did: a `settle` that failed on another limiter and is
+    /// called again does not send to this one again (a sending that is not a resend would apply
+    /// a second time once the limiter forgot the first).
+    pub outcome: Option<Settled>,
+}
+
+/// A reservation's settlement, shared by its clones.
+#[derive(Debug)]
+pub(crate) struct Settling {
+    pub phase: Phase,
+    /// One per limiter, in the order of the reservation's `limiters`.
+    pub tracks: Vec<Track>,
+}
+
+impl Settling {
+    pub(crate) fn new(limiters: usize) -> Settling {
+        Settling {
+            phase: Phase::Open,
+            tracks: vec![Track::default(); limiters],
+        }
+    }
+}
 
 /// The JSON Schema of a limiter document (the project's `schemas/ratelimits.json`).
 pub const LIMITERS_SCHEMA: &str = include_str!("../../schemas/ratelimits.json");
@@ -50,6 +90,17 @@ pub struct Limit {
     /// How long a call sent just before the deadline may take to reach the API; it widens what
     /// an unsettled reservation covers.
     pub grace: Duration,
+    /// How far the clock of the node that holds the limiter's document may jump ahead, at
+    /// most: the limiter's clock is `$$NOW` on its primary, and a primary change (or a chunk
+    /// migration to another shard) to a node whose clock is `d` ahead makes every call look `d`
+    /// older. Calls count `skew` longer than the window, so a step of up to `skew` keeps the
+    /// bound; a longer one lets calls stop counting early by the excess (an interval of one
+    /// window may then hold the limit plus the calls of a span that long). Set it from the
+    /// deployment's clock discipline (how far apart NTP keeps the nodes); 0 by default. A step
+    /// backwards only keeps calls counted longer; a settlement's sendings, whose windows of
+    /// server time must not overlap across such a step either, start each window `skew` after
+    /// the previous one's end.
+    pub skew: Duration,
 }
 
 impl Limit {
@@ -62,6 +113,7 @@ impl Limit {
             reserved: 0,
             hold: window.min(Duration::from_secs(10)),
             grace: Duration::from_millis(100),
+            skew: Duration::ZERO,
         }
     }
 
@@ -83,6 +135,12 @@ impl Limit {
         self
     }
 
+    /// Sets [`skew`](Limit::skew).
+    pub fn skew(mut self, skew: Duration) -> Limit {
+        self.skew = skew;
+        self
+    }
+
     /// The most a bulk caller can be granted at once.
     pub fn bulk_max(&self) -> u32 {
         self.calls.saturating_sub(self.reserved)
@@ -97,18 +155,23 @@ impl Limit {
     }
 
     /// How long a reservation that is never settled keeps capacity, at most: until no interval
-    /// of one window can contain a call made under it, and the slot its end falls in has aged
-    /// out (a slot is a 128th of window + hold + grace).
+    /// of one window (and the skew) can contain a call made under it, and the slot its end falls
+    /// in has aged out (a slot is a 128th of window + skew + hold + grace).
     pub fn dead_worker_cost(&self) -> Duration {
         let slot = u64::try_from(self.slot_ms()).unwrap_or(u64::MAX / 4);
-        self.hold + self.grace + self.window + SLACK + Duration::from_millis(slot)
+        self.hold + self.grace + self.span() + Duration::from_millis(slot)
     }
 
-    /// The width in milliseconds of one slot of its limiter: its reach (window + hold + grace +
-    /// slack) over [`SLOTS`], rounded up.
+    /// How long after its end a call counts: the window, the skew and [`SLACK`].
+    pub(crate) fn span(&self) -> Duration {
+        self.window + self.skew + SLACK
+    }
+
+    /// The width in milliseconds of one slot of its limiter: its reach (window + skew + hold +
+    /// grace + slack) over [`SLOTS`], rounded up.
     pub(crate) fn slot_ms(&self) -> i64 {
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
-        let reach = ms(self.window) + ms(self.hold) + ms(self.grace) + ms(SLACK);
+        let reach = ms(self.span()) + ms(self.hold) + ms(self.grace);
         ((reach + SLOTS - 1) / SLOTS).max(1)
     }
 
@@ -130,6 +193,7 @@ impl Limit {
             ("window", self.window),
             ("hold", self.hold),
             ("grace", self.grace),
+            ("skew", self.skew),
         ] {
             if d.subsec_nanos() % 1_000_000 != 0 {
                 return Some(format!(
@@ -155,6 +219,9 @@ impl Limit {
         if self.grace > DAY {
             return Some(format!("grace {:?} must be at most one day", self.grace));
         }
+        if self.skew > DAY {
+            return Some(format!("skew {:?} must be at most one day", self.skew));
+        }
         None
     }
 
@@ -166,6 +233,7 @@ impl Limit {
             "reserved": i64::from(self.reserved),
             "hold_ms": ms(self.hold),
             "grace_ms": ms(self.grace),
+            "skew_ms": ms(self.skew),
         }
     }
 
@@ -183,11 +251,16 @@ impl Limit {
             reserved: int("reserved")?,
             hold: dur("hold_ms")?,
             grace: dur("grace_ms")?,
+            // Limiters defined before the skew have none.
+            skew: match doc.get("skew_ms") {
+                None => Duration::ZERO,
+                Some(_) => dur("skew_ms")?,
+            },
         })
     }
 }
 
-/// The slots a limiter's reach (window + hold + grace + slack) is cut into.
+/// The slots a limiter's reach (window + skew + hold + grace + slack) is cut into.
 pub(crate) const SLOTS: i64 = 128;
 
 /// What a settlement needs to know of the grant it settles on one limiter.
@@ -197,6 +270,13 @@ pub(crate) struct Grant {
     pub end: i64,
     /// The limiter's sequence number of the grant.
     pub seq: i64,
+    /// The limiter's clock (server time, ms) when the granting write ran, and when its reply
+    /// came: the sender's estimate of that clock, for its settlement's windows.
+    pub clock: (i64, Instant),
+    /// The limit's skew in milliseconds: a sending after another starts its window this much
+    /// after the other's ended, so that a node whose clock is behind by up to that after a
+    /// primary change does not still find the other inside its window.
+    pub skew_ms: i64,
 }
 
 /// Added to every window: the server's clock reads whole milliseconds, so a call at most a
@@ -207,9 +287,13 @@ impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} calls per {:?} ({} reserved, hold {:?}, grace {:?})",
+            "{} calls per {:?} ({} reserved, hold {:?}, grace {:?}",
             self.calls, self.window, self.reserved, self.hold, self.grace
-        )
+        )?;
+        if !self.skew.is_zero() {
+            write!(f, ", skew {:?}", self.skew)?;
+        }
+        f.write_str(")")
     }
 }
 
@@ -244,11 +328,9 @@ pub struct CallReservation {
     pub(crate) limiters: Vec<String>,
     /// Where each limiter (in the order of `limiters`) counted it.
     pub(crate) grants: Vec<Grant>,
-    /// Whether it was settled: shared by its clones, so that settling twice is refused whichever
-    /// clone does it (`OPEN`, `SENT`, `DONE`).
-    pub(crate) state: Arc<AtomicU8>,
-    /// The calls made, once settled (for the error of a second settlement).
-    pub(crate) made: Arc<AtomicU32>,
+    /// Its settlement, shared by its clones: a second settlement is refused whichever clone
+    /// sends it, and the sendings of the one settlement never overlap in server time.
+    pub(crate) settling: Arc<Mutex<Settling>>,
     pub(crate) calls: u32,
     pub(crate) priority: Priority,
     pub(crate) deadline: Instant,

@@ -25,15 +25,25 @@
 //! its calls counted in full until its end's slot has aged out: it costs at most its calls for
 //! hold + grace + one window and a slot, and can never cause an overrun.
 //!
-//! The document holds at most 130 slots, the last 32 grants and settlements and the waiting
-//! callers, whatever the limit and however many reservations are outstanding, so a grant or a
-//! settlement costs the same at 10 calls per window as at 1,000,000.
+//! The document holds at most `ceil((reach + 100 ms) / slot) + 1` slots (131 for a 1 s window
+//! with the default hold; slots are kept 100 ms after they stop counting), the last 32 grants
+//! and settlements and the waiting callers, whatever the limit and however many reservations are
+//! outstanding, so a grant or a settlement costs the same at 10 calls per window as at
+//! 1,000,000.
+//!
+//! A reservation has one settlement, shared by its clones: the first `settle` owns it, any other
+//! is refused without a write. Each sending of it may apply only inside a window of server time
+//! that starts after every earlier sending's window, so a copy delayed in the network can never
+//! apply after its resend (see [`RateLimitOptions::send_window`]).
 //!
 //! Every time that counts is the server's: the writes are update pipelines that read `$$NOW`
 //! themselves. No worker's clock is compared with another's; a worker only measures its own
 //! deadline, on its monotonic clock, from before its request left. (The bulk queue's order and
 //! liveness use the worker's estimate of the server's clock, which only affects fairness, never
-//! the bound.)
+//! the bound; a settlement's windows use the limiter's clock as its last reply gave it, which
+//! only affects how soon a settlement after an error lands.) The server's clock is that of the node holding the document: a primary
+//! change to a node whose clock is ahead makes calls stop counting early by the difference,
+//! unless the limit's [`skew`](Limit::skew) covers it.
 //!
 //! Priorities and the queue are described on [`RateLimits`]; the exhaustive model of the protocol
 //! (`testkit::ratelimit_model`) comes with the `testkit` feature.
@@ -77,6 +87,12 @@ pub struct RateLimitOptions {
     /// How long [`RateLimits::reserve`] waits before giving up with
     /// [`RateLimitError::TimedOut`].
     pub max_wait: Duration,
+    /// How long after it leaves, by the limiter's clock (as the limiter's last reply gave it),
+    /// one sending of a settlement may still apply. A sending whose fate is unknown (an I/O error) is sent again only once the
+    /// server's clock has passed its window, so that no copy of it still on the way can apply
+    /// after the resend: this is how long a settlement takes after such an error. A sending
+    /// slower than this does nothing and is sent again.
+    pub send_window: Duration,
 }
 
 impl Default for RateLimitOptions {
@@ -85,6 +101,7 @@ impl Default for RateLimitOptions {
             collection: LIMITERS_COLLECTION.to_string(),
             poll: None,
             max_wait: Duration::from_secs(60),
+            send_window: Duration::from_secs(1),
         }
     }
 }
@@ -108,6 +125,12 @@ impl RateLimitOptions {
         self
     }
 
+    /// Sets [`send_window`](RateLimitOptions::send_window).
+    pub fn send_window(mut self, window: Duration) -> RateLimitOptions {
+        self.send_window = window;
+        self
+    }
+
     /// Refuses options that make no sense for `store`, with
     /// [`RateLimitError::InvalidOption`] (whether the collection already holds other documents
     /// is checked by [`RateLimits::with_options`]):
@@ -116,7 +139,9 @@ impl RateLimitOptions {
     ///   or ending with `.`, not a `system.` collection, at most 235 bytes with the database
     ///   name, the bound for a sharded namespace) and not one of mongotx's own collections;
     /// - `poll` must be from 1 ms (waiters sleep in whole milliseconds; zero is a busy loop) to
-    ///   one day.
+    ///   one day;
+    /// - `send_window` must be from 1 ms (a window of server time in whole milliseconds) to one
+    ///   day.
     ///
     /// `max_wait` takes any value: zero means one try, then [`RateLimitError::TimedOut`].
     pub fn validate(&self, store: &Store) -> Result<(), RateLimitError> {
@@ -140,6 +165,14 @@ impl RateLimitOptions {
                     "it must be from 1 ms to one day".into(),
                 );
             }
+        }
+        let window = self.send_window;
+        if window < Duration::from_millis(1) || window > Duration::from_secs(24 * 3600) {
+            return invalid(
+                "send_window",
+                format!("{window:?}"),
+                "it must be from 1 ms to one day".into(),
+            );
         }
         Ok(())
     }
@@ -331,10 +364,14 @@ impl RateLimits {
     /// every limiter at once. A reservation past its expiry was counted in full and is left
     /// alone ([`Settled::Expired`]). One write per limiter, all sent at once.
     ///
-    /// A reservation is settled once: settling it again, or a clone of it, is
-    /// [`RateLimitError::AlreadySettled`] and writes nothing. A settlement that failed with a
-    /// retryable error may be sent again with the same call; the limiter then applies it only if
-    /// it can tell the first sending did not land ([`Settled::Unconfirmed`] otherwise).
+    /// A reservation is settled once, whichever of its clones settles it: the first call
+    /// starts its settlement, and a call made while that one runs, or after it settled it, is
+    /// [`RateLimitError::AlreadySettled`] (with the calls the first reported made) and writes
+    /// nothing. A settlement that failed with a retryable error may be sent again by a call
+    /// reporting the same calls made (any other count is refused the same way); the limiter then
+    /// applies it only if it can tell no earlier sending landed ([`Settled::Unconfirmed`]
+    /// otherwise), and a copy of an earlier sending still on its way never applies after it
+    /// (see [`RateLimitOptions::send_window`]).
     pub async fn settle(
         &self,
         reservation: &CallReservation,

@@ -4,8 +4,7 @@
 //! its refusal, and the pure parts, the writes' filters and updates, are already in `plan`.)
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
@@ -17,8 +16,10 @@ use tokio::sync::Notify;
 
 use crate::ratelimit::error::RateLimitError;
 use crate::ratelimit::limit::{Attempt, CallReservation, Grant, Limit, Priority, Settled, Usage};
-use crate::ratelimit::limit::{DONE, OPEN, SENT, SLACK};
-use crate::ratelimit::plan::{self, grant_update, queue_update, settle_update, Out, Ticket, View};
+use crate::ratelimit::limit::{Phase, Settling};
+use crate::ratelimit::plan::{
+    self, grant_update, queue_update, settle_update, Out, Ticket, View, Window,
+};
 use crate::ratelimit::RateLimits;
 use crate::server::clock::plus;
 use crate::server::codes;
@@ -38,11 +39,11 @@ struct Queue {
 
 /// How one limiter answered a grant.
 enum One {
-    Granted(Grant),
+    /// Granted, by the limit the limiter has now (which a process may have cached otherwise,
+    /// if the limiter was deleted and defined again).
+    Granted(Grant, Limit),
     /// Refused; the limiter as the refusing write left it, which says when there will be room.
-    Refused {
-        view: Box<View>,
-    },
+    Refused { view: Box<View> },
 }
 
 fn coll_name(rate: &RateLimits) -> &str {
@@ -131,6 +132,16 @@ pub(crate) async fn define(
                     )
                     .await
                     .map_err(|e| db_error(rate, name, "move to slots", e))?;
+            } else if !stored.contains_key("log") {
+                // Moved to slots (or created) by a mongotx that left no log: workers of the
+                // version before slots would count an empty one.
+                rate.coll
+                    .update_one(
+                        doc! { "_id": name, "log": { "$exists": false } },
+                        doc! { "$set": { "log": plan::closed_log(&limit) } },
+                    )
+                    .await
+                    .map_err(|e| db_error(rate, name, "close the log", e))?;
             }
             cache(rate, name, limit);
             Ok(())
@@ -271,48 +282,59 @@ pub(crate) async fn settle(
             reservation: reservation.id,
         });
     }
-    let resend =
-        match reservation
-            .state
-            .compare_exchange(OPEN, SENT, Ordering::SeqCst, Ordering::SeqCst)
-        {
-            Ok(_) => false,
-            Err(SENT) => true,
-            Err(_) => {
+    // One settlement per reservation, whichever clone sends it: this call owns it from here,
+    // and another call is refused without a write, unless this one fails and it reports the
+    // same calls made (then it sends the same settlement again).
+    {
+        let mut settling = lock(&reservation.settling);
+        match settling.phase {
+            Phase::Open => {}
+            Phase::Sent { made: first } if first == made => {}
+            Phase::Sending { made: first }
+            | Phase::Sent { made: first }
+            | Phase::Done { made: first } => {
                 return Err(RateLimitError::AlreadySettled {
                     collection: coll_name(rate).to_string(),
                     limiter: reservation.limiters.join(","),
                     reservation: reservation.id,
-                    made: reservation.made.load(Ordering::SeqCst),
+                    made: first,
                 })
             }
-        };
-    let outcomes = join_all(reservation.limiters.iter().zip(&reservation.grants).map(
-        |(name, grant)| {
-            settle_one(
-                rate,
-                name,
-                reservation,
-                *grant,
-                made,
-                resend,
-                &reservation.state,
-            )
-        },
-    ))
+        }
+        settling.phase = Phase::Sending { made };
+    }
+    // Dropped before it ends (the caller gave up on it), the settlement may still land: it
+    // can be sent again, as after an error.
+    let owner = Owner {
+        settling: &reservation.settling,
+        made,
+    };
+    let outcomes = join_all(
+        reservation
+            .limiters
+            .iter()
+            .zip(&reservation.grants)
+            .enumerate()
+            .map(|(i, (name, grant))| settle_one(rate, name, reservation, i, *grant, made)),
+    )
     .await;
     let mut settled = Settled::Returned {
         unused: reservation.calls - made,
     };
+    let mut failure = None;
     for outcome in outcomes {
-        match outcome? {
-            Settled::Expired if settled != Settled::Unconfirmed => settled = Settled::Expired,
-            Settled::Unconfirmed => settled = Settled::Unconfirmed,
-            _ => {}
+        match outcome {
+            Ok(Settled::Expired) if settled != Settled::Unconfirmed => settled = Settled::Expired,
+            Ok(Settled::Unconfirmed) => settled = Settled::Unconfirmed,
+            Ok(_) => {}
+            Err(e) => failure = failure.or(Some(e)),
         }
     }
-    reservation.made.store(made, Ordering::SeqCst);
-    reservation.state.store(DONE, Ordering::SeqCst);
+    if let Some(e) = failure {
+        // Sent, and perhaps landed on some limiters: the same settlement may be sent again.
+        return Err(e);
+    }
+    owner.done();
     // Only unused calls free room now; calls made keep theirs for a window, and waiters
     // already sleep until then.
     if made < reservation.calls {
@@ -323,19 +345,91 @@ pub(crate) async fn settle(
     Ok(settled)
 }
 
-/// Settles a reservation on one limiter: one write, sent again (as a resend) when its reply
-/// is lost. `state` becomes [`SENT`] before anything is sent.
+fn lock(settling: &Mutex<Settling>) -> MutexGuard<'_, Settling> {
+    // Every change leaves the state whole, so one left by a panicking task is still sound.
+    settling.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The `settle` call that owns a reservation's settlement: unless it ends settled, the
+/// settlement is left `Sent`, to be sent again by a call reporting the same calls made.
+struct Owner<'a> {
+    settling: &'a Mutex<Settling>,
+    made: u32,
+}
+
+impl Owner<'_> {
+    fn done(self) {
+        lock(self.settling).phase = Phase::Done { made: self.made };
+    }
+}
+
+impl Drop for Owner<'_> {
+    fn drop(&mut self) {
+        let mut settling = lock(self.settling);
+        if settling.phase == (Phase::Sending { made: self.made }) {
+            settling.phase = Phase::Sent { made: self.made };
+        }
+    }
+}
+
+/// Settles a reservation on one limiter (the `index`th of its limiters): one write, sent again
+/// when its fate is unknown (an I/O error) or when it came outside its window of server time.
+///
+/// Each sending may apply only inside its window, which starts after the end of every earlier
+/// sending's (`Track::after`, kept with the reservation across calls and clones), so two sendings
+/// of the settlement can never both apply, whatever the network delays and however many
+/// settlements the limiter has forgotten meanwhile. Before sending again after an I/O error, the
+/// sender waits until the limiter's clock has passed the earlier sending's window (by the time
+/// the limiter's last reply reported, advanced by this process's monotonic clock; a sending that
+/// still comes too early is told so and changes nothing).
 async fn settle_one(
     rate: &RateLimits,
     name: &str,
     reservation: &CallReservation,
+    index: usize,
     grant: Grant,
     made: u32,
-    mut resend: bool,
-    state: &AtomicU8,
 ) -> Result<Settled, RateLimitError> {
     let key = reservation.id.to_hex();
-    for round in 1..=TRIES {
+    let send_window = i64::try_from(rate.options.send_window.as_millis()).unwrap_or(i64::MAX / 4);
+    if let Some(outcome) = lock(&reservation.settling).tracks[index].outcome {
+        // Settled there by an earlier call that failed on another limiter.
+        return Ok(outcome);
+    }
+    // The limiter's clock as its last reply gave it (the grant's, at first), and when that
+    // reply came: the estimate of that clock needs no round trip, and is the clock of the very
+    // node that holds the limiter (a shard's clock may differ from what `hello` says).
+    let mut replied = grant.clock;
+    // Sendings whose fate is unknown, and sendings that came outside their window.
+    let (mut unknown, mut outside) = (0, 0);
+    loop {
+        let (at, when) = replied;
+        let mut now = at.saturating_add(i64::try_from(when.elapsed().as_millis()).unwrap_or(0));
+        // After the end of every earlier sending's window, and the limit's skew more: a primary
+        // change to a node whose clock is behind by up to the skew cannot bring an earlier
+        // window back.
+        let after = lock(&reservation.settling).tracks[index]
+            .after
+            .map(|a| a.saturating_add(grant.skew_ms));
+        if let Some(after) = after.filter(|&a| now <= a) {
+            let wait = u64::try_from(after - now + 1).unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            now = after + 1;
+        }
+        let window = Window {
+            after,
+            until: now.saturating_add(send_window),
+        };
+        let resend = {
+            let mut settling = lock(&reservation.settling);
+            let track = &mut settling.tracks[index];
+            let resend = track.unknown > 0;
+            // Counted as sent (and its fate unknown) before it leaves, in case this call is
+            // dropped while it waits.
+            track.after = Some(track.after.map_or(window.until, |a| a.max(window.until)));
+            track.unknown += 1;
+            resend
+        };
         let update = settle_update(
             &key,
             reservation.calls,
@@ -343,42 +437,71 @@ async fn settle_one(
             grant,
             made,
             resend,
+            Some(window),
         );
         let written = rate
             .coll
             .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
-            .projection(doc! { "out": 1 })
+            .projection(doc! { "out": 1, "read_at": 1 })
             .return_document(ReturnDocument::After)
             .await;
         let doc = match written {
-            Ok(Some(doc)) => doc,
-            Ok(None) => return Err(absent(rate, name).await),
-            Err(e) if crate::server::is_transient(&e) && round < TRIES => {
-                state.store(SENT, Ordering::SeqCst);
-                resend = true;
+            Ok(found) => {
+                // The write ran: this sending's fate is known.
+                lock(&reservation.settling).tracks[index].unknown -= 1;
+                match found {
+                    Some(doc) => doc,
+                    None => return Err(absent(rate, name).await),
+                }
+            }
+            Err(e) if crate::server::is_transient(&e) && unknown + 1 < TRIES => {
+                unknown += 1;
                 continue;
             }
             Err(e) => return Err(db_error(rate, name, "settle", e)),
         };
         let out = Out::of(&doc, &key)
             .ok_or_else(|| malformed(rate, name, "the settling write returned no outcome"))?;
-        return Ok(if out.ok || out.seen {
-            Settled::Returned {
+        let outcome = if out.ok || out.seen {
+            Some(Settled::Returned {
                 unused: reservation.calls - made,
-            }
+            })
         } else if out.lost {
-            Settled::Unconfirmed
-        } else {
+            Some(Settled::Unconfirmed)
+        } else if !out.here {
             // Its end's slot stopped counting: it aged out whole.
-            Settled::Expired
-        });
+            Some(Settled::Expired)
+        } else {
+            None
+        };
+        if let Some(outcome) = outcome {
+            lock(&reservation.settling).tracks[index].outcome = Some(outcome);
+            return Ok(outcome);
+        }
+        if !(out.early || out.late) {
+            return Err(malformed(
+                rate,
+                name,
+                "the settling write neither applied nor said why",
+            ));
+        }
+        // It came before its window (the estimate of the limiter's clock ran ahead) or after
+        // it (a slow link, or an estimate behind): it did nothing. Send it again, by the
+        // limiter's clock as this reply gives it.
+        let at = doc
+            .get_datetime("read_at")
+            .map_err(|_| malformed(rate, name, "the server did not report its time (read_at)"))?;
+        replied = (at.timestamp_millis(), Instant::now());
+        outside += 1;
+        if outside >= TRIES {
+            return Err(RateLimitError::Contended {
+                collection: coll_name(rate).to_string(),
+                limiter: name.to_string(),
+                what: "settle",
+                tries: TRIES,
+            });
+        }
     }
-    Err(RateLimitError::Contended {
-        collection: coll_name(rate).to_string(),
-        limiter: name.to_string(),
-        what: "settle",
-        tries: TRIES,
-    })
 }
 
 /// Why a write on `name` found no limiter to write: none, or one in an earlier format.
@@ -418,7 +541,12 @@ async fn attempt(
     let mut failure = None;
     for ((name, limit), answer) in limits.iter().zip(answers) {
         match answer {
-            Ok(One::Granted(grant)) => granted.push((name, grant)),
+            Ok(One::Granted(grant, now)) => {
+                if now != *limit {
+                    cache(rate, name, now);
+                }
+                granted.push((name, grant, now));
+            }
             Ok(One::Refused { view }) => refused.push((name, limit, view)),
             Err(e) => failure = failure.or(Some(e)),
         }
@@ -430,14 +558,19 @@ async fn attempt(
             }
             q.tickets.clear();
         }
-        let hold = limits.iter().map(|(_, l)| l.hold).min().unwrap_or_default();
-        let counted_for = limits
+        // The limits the granting writes returned: a reservation's deadline is the hold its
+        // limiters count it by.
+        let hold = granted
             .iter()
-            .map(|(_, l)| {
+            .map(|(_, _, l)| l.hold)
+            .min()
+            .unwrap_or_default();
+        let counted_for = granted
+            .iter()
+            .map(|(_, _, l)| {
                 l.hold - hold
                     + l.grace
-                    + l.window
-                    + SLACK
+                    + l.span()
                     + Duration::from_millis(u64::try_from(plan::slot_ms(l)).unwrap_or(u64::MAX / 4))
             })
             .max()
@@ -446,9 +579,8 @@ async fn attempt(
             id,
             namespace: rate.coll.namespace().to_string(),
             limiters: limits.iter().map(|(name, _)| name.clone()).collect(),
-            grants: granted.iter().map(|(_, g)| *g).collect(),
-            state: Arc::new(AtomicU8::new(OPEN)),
-            made: Arc::default(),
+            grants: granted.iter().map(|(_, g, _)| *g).collect(),
+            settling: Arc::new(Mutex::new(Settling::new(limits.len()))),
             calls: n,
             priority,
             deadline: sent + hold,
@@ -460,10 +592,10 @@ async fn attempt(
     join_all(
         granted
             .iter()
-            .map(|(name, grant)| withdraw(rate, name, &key, n, priority, *grant)),
+            .map(|(name, grant, _)| withdraw(rate, name, &key, n, priority, *grant)),
     )
     .await;
-    for (name, _) in &granted {
+    for (name, _, _) in &granted {
         waker(rate, name).notify_waiters();
     }
     if let Some(e) = failure {
@@ -541,16 +673,21 @@ async fn grant_one(
             Err(e) => return Err(db_error(rate, name, "reserve", e)),
         }
     };
+    let received = Instant::now();
     let out = Out::of(&doc, &key)
         .ok_or_else(|| malformed(rate, name, "the granting write returned no outcome"))?;
     if out.ok {
-        return plan::granted(&doc).map(One::Granted).ok_or_else(|| {
-            malformed(
-                rate,
-                name,
-                "a grant is missing from the recent grants it was added to",
-            )
-        });
+        let limit = Limit::from_fields(&doc)
+            .ok_or_else(|| malformed(rate, name, "its limit fields are missing or out of range"))?;
+        return plan::granted(&doc, received)
+            .map(|g| One::Granted(g, limit))
+            .ok_or_else(|| {
+                malformed(
+                    rate,
+                    name,
+                    "a grant is missing from the recent grants it was added to",
+                )
+            });
     }
     Ok(One::Refused {
         view: Box::new(reading(rate, name, &doc)?),
@@ -616,7 +753,8 @@ async fn withdraw(
         .coll
         .update_one(
             doc! { "_id": name, "slot_ms": { "$exists": true } },
-            settle_update(key, n, priority, grant, 0, false),
+            // Its only sending: nothing else can apply it.
+            settle_update(key, n, priority, grant, 0, false, None),
         )
         .await;
     if let Err(e) = result {

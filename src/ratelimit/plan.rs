@@ -16,9 +16,12 @@
 //! while its last millisecond is at most `span` old (`span`: the window plus [`SLACK`] for the
 //! clock's millisecond rounding), so every call counts at least as long as its own end says,
 //! and at most one slot longer: the limiter is conservative by less than `slot_ms`. `slot_ms`
-//! is the limiter's whole reach (window + hold + grace + slack) over `SLOTS`, so at most
-//! `SLOTS + 2` slots are ever live, whatever the number of calls or reservations, and a write
-//! reads and rewrites only those.
+//! is the limiter's whole reach (window + skew + hold + grace + slack) over `SLOTS`, so at most
+//! `SLOTS + 1` slots count at once, and with those that stopped counting less than
+//! [`PRUNE_AFTER_MS`] ago (every write keeps them that long) a limiter holds at most
+//! `ceil((reach + PRUNE_AFTER_MS) / slot_ms) + 1`, whatever the number of calls or reservations
+//! (131 for a 1 s window with the default hold; `SLOTS + 101` with 1 ms slots), and a write reads
+//! and rewrites only those.
 //!
 //! A grant adds its calls to the slot of its pending end; a settlement takes them out of it and
 //! adds the calls made to the slot of the settle time (never later than the pending end). A
@@ -40,12 +43,17 @@
 //! The last [`RECENT`] grants (`granted`: key, end slot, calls, priority, sequence number) and
 //! settlements (`settled`: key, sequence number) stay in the document. A grant sent again after
 //! a lost reply finds its key among the grants and is not counted twice (beyond the last
-//! [`RECENT`] it would be: counted twice, which only wastes room until it ages out). A settlement
-//! sent again finds its key among the settlements; if it does not, and a settlement made after
-//! the reservation's grant has already been dropped from the list (`evicted`), the first sending
-//! may have landed and been dropped, so the second changes nothing: a settlement is applied at
-//! most once, and one that cannot be confirmed leaves the reservation counted in full, the safe
-//! side.
+//! [`RECENT`] it would be: counted twice, which only wastes room until it ages out). Each sending
+//! of a settlement applies only inside its [`Window`] of server time, and the windows of one
+//! settlement's sendings do not overlap, so whichever sending applies, every other one runs
+//! before or after it. A later one finds its key among the settlements; if it does not, and a
+//! settlement made after the reservation's grant has already been dropped from the list
+//! (`evicted`), the earlier sending may have landed and been dropped, so the resend changes
+//! nothing. An earlier one still on its way arrives after its window and changes nothing,
+//! however many settlements the list has forgotten since. A settlement is applied at most once,
+//! and one that cannot be confirmed leaves the reservation counted in full, the safe side.
+
+use std::time::Instant;
 
 use bson::{doc, Bson, DateTime, Document};
 
@@ -65,7 +73,7 @@ pub(crate) struct Ticket {
 
 /// Milliseconds a call keeps counting after its end.
 pub(crate) fn span_ms(limit: &Limit) -> i64 {
-    ms(limit.window) + ms(SLACK)
+    ms(limit.span())
 }
 
 /// The width of one slot of `limit`'s limiter.
@@ -78,7 +86,8 @@ fn ms(d: std::time::Duration) -> i64 {
 }
 
 /// How long after it stops counting a slot is removed (or a queued caller after its expiry):
-/// late enough that no reader still computing with it is surprised.
+/// late enough that no reader still computing with it is surprised. It adds up to
+/// `ceil(100 / slot_ms)` slots to a limiter's document.
 const PRUNE_AFTER_MS: i64 = 100;
 
 /// The server's time in milliseconds, as the first stage of every write stores it.
@@ -90,7 +99,7 @@ fn clock_stage(reading: bool) -> Document {
     let first = |margin_ms: i64| {
         slot_of(Bson::Document(doc! { "$subtract": [
             { "$toLong": "$$NOW" },
-            { "$add": ["$window_ms", ms(SLACK) + margin_ms] },
+            { "$add": ["$window_ms", { "$ifNull": ["$skew_ms", long(0)] }, ms(SLACK) + margin_ms] },
         ] }))
     };
     let mut set = doc! {
@@ -296,6 +305,27 @@ fn unset(fields: &[&str]) -> Document {
     doc! { "$unset": all.map(|f| Bson::from(*f)).collect::<Vec<_>>() }
 }
 
+/// The one entry of a limiter's `log`, kept for workers of the version before slots.
+pub(crate) const MOVED: &str = "moved-to-slots";
+
+/// The `log` every limiter in slots keeps for workers of the version before slots, which may
+/// still run during a rolling upgrade (and write to it if no validator refuses them: one the
+/// service could not install). They counted this log of reservations, one entry each, and
+/// granted only if its live entries left room; this one holds the whole limit until the year
+/// 9999, settled (never moved to "now" by their estimate of when room frees), so they grant
+/// nothing more on a limiter the slots count: the calls they hold still count in the slots they
+/// were moved to, and new grants go through the slots only.
+pub(crate) fn closed_log(limit: &Limit) -> Document {
+    doc! {
+        MOVED: {
+            "n": i64::from(limit.calls),
+            "p": false,
+            "e": DateTime::from_millis(253_402_300_799_999),
+            "s": true,
+        }
+    }
+}
+
 /// The fields a new limiter of `limit` starts with (besides the limit's own).
 pub(crate) fn initial_fields(limit: &Limit) -> Document {
     doc! {
@@ -306,6 +336,7 @@ pub(crate) fn initial_fields(limit: &Limit) -> Document {
         "evicted": long(-1),
         "seq": long(0),
         "wait": {},
+        "log": closed_log(limit),
     }
 }
 
@@ -371,11 +402,26 @@ pub(crate) fn grant_update(
     ]
 }
 
+/// The interval of server time, in milliseconds, in which one sending of a settlement may apply:
+/// after `after` (the latest `until` of the settlement's earlier sendings, if any) and until
+/// `until`. The sendings of one settlement get disjoint intervals, so whichever applies, every
+/// other one either ran before it (and left its key among the recent settlements, or, being
+/// dropped from them, makes a resend `lost`) or runs after it (and finds it the same way): a
+/// late copy can never apply a second time, however many settlements came in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub after: Option<i64>,
+    pub until: i64,
+}
+
 /// The settling write for reservation `key` (`n` calls of `priority`, granted as `grant`):
 /// takes its calls out of its end's slot and adds the `made` ones to the slot of `$$NOW` (or its
 /// end's, if that is earlier), unless its key is among the recent settlements, the time is past
-/// its end's slot (then it is counted in full until it ages out), or, when `resend`, a settlement made since its
-/// grant was already dropped from the recent ones (it may be this one). `out` says which.
+/// its end's slot (then it is counted in full until it ages out), the time is outside the
+/// sending's `window` (`early`, `late`: this sending does nothing, another may), or, when
+/// `resend`, a settlement made since its grant was already dropped from the recent ones (it may
+/// be this one). `out` says which. A withdrawal (a grant taken back before the caller saw it,
+/// one sending) has no window.
 pub(crate) fn settle_update(
     key: &str,
     n: u32,
@@ -383,6 +429,7 @@ pub(crate) fn settle_update(
     grant: Grant,
     made: u32,
     resend: bool,
+    window: Option<Window>,
 ) -> Vec<Document> {
     let (bulk, high) = split(-i64::from(n), priority);
     let (made_bulk, made_high) = split(i64::from(made), priority);
@@ -403,12 +450,22 @@ pub(crate) fn settle_update(
         Bson::Boolean(false)
     };
     let dropped = doc! { "$arrayElemAt": [values("settled", "q"), 0] };
+    let early = match window.and_then(|w| w.after) {
+        Some(after) => Bson::Document(doc! { "$lte": [NOW_MS, long(after)] }),
+        None => Bson::Boolean(false),
+    };
+    let late = match window {
+        Some(w) => Bson::Document(doc! { "$gt": [NOW_MS, long(w.until)] }),
+        None => Bson::Boolean(false),
+    };
     let mut stages = vec![
         clock_stage(true),
         doc! { "$set": {
             "slots": kept_slots(),
             "_seen": remembered("settled", key),
             "_lost": lost,
+            "_early": early,
+            "_late": late,
             "_at": { "$min": [slot_of(Bson::from(NOW_MS)), long(grant.end)] },
         } },
         // Past its end's slot, a reservation is counted in full and left alone (its calls may
@@ -419,7 +476,13 @@ pub(crate) fn settle_update(
                 { "$in": [long(grant.end), values("slots", "s")] },
             ] },
         } },
-        doc! { "$set": { "_ok": { "$and": [{ "$not": ["$_seen"] }, { "$not": ["$_lost"] }, "$_here"] } } },
+        doc! { "$set": { "_ok": { "$and": [
+            { "$not": ["$_seen"] },
+            { "$not": ["$_lost"] },
+            "$_here",
+            { "$not": ["$_early"] },
+            { "$not": ["$_late"] },
+        ] } } },
     ];
     stages.extend(take);
     stages.extend([
@@ -437,9 +500,17 @@ pub(crate) fn settle_update(
             ] },
             "settled": { "$cond": ["$_ok", remember("settled", doc! { "k": key, "q": { "$add": [seq(), long(1)] } }), array("settled")] },
             "seq": { "$cond": ["$_ok", { "$add": [seq(), long(1)] }, seq()] },
-            "out": { "k": key, "ok": "$_ok", "seen": "$_seen", "lost": "$_lost", "here": "$_here" },
+            "out": {
+                "k": key,
+                "ok": "$_ok",
+                "seen": "$_seen",
+                "lost": "$_lost",
+                "here": "$_here",
+                "early": "$_early",
+                "late": "$_late",
+            },
         } },
-        unset(&["_seen", "_lost", "_at", "_here", "_ok", "_t"]),
+        unset(&["_seen", "_lost", "_early", "_late", "_at", "_here", "_ok", "_t"]),
     ]);
     stages
 }
@@ -448,7 +519,11 @@ pub(crate) fn settle_update(
 /// reservations, one entry each) to slots: every live entry's calls go to the slot of the latest
 /// end among them, which counts each of them at least as long as its own end did.
 pub(crate) fn upgrade_update(limit: &Limit) -> Vec<Document> {
-    let log = entries("log");
+    let log = Bson::Document(doc! { "$filter": {
+        "input": entries("log"),
+        "as": "x",
+        "cond": { "$ne": ["$$x.k", MOVED] },
+    } });
     let total = |high: bool| {
         Bson::Document(doc! { "$sum": { "$map": {
             "input": { "$filter": { "input": log.clone(), "as": "x", "cond": { "$eq": [{ "$ifNull": ["$$x.v.p", false] }, high] } } },
@@ -468,10 +543,10 @@ pub(crate) fn upgrade_update(limit: &Limit) -> Vec<Document> {
         ] },
     );
     fields.insert("wait", doc! { "$ifNull": ["$wait", {}] });
+    fields.insert("log", doc! { "$literal": closed_log(limit) });
     vec![
         doc! { "$set": { "slot_ms": slot_ms(limit) } },
         doc! { "$set": fields },
-        unset(&["log"]),
     ]
 }
 
@@ -498,6 +573,8 @@ pub(crate) struct Out {
     pub seen: bool,
     pub lost: bool,
     pub here: bool,
+    pub early: bool,
+    pub late: bool,
 }
 
 impl Out {
@@ -514,16 +591,24 @@ impl Out {
             seen: flag("seen"),
             lost: flag("lost"),
             here: flag("here"),
+            early: flag("early"),
+            late: flag("late"),
         })
     }
 }
 
 /// The grant a granting write reported in its `out` (made now, or found among the recent ones).
-pub(crate) fn granted(doc: &Document) -> Option<Grant> {
+pub(crate) fn granted(doc: &Document, received: Instant) -> Option<Grant> {
     let out = doc.get_document("out").ok()?;
     Some(Grant {
         end: out.get_i64("s").ok()?,
         seq: out.get_i64("q").ok()?,
+        clock: (
+            doc.get_datetime("read_at").ok()?.timestamp_millis(),
+            received,
+        ),
+        // Limiters defined before the skew have none.
+        skew_ms: doc.get_i64("skew_ms").unwrap_or(0),
     })
 }
 
@@ -808,6 +893,52 @@ mod tests {
     fn limit() -> Limit {
         // span = 1000 + 2 ms
         Limit::new(10, Duration::from_secs(1)).reserved(3)
+    }
+
+    /// The most slots a limiter holds after a write at any time `now`: from the first it keeps
+    /// (`window + SLACK + PRUNE_AFTER_MS` back) to that of the latest pending end (`hold +
+    /// grace` ahead), by brute force over a whole period of slot boundaries.
+    fn most_slots_kept(limit: &Limit) -> i64 {
+        let w = slot_ms(limit);
+        let ahead = ms(limit.hold) + ms(limit.grace);
+        let back = span_ms(limit) + PRUNE_AFTER_MS;
+        (1_000_000..1_000_000 + w)
+            .map(|now| (now + ahead).div_euclid(w) - (now - back).div_euclid(w) + 1)
+            .max()
+            .unwrap()
+    }
+
+    /// Issue 47, case 7: the docs said "at most 130 slots" (128 for the reach, 2 for the ends),
+    /// forgetting the 100 ms of slots kept after they stop counting. The bound is
+    /// `ceil((reach + 100 ms) / slot) + 1`: 131 for a 1 s window with the default hold, 229 for
+    /// a reach of 128 ms (1 ms slots), and never more than `SLOTS + ceil(100 ms / slot) + 1`.
+    #[test]
+    fn a_limiter_holds_at_most_the_slots_its_reach_and_the_pruning_delay_span() {
+        let bound = |l: &Limit| {
+            let reach = span_ms(l) + ms(l.hold) + ms(l.grace);
+            let w = slot_ms(l);
+            (reach + PRUNE_AFTER_MS + w - 1) / w + 1
+        };
+        let second = Limit::new(10, Duration::from_secs(1));
+        let tiny = Limit::new(5, Duration::from_millis(26))
+            .hold(Duration::from_millis(100))
+            .grace(Duration::ZERO);
+        let cases = [
+            (second, 131),
+            (tiny, 229),
+            (Limit::new(100_000, Duration::from_secs(3600)), 130),
+            (
+                Limit::new(4, Duration::from_millis(300)).hold(Duration::from_millis(7)),
+                129,
+            ),
+        ];
+        for (limit, most) in cases {
+            assert_eq!(slot_ms(&tiny), 1);
+            assert_eq!(most_slots_kept(&limit), most, "{limit}");
+            assert_eq!(bound(&limit), most, "{limit}");
+            let w = slot_ms(&limit);
+            assert!(most <= SLOTS + (PRUNE_AFTER_MS + w - 1) / w + 1, "{limit}");
+        }
     }
 
     #[test]

@@ -12,6 +12,8 @@
 
 pub use crate::testkit::explore::{explore, Explored, Model};
 
+pub mod settle;
+
 /// The sizes of a model: `limit` calls per `window` ticks, of which `reserved` are kept for
 /// high-priority callers, one bulk process (one call at a time, any number of times) and
 /// `priority` processes (one reservation of 1 or 2 calls each).

@@ -65,6 +65,7 @@ mod quota_races;
 mod quota_release;
 mod quota_stripes;
 mod ratelimit;
+mod ratelimit_faults;
 #[cfg(feature = "cli")]
 mod ratelimit_processes;
 mod raw_changes;
