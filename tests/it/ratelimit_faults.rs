@@ -115,18 +115,20 @@ struct FirstSettleLate {
     seen: Arc<AtomicUsize>,
 }
 
-impl Rules for FirstSettleLate {
-    fn command(&self, command: &mut Document) -> Action {
-        if !command_name(command).eq_ignore_ascii_case("findAndModify") {
-            return Action::Forward;
-        }
-        let settling = command.get_array("update").is_ok_and(|stages| {
+/// Whether `command` is a settlement's write (the one that records its key among `_seen`).
+fn is_settlement(command: &Document) -> bool {
+    command_name(command).eq_ignore_ascii_case("findAndModify")
+        && command.get_array("update").is_ok_and(|stages| {
             stages
                 .iter()
                 .filter_map(|s| s.as_document()?.get_document("$set").ok())
                 .any(|set| set.contains_key("_seen"))
-        });
-        if settling && self.seen.fetch_add(1, Ordering::SeqCst) == 0 {
+        })
+}
+
+impl Rules for FirstSettleLate {
+    fn command(&self, command: &mut Document) -> Action {
+        if is_settlement(command) && self.seen.fetch_add(1, Ordering::SeqCst) == 0 {
             return Action::DeliverLate(self.late);
         }
         Action::Forward
@@ -213,14 +215,7 @@ struct FirstSettleSlow {
 
 impl Rules for FirstSettleSlow {
     fn command(&self, command: &mut Document) -> Action {
-        let settling = command_name(command).eq_ignore_ascii_case("findAndModify")
-            && command.get_array("update").is_ok_and(|stages| {
-                stages
-                    .iter()
-                    .filter_map(|s| s.as_document()?.get_document("$set").ok())
-                    .any(|set| set.contains_key("_seen"))
-            });
-        if settling && self.seen.fetch_add(1, Ordering::SeqCst) == 0 {
+        if is_settlement(command) && self.seen.fetch_add(1, Ordering::SeqCst) == 0 {
             return Action::Delay(self.delay);
         }
         Action::Forward
