@@ -1,0 +1,12 @@
+//! `mongotx resolve` (not built yet).
+
+use crate::Context;
+
+/// The arguments of `mongotx resolve`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {}
+
+/// Runs `mongotx resolve`.
+pub(crate) async fn run(_ctx: &Context, _args: Args) -> Result<(), String> {
+    Err("not built yet".into())
+}
