@@ -2,7 +2,8 @@
 //! held. Every subcommand reads (only `resolve` writes, and only what the GC would); each prints
 //! `field: value` lines for people, or one JSON object with `--json` for scripts. Bad arguments
 //! are one line on stderr and exit status 2 (clap's convention); a failure to reach the server or
-//! a refusal is one line and exit status 1.
+//! a refusal is one line and exit status 1 (so is an answer that something does not exist: an
+//! unknown collection, document or transaction).
 
 #[path = "../shared/cli.rs"]
 mod cli;

@@ -21,3 +21,9 @@ pub(crate) fn print<T: Serialize>(
     }
     Ok(())
 }
+
+/// The lines of a report that prints itself (`Display`): the `text` argument of [`print`] for
+/// the reports of `mongotx::admin`.
+pub(crate) fn lines<T: std::fmt::Display>(report: &T) -> Vec<String> {
+    report.to_string().lines().map(String::from).collect()
+}
