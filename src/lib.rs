@@ -20,6 +20,8 @@
 //! - [`options`]: the settings of the store and of transactions;
 //! - [`schema`]: JSON Schemas, their violations, schema versions and upgrades;
 //! - [`gc`]: one GC round at a time, its options and summaries;
+//! - [`admin`]: what is stored, explained (the `mongotx` admin command's library): the status
+//!   of a database, why a document is held, one transaction, settling an expired one by hand;
 //! - [`adopt`]: taking existing (plain) documents under mongotx;
 //! - [`server`]: the probe of a server's guarantees, its verdict, the deployment's topology;
 //! - [`collections`]: every collection mongotx keeps records in by default;
@@ -145,6 +147,22 @@ pub mod gc {
     pub use crate::runner::GcPass;
     #[doc(inline)]
     pub use crate::txn::gc::{Gc, GcOptions, RoundSummary};
+}
+
+/// Looking at what mongotx is doing in a database from the stored data alone, as the `mongotx`
+/// admin command does: an [`Inspector`](crate::admin::Inspector) opened from a [`Store`] says
+/// what holds a document and what happens next, reports a transaction or the whole database, and
+/// settles an expired transaction as the GC would. Every report derives `Serialize` (times in
+/// RFC 3339, durations in milliseconds) and prints as `field: value` lines.
+pub mod admin {
+    #[doc(inline)]
+    pub use crate::repo::hold::record::TxnState;
+    #[doc(inline)]
+    pub use crate::txn::inspect::{
+        Action, ClaimedRecord, CommittedValue, DocState, DocumentState, Expired, Explanation,
+        GcClaim, HeldCount, HoldInfo, Inspector, Next, Readers, RecordInfo, Resolved, ServerLine,
+        Settlement, StateCount, Status, TxnReport, CLAIMS_LISTED,
+    };
 }
 
 /// Taking a collection of existing (plain) documents under mongotx: [`Store::adopt`] and the

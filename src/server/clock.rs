@@ -244,6 +244,44 @@ pub(crate) fn minus(at: DateTime, by: Duration) -> DateTime {
     DateTime::from_millis(at.timestamp_millis().saturating_sub(ms))
 }
 
+/// `to` minus `from`, or zero when `to` is not later: how long ago, or how long until.
+pub(crate) fn between(from: DateTime, to: DateTime) -> Duration {
+    let ms = to
+        .timestamp_millis()
+        .saturating_sub(from.timestamp_millis());
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// `at` in RFC 3339, UTC, to the millisecond (`2026-11-27T10:00:12.345Z`): how reports and
+/// messages show a server time, so that a person reads one format everywhere.
+pub(crate) fn rfc3339(at: DateTime) -> String {
+    at.to_chrono()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// A duration for people, to two units at most: `850ms`, `4.2s`, `12s`, `3m 12s`, `2h 5m`,
+/// `3d 4h`.
+pub(crate) fn span(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => format!("{}ms", d.as_millis()),
+        1..=9 => format!("{:.1}s", d.as_secs_f64()),
+        10..=59 => format!("{secs}s"),
+        60..=3_599 => format!("{}m {}s", secs / 60, secs % 60),
+        3_600..=86_399 => format!("{}h {}m", secs / 3_600, secs % 3_600 / 60),
+        _ => format!("{}d {}h", secs / 86_400, secs % 86_400 / 3_600),
+    }
+}
+
+/// `at` in RFC 3339 with how far it is from `now`: `... (in 12s)`, `... (3m 5s ago)`.
+pub(crate) fn relative(at: DateTime, now: DateTime) -> String {
+    if at > now {
+        format!("{} (in {})", rfc3339(at), span(between(now, at)))
+    } else {
+        format!("{} ({} ago)", rfc3339(at), span(between(at, now)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +309,21 @@ mod tests {
         assert!(!Durability::Auto.majority_on(&Topology::Standalone));
         assert!(Durability::Majority.majority_on(&Topology::Standalone));
         assert!(!Durability::ClientDefault.majority_on(&rs));
+    }
+
+    #[test]
+    fn times_and_spans_read_the_same_everywhere() {
+        let at = DateTime::from_millis(1_795_000_000_123);
+        assert_eq!(rfc3339(at), "2026-11-18T11:06:40.123Z");
+        assert_eq!(span(Duration::from_millis(850)), "850ms");
+        assert_eq!(span(Duration::from_millis(4_250)), "4.2s");
+        assert_eq!(span(Duration::from_secs(192)), "3m 12s");
+        assert_eq!(span(Duration::from_secs(7_500)), "2h 5m");
+        assert_eq!(span(Duration::from_secs(3 * 86_400 + 4 * 3_600)), "3d 4h");
+        let later = plus(at, Duration::from_secs(12));
+        assert_eq!(relative(later, at), "2026-11-18T11:06:52.123Z (in 12s)");
+        assert_eq!(relative(at, later), "2026-11-18T11:06:40.123Z (12s ago)");
+        assert_eq!(between(later, at), Duration::ZERO);
     }
 
     #[test]

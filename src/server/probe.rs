@@ -183,11 +183,7 @@ pub async fn verdict(db: &Database, tasks: usize) -> Result<Verdict, ProbeError>
     let hello = clock::hello(db)
         .await
         .map_err(|source| unasked("hello", source))?;
-    let version = db
-        .run_command(doc! { "buildInfo": 1 })
-        .await
-        .ok()
-        .and_then(|d| d.get_str("version").ok().map(str::to_string));
+    let version = build_version(db).await;
     Ok(Verdict {
         version,
         topology: hello.topology,
@@ -195,6 +191,14 @@ pub async fn verdict(db: &Database, tasks: usize) -> Result<Verdict, ProbeError>
         contention_retries: contention.retries.load(Ordering::Relaxed),
         behaviours,
     })
+}
+
+/// The version string the server reports, if it answers `buildInfo`.
+pub(crate) async fn build_version(db: &Database) -> Option<String> {
+    db.run_command(doc! { "buildInfo": 1 })
+        .await
+        .ok()
+        .and_then(|d| d.get_str("version").ok().map(str::to_string))
 }
 
 /// Whether the server enforces a `$jsonSchema` validator (some accept and silently ignore it).

@@ -20,7 +20,29 @@ pub(crate) const CLAIM_LEASE: Duration = Duration::from_secs(60);
 /// Record fields of a claim: who, and until when (server time).
 const CLAIM: &str = "gc";
 const CLAIM_BY: &str = "gc.by";
-const CLAIM_UNTIL: &str = "gc.until";
+/// The stored path of the time a claim runs out (server time), for whoever looks for claims.
+pub(crate) const CLAIM_UNTIL: &str = "gc.until";
+
+/// The claim stored on a record, if it carries one: the runner's name and when its claim runs
+/// out (server time; a claim that ran out keeps nobody off the record, but stays stored until
+/// the next runner claims it).
+pub(crate) fn claim_of(record: &Document) -> Option<(ObjectId, DateTime)> {
+    let claim = record.get_document(CLAIM).ok()?;
+    Some((
+        claim.get_object_id("by").ok()?,
+        *claim.get_datetime("until").ok()?,
+    ))
+}
+
+/// What [`Claims::take`] got of a page.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    /// The records this runner claimed, read again whole.
+    pub(crate) mine: Vec<Document>,
+    /// How many records of the page another runner's claim keeps this one off (dead or alive:
+    /// nobody can tell from here), left to that runner until their claims run out.
+    pub(crate) others: usize,
+}
 
 /// The claims of one GC runner, under its own name.
 #[derive(Debug, Clone)]
@@ -37,14 +59,15 @@ impl Claims {
     }
 
     /// Claims the records of `page` that no other runner has claimed (or whose claim has run out
-    /// by `now`) and returns those, read again.
+    /// by `now`) and returns those, read again, with how many another runner's claim kept (a
+    /// record gone meanwhile counts in neither).
     pub(crate) async fn take(
         &self,
         env: &Env,
         records: &Collection<Document>,
         page: Vec<Document>,
         now: DateTime,
-    ) -> Result<Vec<Document>, TxnError> {
+    ) -> Result<Taken, TxnError> {
         let ids: Vec<Bson> = page.iter().filter_map(|d| d.get("_id").cloned()).collect();
         // The lease runs from the server's real time even in a round run as if it were later
         // (tools and tests): a claim is about this runner's work, not about the deadlines.
@@ -64,14 +87,33 @@ impl Claims {
             )
             .await
             .map_err(fail)?;
-        records
-            .find(doc! { "_id": { "$in": ids }, CLAIM_BY: self.runner })
+        // One command for both: this runner's records whole, the others' claims alone (their
+        // entries are most of a page's bytes, and are another runner's business). A record let
+        // go meanwhile has no claim at all: `$ifNull` makes that a null rather than a missing
+        // value inside the new root (which the local test server cannot build).
+        let mine = doc! { "$eq": [format!("${CLAIM_BY}"), self.runner] };
+        let claim = doc! { "$ifNull": [format!("${CLAIM}"), Bson::Null] };
+        let read: Vec<Document> = records
+            .aggregate(vec![
+                doc! { "$match": { "_id": { "$in": ids } } },
+                doc! { "$replaceRoot": { "newRoot": {
+                    "$cond": [mine, "$$ROOT", { "_id": "$_id", CLAIM: claim }],
+                } } },
+            ])
             .batch_size(u32::try_from(page.len()).unwrap_or(u32::MAX))
             .await
             .map_err(fail)?
             .try_collect()
             .await
-            .map_err(fail)
+            .map_err(fail)?;
+        let (mine, others): (Vec<Document>, Vec<Document>) = read
+            .into_iter()
+            .partition(|d| claim_of(d).is_some_and(|(by, _)| by == self.runner));
+        let others = others
+            .iter()
+            .filter(|d| claim_of(d).is_some_and(|(_, until)| until > now))
+            .count();
+        Ok(Taken { mine, others })
     }
 
     /// Lets go at once of this runner's claims on the records `left` (those a round could not

@@ -7,7 +7,8 @@ use thiserror::Error;
 
 use crate::error_kind::ErrorKind;
 use crate::repo::error::RepoError;
-use crate::server::clock::ClockError;
+use crate::repo::hold::record::TxnState;
+use crate::server::clock::{rfc3339, span, ClockError};
 use crate::server::summarize;
 
 /// Everything a transaction (staging, commit, GC) can fail with; messages name the transaction.
@@ -155,6 +156,50 @@ pub enum TxnError {
         #[source]
         source: crate::repo::outcome::HoldError,
     },
+    /// The collection named is not one mongotx manages in this database (the meta collection
+    /// does not list it), so nothing in it can be held or explained; nothing was read from it.
+    #[error(
+        "{collection} is not a collection mongotx manages in database {database} (it manages: {})",
+        show_names(managed)
+    )]
+    UnknownCollection {
+        /// The database.
+        database: String,
+        /// The collection asked for.
+        collection: String,
+        /// The collections mongotx manages there.
+        managed: Vec<String>,
+    },
+    /// No document of the collection has this id: it never existed, or its tombstone was purged.
+    #[error("{collection}/{id}: no such document (it never existed, or its tombstone was purged)")]
+    UnknownDocument {
+        /// Collection name.
+        collection: String,
+        /// The id asked for.
+        id: String,
+    },
+    /// Nothing is stored of this transaction: no record, and no document it holds. It never
+    /// existed, or it ended and everything of it was cleaned up; either way there is nothing to
+    /// do.
+    #[error("transaction {txn}: no record and no document held by it (it never existed, or it ended and was cleaned up)")]
+    UnknownTransaction {
+        /// The transaction asked for.
+        txn: ObjectId,
+    },
+    /// The transaction has not expired: its coordinator may still be at work, so only it
+    /// decides the transaction until its deadline; settling it now, as the GC would after the
+    /// deadline, was refused and nothing was written.
+    #[error("transaction {txn} is {} and live: its deadline {} is {} away on the server's clock; only an expired transaction is settled (as the GC would settle it)", state.as_str(), rfc3339(*deadline), span(*left))]
+    Live {
+        /// The transaction.
+        txn: ObjectId,
+        /// Its record's state.
+        state: TxnState,
+        /// Its deadline (server time).
+        deadline: bson::DateTime,
+        /// How long until then, by the server's clock.
+        left: Duration,
+    },
     /// The server or the connection failed during a protocol step.
     #[error("transaction {}: {step} failed: {}", show_txn(txn), summarize(source))]
     Database {
@@ -184,6 +229,10 @@ impl TxnError {
             #[cfg(feature = "testkit")]
             E::Crashed { .. } => ErrorKind::Crashed,
             E::Malformed { .. } => ErrorKind::Data,
+            E::UnknownCollection { .. }
+            | E::UnknownDocument { .. }
+            | E::UnknownTransaction { .. } => ErrorKind::NotFound,
+            E::Live { .. } => ErrorKind::Refused,
             E::Rejected { .. } => ErrorKind::Refused,
             E::GaveUp { .. } => ErrorKind::TimedOut,
             E::Clock { source, .. } => source.kind(),
@@ -263,6 +312,14 @@ impl TxnError {
 impl From<RepoError> for TxnError {
     fn from(source: RepoError) -> TxnError {
         TxnError::document(None, source)
+    }
+}
+
+fn show_names(names: &[String]) -> String {
+    if names.is_empty() {
+        "none yet".to_string()
+    } else {
+        names.join(", ")
     }
 }
 

@@ -177,6 +177,11 @@ impl Faults {
     pub(crate) fn new(_: Injector) -> Faults {
         Faults
     }
+
+    /// No injector: for a handle no test stops (the admin inspector's).
+    pub(crate) fn none() -> Faults {
+        Faults
+    }
 }
 
 /// An optional injector, cheap to clone and to consult.
@@ -196,6 +201,11 @@ type Dead = Arc<Mutex<Option<Failpoint>>>;
 impl Faults {
     pub(crate) fn new(injector: Option<Arc<dyn FaultInjector>>) -> Faults {
         Faults(injector.map(|i| (i, Arc::new(Mutex::new(None)))))
+    }
+
+    /// No injector: for a handle no test stops (the admin inspector's).
+    pub(crate) fn none() -> Faults {
+        Faults(None)
     }
 
     /// `Err(point)` when the injector wants a crash here (or already crashed at `point`).

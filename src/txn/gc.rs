@@ -120,6 +120,11 @@ pub struct RoundSummary {
     pub skipped: usize,
     /// Tombstones purged.
     pub purged: u64,
+    /// Expired records this round left alone because another runner's claim on them had not run
+    /// out (runners share a backlog by claiming pages of it): that runner is resolving them, or
+    /// it died and they wait until its claims run out, 60 s after it took them. Each counts once
+    /// a round.
+    pub left_to_claims: usize,
 }
 
 /// How many pages of holders the sweep lists, to take one page of them at random.
@@ -225,6 +230,7 @@ impl Gc {
             swept = summary.swept,
             skipped = summary.skipped,
             purged = summary.purged,
+            left_to_claims = summary.left_to_claims,
             "GC round"
         );
         Ok(summary)
@@ -289,7 +295,9 @@ impl Gc {
                 }
             };
             let full = page.len() == page_size;
-            let page = self.claims.take(&self.env, &records, page, now).await?;
+            let taken = self.claims.take(&self.env, &records, page, now).await?;
+            summary.left_to_claims += taken.others;
+            let page = taken.mine;
             // One page at a time: a page's resolution left unpolled beside the next page's
             // listing kept the driver's connections it had checked out, and the listing then
             // waited for one forever (a page has up to 32 decisions under way).

@@ -8,7 +8,8 @@
 //! rolls back whole transactions from their records, and `expired` decides those whose deadline
 //! passed; [`Gc`] does that page by page, sweeps holds whose transaction ended, and purges
 //! tombstones; `options` holds the settings and what a commit returns; `failpoint` lets tests
-//! stop any party at any write. The layer stands on the repository layer (holds are defined there) and never the
+//! stop any party at any write; `inspect` explains what is stored (the admin command's library)
+//! and settles one expired transaction by hand, through the GC's own resolution. The layer stands on the repository layer (holds are defined there) and never the
 //! other way round.
 
 pub(crate) mod claims;
@@ -17,6 +18,7 @@ pub(crate) mod error;
 pub(crate) mod expired;
 pub mod failpoint;
 pub(crate) mod gc;
+pub(crate) mod inspect;
 pub(crate) mod options;
 pub(crate) mod recovery;
 pub(crate) mod stamps;

@@ -167,7 +167,7 @@ async fn the_gc_runner_recovers_a_dead_transaction_and_stops_on_sigterm() {
         while let Some(line) = lines.next_line().await.expect("read") {
             purged += line
                 .split_once("purged=")
-                .and_then(|(_, n)| n.trim().parse::<u64>().ok())
+                .and_then(|(_, n)| n.split_whitespace().next()?.parse::<u64>().ok())
                 .unwrap_or(0);
             if line.contains("rolled_back=1") {
                 return line;

@@ -15,6 +15,9 @@
 
 mod common;
 
+mod admin;
+#[cfg(feature = "cli")]
+mod admin_cli;
 mod adoption;
 mod adoption_online;
 mod adoption_props;

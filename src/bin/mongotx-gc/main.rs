@@ -155,8 +155,13 @@ fn report(pass: &GcPass, metrics: &metrics::Metrics) {
     metrics.round(pass.took, pass.round.as_ref().map_err(|_| ()));
     match &pass.round {
         Ok(summary) => println!(
-            "round: finished={} rolled_back={} swept={} skipped={} purged={}",
-            summary.finished, summary.rolled_back, summary.swept, summary.skipped, summary.purged
+            "round: finished={} rolled_back={} swept={} skipped={} purged={} left_to_claims={}",
+            summary.finished,
+            summary.rolled_back,
+            summary.swept,
+            summary.skipped,
+            summary.purged,
+            summary.left_to_claims
         ),
         Err(e) => {
             tracing::warn!(error = %e, "GC round failed; retrying next round");

@@ -21,6 +21,7 @@ pub(crate) const DEADLINE: &str = "deadline";
 /// Where a transaction is in its life, as its record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum TxnState {
     /// Written together with its changes. It is committed once the record and every participant's
     /// change are in place (an implicit commit), whether or not anyone has said so yet; anyone who
