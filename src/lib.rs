@@ -70,6 +70,7 @@ compile_error!("the unit tests need the `testkit` feature (see the dev-dependenc
 pub mod collections;
 mod error;
 mod error_kind;
+pub mod metrics;
 pub mod obt;
 pub mod queue;
 pub mod quota;

@@ -7,7 +7,8 @@
 //! gives the steps and why each is safe when repeated, late or interrupted); `recovery` finishes or
 //! rolls back whole transactions from their records, and `expired` decides those whose deadline
 //! passed; [`Gc`] does that page by page, sweeps holds whose transaction ended, and purges
-//! tombstones; `options` holds the settings and what a commit returns; `failpoint` lets tests
+//! tombstones; `options` holds the settings and what a commit returns; `observe` the span and the
+//! metrics of each commit and `run`; `failpoint` lets tests
 //! stop any party at any write. The layer stands on the repository layer (holds are defined there) and never the
 //! other way round.
 
@@ -17,6 +18,7 @@ pub(crate) mod error;
 pub(crate) mod expired;
 pub mod failpoint;
 pub(crate) mod gc;
+pub(crate) mod observe;
 pub(crate) mod options;
 pub(crate) mod recovery;
 pub(crate) mod stamps;
