@@ -246,14 +246,14 @@ pub(crate) fn holds_met(collection: &str, access: Access, n: u64) {
     counter!(HOLDS_MET, "collection" => collection.to_string(), "op" => op).increment(n);
 }
 
-/// A background finish started (`true`) or ended (`false`).
-pub(crate) fn background_finish(started: bool) {
-    let pending = gauge!(BACKGROUND_PENDING);
-    if started {
-        pending.increment(1.0);
-    } else {
-        pending.decrement(1.0);
-    }
+/// A background finish started.
+pub(crate) fn background_started() {
+    gauge!(BACKGROUND_PENDING).increment(1.0);
+}
+
+/// A background finish ended (done, failed, or its task dropped).
+pub(crate) fn background_ended() {
+    gauge!(BACKGROUND_PENDING).decrement(1.0);
 }
 
 /// What a GC round resolved, each with its `result` label.

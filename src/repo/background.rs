@@ -41,7 +41,7 @@ pub(crate) struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.ended.fetch_add(1, Ordering::Relaxed);
-        metrics::background_finish(false);
+        metrics::background_ended();
     }
 }
 
@@ -54,7 +54,7 @@ impl Background {
         if self.tracker.is_closed() {
             return None;
         }
-        metrics::background_finish(true);
+        metrics::background_started();
         Some(Slot {
             _token: token,
             ended: Arc::clone(&self.ended),

@@ -79,6 +79,18 @@ pub(crate) fn install() -> Result<PrometheusHandle, String> {
         Unit::Count,
         "Quota or rate-limiter sweeps that failed"
     );
+    // The runner's counters are on the page from the start, at zero, so that a rate over them
+    // is defined before their first event.
+    for name in [
+        QUOTA_SWEEPS,
+        QUOTA_EXPIRED,
+        QUOTA_PRUNED,
+        RATELIMIT_SWEEPS,
+        RATELIMIT_PRUNED,
+        SWEEP_FAILURES,
+    ] {
+        counter!(name).absolute(0);
+    }
     Ok(handle)
 }
 
