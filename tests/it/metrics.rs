@@ -22,7 +22,7 @@ use mongotx::obt::{NewObt, Obt};
 use mongotx::options::{Finish, TxnOptions};
 use mongotx::queue::{Batches, NewBatch};
 use mongotx::quota::{NewProvider, Quota, QuotaError, Request};
-use mongotx::ratelimit::{Limit, Priority, RateLimits};
+use mongotx::ratelimit::{Limit, Priority, RateLimitError, RateLimits};
 use mongotx::testkit::failpoint::{self, Failpoint};
 use mongotx::{Adjust, CollectionSpec, Query, Repository, Transactions, TxnError, Update};
 use tracing::field::{Field, Visit};
@@ -382,8 +382,9 @@ fn quota_refusals_rate_limiter_waits_and_queue_claims_are_counted_exactly() {
     recorded(&recorder, async {
         let t = TestDb::new().await;
 
-        // One call per 200 ms: the second reservation waits for the first call's window.
-        let (quota, limits) = quota_and_limiter(&t.store, 1, Duration::from_millis(200)).await;
+        // One call a second: a second reservation right after the first waits for its window
+        // (a second is far more than the settlement between them takes).
+        let (quota, limits) = quota_and_limiter(&t.store, 1, Duration::from_secs(1)).await;
         quota
             .consume(&Request::new("vm-1").take(("team", "cores"), 3))
             .await
@@ -400,6 +401,23 @@ fn quota_refusals_rate_limiter_waits_and_queue_claims_are_counted_exactly() {
         limits.settle(&first, 1).await.unwrap();
         let second = limits.reserve(&["api"], 1, Priority::High).await.unwrap();
         limits.settle(&second, 1).await.unwrap();
+        // One call an hour: a reservation after the first gives up waiting.
+        limits
+            .define("hourly", Limit::new(1, Duration::from_secs(3600)))
+            .await
+            .unwrap();
+        let only = limits
+            .reserve(&["hourly"], 1, Priority::Bulk)
+            .await
+            .unwrap();
+        limits.settle(&only, 1).await.unwrap();
+        let late = limits
+            .reserve_within(&["hourly"], 1, Priority::Bulk, Duration::from_millis(20))
+            .await;
+        assert!(
+            matches!(late, Err(RateLimitError::TimedOut { .. })),
+            "{late:?}"
+        );
 
         // A claim taken, then two refused by the service's slot it holds.
         let batches = Batches::open(&t.store).await.unwrap();
@@ -430,9 +448,9 @@ fn quota_refusals_rate_limiter_waits_and_queue_claims_are_counted_exactly() {
     );
     assert_eq!(
         exported.get(m::RATELIMIT_WAITS, &[("outcome", "timed_out")]),
-        0.0
+        1.0
     );
-    assert_eq!(exported.count(m::RATELIMIT_WAIT_DURATION, &[]), 1.0);
+    assert_eq!(exported.count(m::RATELIMIT_WAIT_DURATION, &[]), 2.0);
     assert!(exported.get(&format!("{}_sum", m::RATELIMIT_WAIT_DURATION), &[]) > 0.0);
     assert_eq!(
         exported.get(m::QUEUE_CLAIMS, &[("outcome", "claimed")]),
