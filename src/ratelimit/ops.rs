@@ -223,7 +223,7 @@ pub(crate) async fn reserve_within(
     };
     let poll = poll(rate, shortest_window(&limits));
     // Whether it found no room at once (what the waits metric counts).
-    let mut waited = false;
+    let mut had_to_wait = false;
     let result = loop {
         let wakers: Vec<Arc<Notify>> = limits.iter().map(|(name, _)| waker(rate, name)).collect();
         let mut woken: Vec<_> = wakers.iter().map(|w| Box::pin(w.notified())).collect();
@@ -239,7 +239,7 @@ pub(crate) async fn reserve_within(
             Attempt::Granted(reservation) => break Ok(reservation),
             Attempt::Wait { after, .. } => after,
         };
-        waited = true;
+        had_to_wait = true;
         let waited = started.elapsed();
         if waited >= max_wait {
             break Err(RateLimitError::TimedOut {
@@ -258,7 +258,7 @@ pub(crate) async fn reserve_within(
     if !queue.tickets.is_empty() {
         leave_queues(rate, &queue.key, queue.tickets.keys()).await;
     }
-    if waited {
+    if had_to_wait {
         let outcome = match &result {
             Ok(_) => "granted",
             Err(RateLimitError::TimedOut { .. }) => "timed_out",
