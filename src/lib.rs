@@ -25,6 +25,9 @@
 //! - [`adopt`]: taking existing (plain) documents under mongotx;
 //! - [`server`]: the probe of a server's guarantees, its verdict, the deployment's topology;
 //! - [`collections`]: every collection mongotx keeps records in by default;
+//! - [`metrics`]: every metric mongotx records through the `metrics` facade (for the exporter a
+//!   service installs), with what it counts; the operations run in `tracing` spans named
+//!   `mongotx.<module>.<operation>`;
 //! - the four coordination modules, built on the above: [`quota`] (limits shared by every
 //!   instance of a service), [`obt`] (one owner at a time for a long operation, with fencing
 //!   tokens and leases), [`ratelimit`] (N calls in any interval of W, with reservations,
@@ -72,6 +75,7 @@ compile_error!("the unit tests need the `testkit` feature (see the dev-dependenc
 pub mod collections;
 mod error;
 mod error_kind;
+pub mod metrics;
 pub mod obt;
 pub mod queue;
 pub mod quota;

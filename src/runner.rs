@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::collections::{LIMITERS_COLLECTION, PROVIDERS_COLLECTION};
+use crate::metrics;
 use crate::quota::{Quota, QuotaError, SweepSummary};
 use crate::ratelimit::{RateLimitError, RateLimits};
 use crate::repo::store::Store;
@@ -133,7 +134,11 @@ impl GcRunner {
         let started = Instant::now();
         let round = match self.store.server_time().await {
             Ok(now) => self.gc.run_round_at(now, &self.stop).await,
-            Err(source) => Err(TxnError::Clock { txn: None, source }),
+            Err(source) => {
+                // A round that could not start failed all the same.
+                metrics::gc_round(started.elapsed(), None);
+                Err(TxnError::Clock { txn: None, source })
+            }
         };
         // One listing serves both sweeps: each runs only where its collection exists, so that
         // the GC never creates it.

@@ -11,7 +11,8 @@ above, and the four domain modules never from each other):
     txn                    transactions and the GC
     repo                   documents, holds, schemas, the store
     server                 what the deployment is and what time it is there
-    retry, collections, error_kind   pacing of retries; collection names; kinds of failure
+    retry, collections, error_kind, metrics   pacing of retries; collection names; kinds of
+                           failure; the metrics every layer records
 
 So a name is imported from the module that defines it, not through the crate root's re-exports
 (`crate::Store` below lib.rs is an arrow up to lib.rs), and a module that needs a sibling's
@@ -189,7 +190,7 @@ LAYERS = [
     {"txn"},
     {"repo"},
     {"server"},
-    {"retry", "collections", "error_kind"},
+    {"retry", "collections", "error_kind", "metrics"},
 ]
 PEERS = LAYERS[2]
 

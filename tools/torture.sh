@@ -7,7 +7,7 @@
 # the Go module proxy on first use) and a C compiler for --skews.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --features cli --bin mongotx-torture --bin mongotx-gc
+cargo build --release --quiet --features rig-cli --bin mongotx-torture --bin mongotx-gc
 if [[ $# -eq 0 ]]; then
   set -- --seconds 600
 fi

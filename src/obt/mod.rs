@@ -164,6 +164,7 @@ pub struct Obt {
 
 impl Obt {
     /// Opens the default OBT collection in `store`'s database.
+    #[tracing::instrument(name = "mongotx.obt.open", skip_all)]
     pub async fn open(store: &Store) -> Result<Obt, ObtError> {
         Obt::with_options(store, ObtOptions::default()).await
     }
@@ -171,6 +172,7 @@ impl Obt {
     /// Opens it with `options`. A collection name MongoDB refuses, or one that holds something
     /// else (the token counters, the default fences, the transaction records, the collection
     /// registry), is [`ObtError::Invalid`], before anything is created.
+    #[tracing::instrument(name = "mongotx.obt.open", skip_all, fields(collection = %options.collection))]
     pub async fn with_options(store: &Store, options: ObtOptions) -> Result<Obt, ObtError> {
         if let Some(reason) = collection_problem(store, &options.collection, OBTS_COLLECTION) {
             return Err(ObtError::Invalid {
@@ -271,6 +273,7 @@ impl Obt {
     /// obts.release_owned(&owned).await?;
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "mongotx.obt.create", skip_all, fields(obt = %new.id, owner = %new.owner))]
     pub async fn create(&self, new: NewObt) -> Result<Ownership, ObtError> {
         ops::create(self, new).await
     }
@@ -278,6 +281,7 @@ impl Obt {
     /// Preemption as in the reference design: takes OBT `id` from `current_owner` (who must own
     /// it now) for `new_owner`, with a new token. No waiting: the previous owner is fenced off
     /// from here on.
+    #[tracing::instrument(name = "mongotx.obt.preempt", skip_all, fields(obt = id, owner = current_owner, new_owner = new_owner))]
     pub async fn preempt(
         &self,
         id: &str,
@@ -291,6 +295,7 @@ impl Obt {
     /// monotonic clock: `observed` must be at least the lease old, and the OBT must be exactly as
     /// observed (no heartbeat, stage change or other owner since). Never compares wall clocks.
     /// The lease counted is the committed OBT's, whatever the observation says.
+    #[tracing::instrument(name = "mongotx.obt.take_over", skip_all, fields(obt = %observed.state.id, owner = %observed.state.owner, new_owner = new_owner))]
     pub async fn take_over(
         &self,
         observed: &Observation,
@@ -306,6 +311,7 @@ impl Obt {
     /// node that is primary now: after a failover to a node whose clock is `d` ahead, a silent
     /// owner's lease is shortened by `d` less the slack (its token still fences it).
     /// [`take_over`](Obt::take_over) compares no clocks.
+    #[tracing::instrument(name = "mongotx.obt.take_over_expired", skip_all, fields(obt = id, new_owner = new_owner))]
     pub async fn take_over_expired(
         &self,
         id: &str,
@@ -317,18 +323,21 @@ impl Obt {
     /// Renews the lease: one conditional write (this owner, this token). A reply that is lost is
     /// settled by sending it again and reading back; a preempted owner gets
     /// [`ObtError::Preempted`].
+    #[tracing::instrument(name = "mongotx.obt.heartbeat", skip_all, fields(obt = %owned.id, owner = %owned.owner, token = owned.token.0))]
     pub async fn heartbeat(&self, owned: &mut Ownership) -> Result<(), ObtError> {
         ops::heartbeat(self, owned).await
     }
 
     /// Moves OBT `id` of `owner` forward to `stage`. The same stage again is a no-op (a retry); an
     /// older one is [`ObtError::StageReplayed`].
+    #[tracing::instrument(name = "mongotx.obt.advance", skip_all, fields(obt = id, owner = owner, stage = stage))]
     pub async fn advance(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
         ops::advance(self, id, owner, stage).await
     }
 
     /// Moves this ownership's OBT forward to `stage`, conditioned on the token as well as the
     /// owner, so no late copy can move a later OBT of the same id and owner name.
+    #[tracing::instrument(name = "mongotx.obt.advance_owned", skip_all, fields(obt = %owned.id, owner = %owned.owner, token = owned.token.0, stage = stage))]
     pub async fn advance_owned(&self, owned: &mut Ownership, stage: i64) -> Result<(), ObtError> {
         ops::advance_owned(self, owned, stage).await
     }
@@ -339,6 +348,7 @@ impl Obt {
     /// after an error succeeds only if its own earlier send released the OBT. A release delivered
     /// late could release a later OBT of the same id and owner name; owners that reuse names
     /// should use [`release_owned`](Obt::release_owned).
+    #[tracing::instrument(name = "mongotx.obt.release", skip_all, fields(obt = id, owner = owner))]
     pub async fn release(&self, id: &str, owner: &str) -> Result<(), ObtError> {
         ops::release(self, id, owner).await
     }
@@ -346,6 +356,7 @@ impl Obt {
     /// Releases the OBT this ownership holds (owner and token), so that no copy of the release
     /// can release a later OBT of the same id, and a release sent again after an error succeeds
     /// only if this ownership's own release landed.
+    #[tracing::instrument(name = "mongotx.obt.release_owned", skip_all, fields(obt = %owned.id, owner = %owned.owner, token = owned.token.0))]
     pub async fn release_owned(&self, owned: &Ownership) -> Result<(), ObtError> {
         ops::release_owned(self, owned).await
     }
@@ -361,6 +372,7 @@ impl Obt {
     /// An ownership already lost when the call is made is refused after one read of the OBT,
     /// before the commit starts: the commit would otherwise write a transaction record and hold
     /// the transaction's documents, only to roll them back at the guard.
+    #[tracing::instrument(name = "mongotx.obt.commit_owned", skip_all, fields(obt = %owned.id, owner = %owned.owner, token = owned.token.0))]
     pub async fn commit_owned(
         &self,
         tx: Transaction,
@@ -380,17 +392,20 @@ impl Obt {
     /// grow, not to be dense). A call whose input is wrong (a taken id, a missing OBT, another
     /// owner, no lease, a lease still running, an observation the OBT has moved past) is refused
     /// before it takes one.
+    #[tracing::instrument(name = "mongotx.obt.issue_token", skip_all)]
     pub async fn issue_token(&self) -> Result<Token, ObtError> {
         steps::issue_token(self).await
     }
 
     /// The OBT as committed now.
+    #[tracing::instrument(name = "mongotx.obt.get", skip_all, fields(obt = id))]
     pub async fn get(&self, id: &str) -> Result<ObtState, ObtError> {
         steps::get(self, id).await
     }
 
     /// Reads the OBT as a contender: the start of its own count towards a
     /// [`take_over`](Obt::take_over).
+    #[tracing::instrument(name = "mongotx.obt.observe", skip_all, fields(obt = id))]
     pub async fn observe(&self, id: &str) -> Result<Observation, ObtError> {
         steps::observe(self, id).await
     }
@@ -398,6 +413,7 @@ impl Obt {
     /// Checks a call made under the OBT (the `t_id`, `t_owner` and `t_stage` that the reference
     /// design's HTTP interface passes with every call): `owner` owns it and `stage` is not older
     /// than its stage. Returns the OBT, whose token the call then carries to downstream fences.
+    #[tracing::instrument(name = "mongotx.obt.check", skip_all, fields(obt = id, owner = owner, stage = stage))]
     pub async fn check(&self, id: &str, owner: &str, stage: i64) -> Result<ObtState, ObtError> {
         steps::check(self, id, owner, stage).await
     }

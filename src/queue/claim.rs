@@ -138,13 +138,47 @@ fn held_by(service: &str, header: &str, token: Option<ObjectId>) -> Document {
     filter
 }
 
+/// How a claim ended: taken, or why not ([`Batches::claim`](crate::queue::Batches::claim)
+/// answers `None` for every reason; the queue's claims metric counts each by its label).
+pub(crate) enum Claimed {
+    /// Taken: the batch goes to the ledger under this claim.
+    Yes(Claim),
+    /// The service's slot is held: another of its batches is in flight, or another submitter
+    /// has this one.
+    SlotTaken,
+    /// An older batch of the service must go first.
+    OlderFirst,
+    /// The batch is with a submitter, at the ledger, or done with it.
+    Unavailable,
+}
+
+impl Claimed {
+    /// The `outcome` label of the claims metric (`crate::metrics::QUEUE_CLAIMS`).
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Claimed::Yes(_) => "claimed",
+            Claimed::SlotTaken => "slot_taken",
+            Claimed::OlderFirst => "older_first",
+            Claimed::Unavailable => "unavailable",
+        }
+    }
+
+    /// The claim, if the batch was taken.
+    pub(crate) fn into_claim(self) -> Option<Claim> {
+        match self {
+            Claimed::Yes(claim) => Some(claim),
+            _ => None,
+        }
+    }
+}
+
 /// The body of [`Batches::claim`].
 pub(crate) async fn claim(
     queue: &Batches,
     batch: &Batch,
     claimant: &str,
     ttl: Duration,
-) -> Result<Option<Claim>, QueueError> {
+) -> Result<Claimed, QueueError> {
     let header = batch.header.as_str();
     store::check_header(queue, header)?;
     if let Some(problem) = name_problem(claimant) {
@@ -182,7 +216,7 @@ pub(crate) async fn claim(
     // Round 1: the slot, which is also the claim's fence (see the module's doc).
     let Some(replaced) = take_slot(queue, service, &place, token, claimant, until).await? else {
         after_refused_slot(queue, header).await?;
-        return Ok(None);
+        return Ok(Claimed::SlotTaken);
     };
     // Round 2: the batch, claimed and marked submitted, while the service's older batches
     // are counted. The count must come after the slot was taken (it is the taker's half of
@@ -227,7 +261,7 @@ pub(crate) async fn claim(
             let content = before.get_str("content").unwrap_or_default().to_string();
             batch.submitted = true;
             batch.last_submitted_at = Some(now.to_chrono());
-            Ok(Some(Claim {
+            Ok(Claimed::Yes(Claim {
                 batch,
                 content,
                 token,
@@ -276,9 +310,9 @@ pub(crate) async fn claim(
                 // Not claimable after all: only a batch that is not there is an error.
                 (None, _) => {
                     store::stored(queue, header).await?;
-                    Ok(None)
+                    Ok(Claimed::Unavailable)
                 }
-                _ => Ok(None),
+                _ => Ok(Claimed::OlderFirst),
             }
         }
     }

@@ -30,7 +30,9 @@ use std::time::Duration;
 use bson::Document;
 use mongodb::Collection;
 
+use crate::metrics;
 use crate::repo::store::Store;
+use claim::Claimed;
 
 /// The batches of one collection; cheap to clone.
 #[derive(Debug, Clone)]
@@ -45,6 +47,7 @@ pub struct Batches {
 impl Batches {
     /// Opens the default collection of batches, with a 15 s delay window ([`DEFAULT_DELAY`], the
     /// default of the queuer's reference design).
+    #[tracing::instrument(name = "mongotx.queue.open", skip_all)]
     pub async fn open(store: &Store) -> Result<Batches, QueueError> {
         store::open(store).await
     }
@@ -52,6 +55,7 @@ impl Batches {
     /// Opens `collection`, retrying delayed batches `delay` after their last submission (zero:
     /// at once). A collection name the queue cannot use, or a delay over [`MAX_DELAY`], is
     /// [`QueueError::Invalid`], before anything is created.
+    #[tracing::instrument(name = "mongotx.queue.open", skip_all, fields(collection = collection))]
     pub async fn with_collection(
         store: &Store,
         collection: &str,
@@ -86,6 +90,7 @@ impl Batches {
     /// # let _ = batch;
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "mongotx.queue.add", skip_all, fields(service = %batch.service_id, batch = %batch.header))]
     pub async fn add(&self, batch: &NewBatch) -> Result<Batch, QueueError> {
         store::add(self, batch).await
     }
@@ -94,11 +99,13 @@ impl Batches {
     /// the ledger does not know, delayed batches past their window, then the oldest batch of each
     /// service with nothing in flight), over every stored batch the ledger has not settled, at the
     /// server's time.
+    #[tracing::instrument(name = "mongotx.queue.round", skip_all)]
     pub async fn round(&self) -> Result<Vec<Batch>, QueueError> {
         store::round(self).await
     }
 
     /// The stored batch `header`.
+    #[tracing::instrument(name = "mongotx.queue.get", skip_all, fields(batch = header))]
     pub async fn get(&self, header: &str) -> Result<Batch, QueueError> {
         store::get(self, header).await
     }
@@ -116,19 +123,23 @@ impl Batches {
     /// A batch that does not exist is [`QueueError::UnknownBatch`]; an unusable claimant name
     /// (empty, over [`MAX_NAME`](crate::fields::MAX_NAME) bytes, with a NUL) or a `ttl` under a
     /// millisecond or over [`MAX_CLAIM`] is [`QueueError::Invalid`]; nothing is written.
+    #[tracing::instrument(name = "mongotx.queue.claim", skip_all, fields(service = %batch.service_id, batch = %batch.header, claimant = claimant))]
     pub async fn claim(
         &self,
         batch: &Batch,
         claimant: &str,
         ttl: Duration,
     ) -> Result<Option<Claim>, QueueError> {
-        claim::claim(self, batch, claimant, ttl).await
+        let claimed = claim::claim(self, batch, claimant, ttl).await;
+        metrics::queue_claim(claimed.as_ref().map_or("error", Claimed::label));
+        claimed.map(Claimed::into_claim)
     }
 
     /// Records what the submission under `claim` came to, and gives the claim back. Accepted:
     /// the batch is pending and stays with the ledger (`submitted`). Delayed: it is retried
     /// after the delay window. A claim taken over meanwhile is [`QueueError::NotClaimant`], and
     /// nothing is written.
+    #[tracing::instrument(name = "mongotx.queue.record", skip_all, fields(service = %claim.batch.service_id, batch = %claim.batch.header, outcome = ?outcome))]
     pub async fn record(&self, claim: &Claim, outcome: Submission) -> Result<Batch, QueueError> {
         claim::record(self, claim, outcome).await
     }
@@ -155,6 +166,7 @@ impl Batches {
     ///
     /// Recording the status a batch already has changes nothing. Anything else is
     /// [`QueueError::InvalidTransition`], and nothing is written.
+    #[tracing::instrument(name = "mongotx.queue.record_status", skip_all, fields(service = %seen.service_id, batch = %seen.header, status = ?status))]
     pub async fn record_status(
         &self,
         seen: &Batch,
@@ -172,6 +184,7 @@ impl Batches {
     /// by the submission (a submitter sends only before its claim expires), and its answer says
     /// nothing about the batch now ([`QueueError::Contended`]). [`Monitor`] records its answers
     /// this way.
+    #[tracing::instrument(name = "mongotx.queue.record_answer", skip_all, fields(service = %seen.service_id, batch = %seen.header, status = ?status))]
     pub async fn record_answer(
         &self,
         seen: &Batch,
@@ -185,6 +198,7 @@ impl Batches {
 
     /// The batches a monitor asks the ledger about: at the ledger (pending, valid), or with a
     /// submitter (which may have died after sending) and no answer recorded since.
+    #[tracing::instrument(name = "mongotx.queue.watched", skip_all)]
     pub async fn watched(&self) -> Result<Vec<Batch>, QueueError> {
         roles::watched(self).await
     }

@@ -251,6 +251,17 @@ impl QuotaError {
         }
     }
 
+    /// Why the quota refused the call, for its refusals counter (`crate::metrics`): the state
+    /// of the quota, not the call's input or an outage.
+    pub(crate) fn refusal_reason(&self) -> Option<&'static str> {
+        match self {
+            QuotaError::QuotaExceeded { .. } => Some("exceeded"),
+            QuotaError::ReservationExpired { .. } => Some("expired"),
+            QuotaError::Contended { .. } => Some("contended"),
+            _ => None,
+        }
+    }
+
     /// Whether trying the same call again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {

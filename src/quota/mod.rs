@@ -56,6 +56,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tracing::field::Empty;
+use tracing::Span;
+
 use crate::collections::PROVIDERS_COLLECTION;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::repository::Repository;
@@ -265,12 +268,14 @@ impl std::fmt::Debug for Quota {
 
 impl Quota {
     /// Opens the quota collection in `store`'s database (creating it and its indexes if needed).
+    #[tracing::instrument(name = "mongotx.quota.open", skip_all)]
     pub async fn open(store: &Store) -> Result<Quota, QuotaError> {
         Quota::with_options(store, QuotaOptions::default()).await
     }
 
     /// Opens it with `options`, refused first if they make no sense
     /// ([`QuotaOptions::validate`]).
+    #[tracing::instrument(name = "mongotx.quota.open", skip_all)]
     pub async fn with_options(store: &Store, options: QuotaOptions) -> Result<Quota, QuotaError> {
         options.validate()?;
         // Version 2 adds stripes (`stripes`); a version 1 provider is a version 2 provider of
@@ -331,8 +336,9 @@ impl Quota {
     /// quota.release("job-7").await?; // every unit job-7 holds goes back
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "mongotx.quota.consume", skip_all, fields(consumer = %request.consumer, request = %request.id))]
     pub async fn consume(&self, request: &Request) -> Result<Consumed, QuotaError> {
-        consume::consume(self, request).await
+        ops::counted("consume", consume::consume(self, request).await)
     }
 
     /// Holds the request's amounts like [`consume`](Quota::consume) until
@@ -353,38 +359,47 @@ impl Quota {
     /// quota.confirm(&held).await?; // or quota.cancel(&held), or let the GC return it
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "mongotx.quota.reserve", skip_all, fields(consumer = %request.consumer, request = %request.id))]
     pub async fn reserve(
         &self,
         request: &Request,
         ttl: Duration,
     ) -> Result<Reservation, QuotaError> {
-        consume::reserve(self, request, ttl).await
+        ops::counted("reserve", consume::reserve(self, request, ttl).await)
     }
 
     // ----- providers -----
 
     /// Creates a provider. A parent must exist already; parents never change afterwards, so a
     /// hierarchy can have no cycle.
+    #[tracing::instrument(name = "mongotx.quota.create", skip_all, fields(provider = %new.id))]
     pub async fn create(&self, new: NewProvider) -> Result<Provider, QuotaError> {
         providers::create(self, new).await
     }
 
     /// Reads a provider: limit, usage, generation and who holds what, all of one moment.
+    #[tracing::instrument(name = "mongotx.quota.provider", skip_all, fields(provider = Empty))]
     pub async fn provider(&self, id: impl Into<ProviderId>) -> Result<Provider, QuotaError> {
+        let id = id.into();
+        Span::current().record("provider", tracing::field::display(&id));
         providers::provider(self, id).await
     }
 
     /// Sets a provider's limit. Lowering it below the usage is allowed: nothing is taken back,
     /// only new consumption is refused until usage falls under it.
+    #[tracing::instrument(name = "mongotx.quota.set_limit", skip_all, fields(provider = Empty, limit = limit))]
     pub async fn set_limit(
         &self,
         id: impl Into<ProviderId>,
         limit: i64,
     ) -> Result<Provider, QuotaError> {
+        let id = id.into();
+        Span::current().record("provider", tracing::field::display(&id));
         providers::set_limit(self, id, limit).await
     }
 
     /// Every provider of `scope`, by resource.
+    #[tracing::instrument(name = "mongotx.quota.usage", skip_all, fields(scope = scope))]
     pub async fn usage(&self, scope: &str) -> Result<Vec<Provider>, QuotaError> {
         providers::usage(self, scope).await
     }
@@ -392,8 +407,9 @@ impl Quota {
     /// Returns everything `consumer` holds (allocations and reservations, on every provider and
     /// ancestor), all at once. A consumer holding nothing is [`QuotaError::UnknownConsumer`],
     /// so a second release returns nothing twice.
+    #[tracing::instrument(name = "mongotx.quota.release", skip_all, fields(consumer = consumer))]
     pub async fn release(&self, consumer: &str) -> Result<Released, QuotaError> {
-        release::release(self, consumer).await
+        ops::counted("release", release::release(self, consumer).await)
     }
 
     /// Returns what one consume took (from its providers and their ancestors), all at once,
@@ -414,28 +430,33 @@ impl Quota {
     /// quota.release_consumed(&taken).await?;
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "mongotx.quota.release_consumed", skip_all, fields(consumer = %consumed.consumer, request = %consumed.request))]
     pub async fn release_consumed(&self, consumed: &Consumed) -> Result<Released, QuotaError> {
-        release::release_consumed(self, consumed).await
+        let released = release::release_consumed(self, consumed).await;
+        ops::counted("release_consumed", released)
     }
 
     /// Turns a live reservation into an allocation (released with the consumer). Confirming it
     /// again is a no-op; after its expiry (server time) it is
     /// [`QuotaError::ReservationExpired`] and nothing changes.
+    #[tracing::instrument(name = "mongotx.quota.confirm", skip_all, fields(consumer = %reservation.consumer, request = %reservation.request))]
     pub async fn confirm(&self, reservation: &Reservation) -> Result<(), QuotaError> {
-        release::confirm(self, reservation).await
+        ops::counted("confirm", release::confirm(self, reservation).await)
     }
 
     /// Returns a reservation that was not confirmed. Once it has expired and the GC returned it,
     /// this is [`QuotaError::ReservationExpired`]. A reservation this handle's `reserve` returned
     /// on one provider without a parent goes back in a single conditional update; one rebuilt
     /// with [`Reservation::new`] is first looked up.
+    #[tracing::instrument(name = "mongotx.quota.cancel", skip_all, fields(consumer = %reservation.consumer, request = %reservation.request))]
     pub async fn cancel(&self, reservation: &Reservation) -> Result<Released, QuotaError> {
-        release::cancel(self, reservation).await
+        ops::counted("cancel", release::cancel(self, reservation).await)
     }
 
     /// One GC pass: returns every reservation past its expiry (server time), each across all its
     /// providers at once, and forgets released requests whose late copies can no longer land.
     /// Safe to run from any number of processes at once.
+    #[tracing::instrument(name = "mongotx.quota.sweep", skip_all)]
     pub async fn sweep(&self) -> Result<SweepSummary, QuotaError> {
         release::sweep(self).await
     }

@@ -9,6 +9,7 @@ use bson::{doc, Document};
 use mongodb::IndexModel;
 
 use crate::collections::PROVIDERS_COLLECTION;
+use crate::metrics;
 use crate::quota::decide::{self, Docs};
 use crate::quota::error::QuotaError;
 use crate::quota::model::ProviderDoc;
@@ -29,6 +30,14 @@ pub(super) const FAST_TRIES: u32 = 4;
 
 /// The longest reservation.
 pub(super) const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// `result` of the operation `op`, counted as a refusal if it is one (`crate::metrics`).
+pub(super) fn counted<T>(op: &'static str, result: Result<T, QuotaError>) -> Result<T, QuotaError> {
+    if let Some(reason) = result.as_ref().err().and_then(QuotaError::refusal_reason) {
+        metrics::quota_refused(op, reason);
+    }
+    result
+}
 
 /// How a conditional write ended.
 pub(super) enum Step {

@@ -226,11 +226,13 @@ struct Shared {
 
 impl RateLimits {
     /// Opens the default collection of limiters in `store`'s database.
+    #[tracing::instrument(name = "mongotx.ratelimit.open", skip_all)]
     pub async fn open(store: &Store) -> Result<RateLimits, RateLimitError> {
         RateLimits::with_options(store, RateLimitOptions::default()).await
     }
 
     /// Opens it with `options`.
+    #[tracing::instrument(name = "mongotx.ratelimit.open", skip_all, fields(collection = %options.collection))]
     pub async fn with_options(
         store: &Store,
         options: RateLimitOptions,
@@ -291,6 +293,7 @@ impl RateLimits {
     /// gone (what each grant does to the limiter it writes), for limiters nobody writes to now;
     /// the GC runner calls it each round. One read of the limiter names, then one conditional
     /// write per limiter; returns how many limiters it changed. It never changes what counts.
+    #[tracing::instrument(name = "mongotx.ratelimit.sweep", skip_all)]
     pub async fn sweep(&self) -> Result<u64, RateLimitError> {
         ops::sweep(self).await
     }
@@ -298,22 +301,26 @@ impl RateLimits {
     /// Defines a limiter, or confirms an existing one has exactly this limit
     /// ([`RateLimitError::LimitMismatch`] otherwise: a live limit is never changed under the
     /// workers counting by it).
+    #[tracing::instrument(name = "mongotx.ratelimit.define", skip_all, fields(limiter = name))]
     pub async fn define(&self, name: &str, limit: Limit) -> Result<(), RateLimitError> {
         ops::define(self, name, limit).await
     }
 
     /// The limit of `name` (read once, then remembered: a limit never changes).
+    #[tracing::instrument(name = "mongotx.ratelimit.limit", skip_all, fields(limiter = name))]
     pub async fn limit(&self, name: &str) -> Result<Limit, RateLimitError> {
         ops::limit(self, name).await
     }
 
     /// What `name` counts now, by the server's clock.
+    #[tracing::instrument(name = "mongotx.ratelimit.usage", skip_all, fields(limiter = name))]
     pub async fn usage(&self, name: &str) -> Result<Usage, RateLimitError> {
         ops::usage(self, name).await
     }
 
     /// Asks once for `n` calls on every limiter in `limiters` (all of them or none): granted, or
     /// when the log will have room. Nothing is left behind when refused.
+    #[tracing::instrument(name = "mongotx.ratelimit.try_reserve", skip_all, fields(limiters = %limiters.join(","), calls = n, priority = ?priority))]
     pub async fn try_reserve(
         &self,
         limiters: &[&str],
@@ -340,6 +347,7 @@ impl RateLimits {
     /// limits.settle(&reservation, 1).await?;
     /// # Ok(()) }
     /// ```
+    #[tracing::instrument(name = "mongotx.ratelimit.reserve", skip_all, fields(limiters = %limiters.join(","), calls = n, priority = ?priority))]
     pub async fn reserve(
         &self,
         limiters: &[&str],
@@ -350,6 +358,7 @@ impl RateLimits {
     }
 
     /// [`reserve`](RateLimits::reserve), waiting at most `max_wait`.
+    #[tracing::instrument(name = "mongotx.ratelimit.reserve_within", skip_all, fields(limiters = %limiters.join(","), calls = n, priority = ?priority, max_wait = ?max_wait))]
     pub async fn reserve_within(
         &self,
         limiters: &[&str],
@@ -372,6 +381,7 @@ impl RateLimits {
     /// applies it only if it can tell no earlier sending landed ([`Settled::Unconfirmed`]
     /// otherwise), and a copy of an earlier sending still on its way never applies after it
     /// (see [`RateLimitOptions::send_window`]).
+    #[tracing::instrument(name = "mongotx.ratelimit.settle", skip_all, fields(reservation = %reservation.id, limiters = %reservation.limiters.join(","), made = made))]
     pub async fn settle(
         &self,
         reservation: &CallReservation,

@@ -14,6 +14,7 @@ use futures::TryStreamExt;
 use mongodb::options::ReturnDocument;
 use tokio::sync::Notify;
 
+use crate::metrics;
 use crate::ratelimit::error::RateLimitError;
 use crate::ratelimit::limit::{Attempt, CallReservation, Grant, Limit, Priority, Settled, Usage};
 use crate::ratelimit::limit::{Phase, Settling};
@@ -203,8 +204,7 @@ pub(crate) async fn reserve(
     n: u32,
     priority: Priority,
 ) -> Result<CallReservation, RateLimitError> {
-    rate.reserve_within(limiters, n, priority, rate.options.max_wait)
-        .await
+    reserve_within(rate, limiters, n, priority, rate.options.max_wait).await
 }
 
 /// The body of [`RateLimits::reserve_within`].
@@ -222,6 +222,8 @@ pub(crate) async fn reserve_within(
         tickets: HashMap::new(),
     };
     let poll = poll(rate, shortest_window(&limits));
+    // Whether it found no room at once (what the waits metric counts).
+    let mut had_to_wait = false;
     let result = loop {
         let wakers: Vec<Arc<Notify>> = limits.iter().map(|(name, _)| waker(rate, name)).collect();
         let mut woken: Vec<_> = wakers.iter().map(|w| Box::pin(w.notified())).collect();
@@ -237,6 +239,7 @@ pub(crate) async fn reserve_within(
             Attempt::Granted(reservation) => break Ok(reservation),
             Attempt::Wait { after, .. } => after,
         };
+        had_to_wait = true;
         let waited = started.elapsed();
         if waited >= max_wait {
             break Err(RateLimitError::TimedOut {
@@ -254,6 +257,14 @@ pub(crate) async fn reserve_within(
     };
     if !queue.tickets.is_empty() {
         leave_queues(rate, &queue.key, queue.tickets.keys()).await;
+    }
+    if had_to_wait {
+        let outcome = match &result {
+            Ok(_) => "granted",
+            Err(RateLimitError::TimedOut { .. }) => "timed_out",
+            Err(_) => "failed",
+        };
+        metrics::ratelimit_waited(outcome, started.elapsed());
     }
     result
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
+use crate::metrics;
+
 /// What [`Store::shutdown`](crate::Store::shutdown) found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -39,6 +41,7 @@ pub(crate) struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.ended.fetch_add(1, Ordering::Relaxed);
+        metrics::background_ended();
     }
 }
 
@@ -51,6 +54,7 @@ impl Background {
         if self.tracker.is_closed() {
             return None;
         }
+        metrics::background_started();
         Some(Slot {
             _token: token,
             ended: Arc::clone(&self.ended),

@@ -7,6 +7,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::metrics::{self, Access};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
 use crate::repo::outcome::TxnStatus;
@@ -218,6 +219,7 @@ where
     let Some(first) = holders.first().copied() else {
         return Ok(Vec::new());
     };
+    metrics::holds_met(repo.name(), Access::Read, holders.len() as u64);
     let statuses = repo
         .store
         .inner

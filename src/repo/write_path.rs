@@ -8,6 +8,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::metrics::{self, Access};
 use crate::repo::checks;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
@@ -141,6 +142,9 @@ where
         .map_err(|source| repo.hold_error(shown, holder, source))?;
     // A resolved holder is retried at once, unless the same one is still there.
     let again = waiter.last_holder == Some(holder);
+    if !again {
+        metrics::holds_met(repo.name(), Access::Write, 1);
+    }
     waiter.last_holder = Some(holder);
     if settled == Settled::Freed && !again {
         return Ok(());

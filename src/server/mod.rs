@@ -17,7 +17,9 @@ pub(crate) mod semantics;
 #[doc(inline)]
 pub use clock::{ClockError, Topology};
 #[doc(inline)]
-pub use probe::{probe, verdict, ProbeError, ServerCapabilities, Verdict};
+pub use probe::{
+    probe, verdict, ProbeError, ServerCapabilities, Verdict, DEFAULT_CONTENTION_TASKS,
+};
 #[doc(inline)]
 pub use semantics::{Semantic, Status};
 

@@ -133,7 +133,9 @@ impl ProbeError {
     }
 }
 
-/// Default number of concurrent callers in the atomicity checks.
+/// How many concurrent callers [`probe`] runs each atomicity check with, and what `verdict` and
+/// `mongotx-probe --tasks` are usually given: a lost update under contention shows only when
+/// callers race, and this many race on every server tried while the probe stays a few seconds.
 pub const DEFAULT_CONTENTION_TASKS: usize = 64;
 
 /// Probes the server behind `db` with the default contention level; refuses it when it lacks a

@@ -40,7 +40,8 @@ pub use crate::txn::failpoint;
 
 // Seams the library keeps to itself, open to tests: how a store learns the fate of the
 // transaction holding a document (one test swaps it), and the probe with a chosen amount of
-// contention (the probe command's `--tasks`).
+// contention (the probe command's `--tasks`; its default is public as
+// `server::DEFAULT_CONTENTION_TASKS`, and stays here under its old name).
 #[doc(inline)]
 pub use crate::repo::outcome::TxnStatus;
 #[doc(inline)]

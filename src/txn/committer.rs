@@ -51,6 +51,7 @@ use futures::future::join_all;
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
+use crate::metrics::{self, Access};
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::SystemFields;
 use crate::repo::hold::held::{self, HoldKind};
@@ -147,7 +148,12 @@ impl Committer<'_> {
         }
         entries.sort_by_key(Entry::lock_key);
         let mut ordered = false;
+        // The commit's span (`txn::observe`) shows how many attempts it took.
+        let span = tracing::Span::current();
+        let mut attempts = 0_u32;
         loop {
+            attempts = attempts.saturating_add(1);
+            span.record("attempts", attempts);
             match self.attempt(&entries, ordered).await? {
                 Attempt::Committed(outcome) => return Ok(outcome),
                 // Ordered attempts wait for holders instead of reporting blocks, so this switches
@@ -161,6 +167,7 @@ impl Committer<'_> {
         let env = self.env;
         let now = env.now(None).await?;
         let t = ObjectId::new();
+        tracing::Span::current().record("txn", tracing::field::display(t));
         let txn = ActiveTransaction {
             id: t,
             state: TxnState::Staging,
@@ -719,6 +726,9 @@ impl Committer<'_> {
                     }
                 }
                 Diagnosis::Held(holder) => {
+                    if last_holder != Some(holder) {
+                        metrics::holds_met(&entry.coll, Access::Write, 1);
+                    }
                     let settled = resolve::settle(self.store, &entry.coll, &entry.id, holder)
                         .await
                         .map_err(|source| {

@@ -9,11 +9,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use futures::{StreamExt, TryStreamExt};
+use tracing::Instrument;
 
+use crate::metrics::{self, GcResolved};
 use crate::repo::fields;
 use crate::repo::hold::{held, record, resolve, write};
 use crate::repo::meta;
@@ -170,9 +172,20 @@ impl Gc {
 
     /// Runs one round now (server time).
     pub async fn run_round(&self) -> Result<RoundSummary, TxnError> {
-        self.check()?;
-        let now = self.env.now(None).await?;
-        self.round_at(now, &AtomicBool::new(false)).await
+        let started = Instant::now();
+        let now = async {
+            self.check()?;
+            self.env.now(None).await
+        }
+        .await;
+        match now {
+            Ok(now) => self.round_at(now, &AtomicBool::new(false)).await,
+            Err(e) => {
+                // A round that could not start failed all the same.
+                metrics::gc_round(started.elapsed(), None);
+                Err(e)
+            }
+        }
     }
 
     /// Runs one round as if the server's time were `now`; stops between items once `stop` is set.
@@ -187,12 +200,30 @@ impl Gc {
         self.round_at(DateTime::from_chrono(now), stop).await
     }
 
-    /// [`run_round_at`](Gc::run_round_at) in the server's own representation.
+    /// [`run_round_at`](Gc::run_round_at) in the server's own representation, in a span
+    /// `mongotx.gc.round`, counted in the GC's metrics (`crate::metrics`).
     pub(crate) async fn round_at(
         &self,
         now: DateTime,
         stop: &AtomicBool,
     ) -> Result<RoundSummary, TxnError> {
+        let started = Instant::now();
+        let result = self
+            .round(now, stop)
+            .instrument(tracing::info_span!("mongotx.gc.round"))
+            .await;
+        let resolved = result.as_ref().ok().map(|s| GcResolved {
+            finished: s.finished as u64,
+            rolled_back: s.rolled_back as u64,
+            swept: s.swept as u64,
+            skipped: s.skipped as u64,
+            purged: s.purged,
+        });
+        metrics::gc_round(started.elapsed(), resolved);
+        result
+    }
+
+    async fn round(&self, now: DateTime, stop: &AtomicBool) -> Result<RoundSummary, TxnError> {
         self.check()?;
         let mut summary = RoundSummary::default();
         self.resolve_expired(now, stop, &mut summary).await?;

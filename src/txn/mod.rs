@@ -7,9 +7,11 @@
 //! gives the steps and why each is safe when repeated, late or interrupted); `recovery` finishes or
 //! rolls back whole transactions from their records, and `expired` decides those whose deadline
 //! passed; [`Gc`] does that page by page, sweeps holds whose transaction ended, and purges
-//! tombstones; `options` holds the settings and what a commit returns; `failpoint` lets tests
-//! stop any party at any write; `inspect` explains what is stored (the admin command's library)
-//! and settles one expired transaction by hand, through the GC's own resolution. The layer stands on the repository layer (holds are defined there) and never the
+//! tombstones; `options` holds the settings and what a commit returns; `observe` the span and the
+//! metrics of each commit and `run`; `failpoint` lets tests stop any party at any write; `inspect`
+//! explains what is stored (the admin command's library) and settles one expired transaction by
+//! hand, through the GC's own resolution. The layer stands on the repository layer (holds are
+//! defined there) and never the
 //! other way round.
 
 pub(crate) mod claims;
@@ -19,6 +21,7 @@ pub(crate) mod expired;
 pub mod failpoint;
 pub(crate) mod gc;
 pub(crate) mod inspect;
+pub(crate) mod observe;
 pub(crate) mod options;
 pub(crate) mod recovery;
 pub(crate) mod stamps;

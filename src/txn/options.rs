@@ -27,6 +27,16 @@ pub enum Finish {
     InBackground,
 }
 
+impl Finish {
+    /// The `mode` label and span field of a commit in this mode (`crate::metrics`).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Finish::BeforeReturning => "before_returning",
+            Finish::InBackground => "in_background",
+        }
+    }
+}
+
 /// Settings of a [`Transactions`](crate::Transactions) handle.
 #[derive(Clone)]
 #[non_exhaustive]

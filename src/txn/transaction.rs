@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use bson::{Bson, Document};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::collections::{kept_elsewhere, server_refuses, TRANSACTIONS_COLLECTION};
 use crate::repo::changes::{self, Adjust, Update};
@@ -23,6 +24,7 @@ use crate::retry::Retry;
 use crate::txn::committer::Committer;
 use crate::txn::error::TxnError;
 use crate::txn::failpoint::Faults;
+use crate::txn::observe::{self, CommitReport};
 pub use crate::txn::options::{Finish, Outcome, TxnOptions, Written};
 use crate::txn::recovery::Env;
 use crate::txn::stamps;
@@ -100,15 +102,30 @@ impl Transactions {
     /// Runs `body` on a fresh transaction and commits what it staged; reruns both on retryable
     /// errors (conflicts, holds, expiry) with jittered backoff until `options.retry.max_wait`
     /// has passed. The body gets a handle to stage on; it must not commit it itself.
-    pub async fn run<R, F, Fut>(&self, mut body: F) -> Result<(R, Outcome), TxnError>
+    pub async fn run<R, F, Fut>(&self, body: F) -> Result<(R, Outcome), TxnError>
+    where
+        F: FnMut(Transaction) -> Fut,
+        Fut: Future<Output = Result<R, TxnError>>,
+    {
+        let span = observe::run_span();
+        let (result, attempts) = self.attempts(body).instrument(span.clone()).await;
+        observe::run_ended(&span, attempts, &result);
+        result
+    }
+
+    /// The retry loop of [`run`](Transactions::run); also returns how many attempts it made.
+    async fn attempts<R, F, Fut>(&self, mut body: F) -> (Result<(R, Outcome), TxnError>, u32)
     where
         F: FnMut(Transaction) -> Fut,
         Fut: Future<Output = Result<R, TxnError>>,
     {
         // Refused before the body runs: no attempt could ever commit.
-        self.usable()?;
+        if let Err(e) = self.usable() {
+            return (Err(e), 0);
+        }
         let mut retry = Retry::until_deadline(self.options.retry);
         loop {
+            let attempts = retry.pauses() + 1;
             let tx = self.begin();
             let result = match body(tx.clone()).await {
                 Ok(value) => tx.commit().await.map(|outcome| (value, outcome)),
@@ -116,18 +133,19 @@ impl Transactions {
             };
             match result {
                 Err(e) if e.is_retryable() => {
-                    let attempts = retry.pauses() + 1;
                     if retry.exhausted() {
-                        return Err(TxnError::GaveUp {
+                        let gave_up = TxnError::GaveUp {
                             attempts,
                             elapsed: retry.elapsed(),
                             last: Box::new(e),
-                        });
+                        };
+                        return (Err(gave_up), attempts);
                     }
                     tracing::debug!(attempts, error = %e, "retrying transaction");
+                    observe::run_retry();
                     retry.pause().await;
                 }
-                other => return other,
+                other => return (other, attempts),
             }
         }
     }
@@ -536,14 +554,21 @@ impl Transaction {
             staged.bytes = 0;
             std::mem::take(&mut staged.entries)
         };
-        let entries = stamps::stamp_plain(&self.txns.store, entries).await?;
+        let report = CommitReport::start(&entries, self.txns.options.finish);
         let txns = &self.txns;
-        let committer = Committer {
-            store: &txns.store,
-            env: &txns.env,
-            options: &txns.options,
-        };
-        committer.commit_entries(entries).await
+        let result = async {
+            let entries = stamps::stamp_plain(&txns.store, entries).await?;
+            let committer = Committer {
+                store: &txns.store,
+                env: &txns.env,
+                options: &txns.options,
+            };
+            committer.commit_entries(entries).await
+        }
+        .instrument(report.span())
+        .await;
+        report.ended(&result);
+        result
     }
 }
 

@@ -10,8 +10,9 @@
 //! latency (the rate limiter's high-priority waits) has the machine to itself
 //! (`common::machine::alone`).
 //!
-//! The subjects under `cfg(feature = "cli")` run the crate's binaries (`CARGO_BIN_EXE_*`); the
-//! crate's dev-dependency on itself turns the feature on for every test build.
+//! The subjects under `cfg(feature = "cli")` run the crate's production binaries
+//! (`CARGO_BIN_EXE_*`), those under `cfg(feature = "rig-cli")` the benchmark's or the torture
+//! run's too; the crate's dev-dependency on itself turns both features on for every test build.
 
 mod common;
 
@@ -23,7 +24,7 @@ mod adoption_online;
 mod adoption_props;
 mod ambiguous;
 mod bad_input;
-#[cfg(feature = "cli")]
+#[cfg(feature = "rig-cli")]
 mod bad_input_cli;
 mod bad_input_obt;
 mod bad_input_props;
@@ -47,10 +48,11 @@ mod gc_runner;
 mod holds;
 mod ids_and_inserts;
 mod late_delivery;
+mod metrics;
 mod obt;
 mod obt_http;
 mod obt_late;
-#[cfg(feature = "cli")]
+#[cfg(feature = "rig-cli")]
 mod obt_processes;
 mod obt_race;
 mod privileges;
@@ -58,18 +60,18 @@ mod queries;
 mod query_equivalence;
 mod queue;
 mod queue_claim;
-#[cfg(feature = "cli")]
+#[cfg(feature = "rig-cli")]
 mod queue_processes;
 mod quota;
 mod quota_concurrency;
-#[cfg(feature = "cli")]
+#[cfg(feature = "rig-cli")]
 mod quota_crash;
 mod quota_races;
 mod quota_release;
 mod quota_stripes;
 mod ratelimit;
 mod ratelimit_faults;
-#[cfg(feature = "cli")]
+#[cfg(feature = "rig-cli")]
 mod ratelimit_processes;
 mod raw_changes;
 mod scale;
@@ -79,7 +81,7 @@ mod server;
 mod server_prefilter;
 mod server_validation;
 mod shutdown;
-#[cfg(feature = "cli")]
+#[cfg(feature = "rig-cli")]
 mod torture;
 mod transactions;
 mod unique_indexes;

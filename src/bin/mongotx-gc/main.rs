@@ -1,7 +1,7 @@
 //! The GC runner: finishes or rolls back expired transactions, purges old tombstones, returns
 //! expired quota reservations and prunes idle rate limiters, one round per interval, until SIGINT
 //! or SIGTERM (the current item is finished first). With `--metrics-addr` it serves Prometheus
-//! metrics and a health endpoint.
+//! metrics (the library's, `mongotx::metrics`, and the runner's own) and a health endpoint.
 
 #[path = "../shared/cli.rs"]
 mod cli;
@@ -110,9 +110,10 @@ async fn run(args: Args) -> Result<(), String> {
     let gc_options = GcOptions::default()
         .batch_size(args.batch_size as usize)
         .tombstone_retention(args.tombstone_retention);
-    let metrics = Arc::new(metrics::Metrics::new(args.interval));
+    let metrics = Arc::new(metrics::Runner::new(args.interval));
     if let Some(addr) = args.metrics_addr {
-        let bound = metrics::serve(addr, Arc::clone(&metrics)).await?;
+        let exporter = metrics::install()?;
+        let bound = metrics::serve(addr, Arc::clone(&metrics), exporter).await?;
         println!("metrics: http://{bound}/metrics, health: http://{bound}/health");
         tracing::info!(%bound, "serving metrics");
     }
@@ -150,9 +151,10 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Prints one line per part of a pass and feeds the metrics.
-fn report(pass: &GcPass, metrics: &metrics::Metrics) {
-    metrics.round(pass.took, pass.round.as_ref().map_err(|_| ()));
+/// Prints one line per part of a pass and feeds the runner's metrics (the library counted the
+/// round itself).
+fn report(pass: &GcPass, metrics: &metrics::Runner) {
+    metrics.round(pass.round.as_ref().map_err(|_| ()));
     match &pass.round {
         Ok(summary) => println!(
             "round: finished={} rolled_back={} swept={} skipped={} purged={} left_to_claims={}",

@@ -1,43 +1,101 @@
 //! The GC runner's Prometheus metrics and health endpoint (`--metrics-addr`).
 //!
-//! `GET /metrics` answers in the OpenMetrics text format; `GET /health` answers 200 while the
-//! runner's rounds succeed and keep coming, 503 otherwise (before the first round, after a failed
-//! one, or when none has ended for three intervals plus a minute), with a one-line JSON body.
+//! The library records the GC's own metrics (rounds, what they resolved, their duration: see
+//! `mongotx::metrics`) through the `metrics` facade; this binary installs the Prometheus exporter
+//! as the process's recorder and adds what only the runner knows: when the last round ended,
+//! and its quota and rate-limiter sweeps. `GET /metrics` answers with the exporter's text;
+//! `GET /health` answers 200 while the runner's rounds succeed and keep coming, 503 otherwise
+//! (before the first round, after a failed one, or when none has ended for three intervals plus
+//! a minute), with a one-line JSON body. Served by a bare HTTP/1 server (hyper): a production
+//! binary carries no web framework.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
+use ::metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use mongotx::gc::RoundSummary;
-use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
-/// Every metric the runner keeps.
-pub(crate) struct Metrics {
-    registry: Registry,
-    rounds: Counter,
-    round_failures: Counter,
-    finished: Counter,
-    rolled_back: Counter,
-    skipped: Counter,
-    purged: Counter,
-    orphaned_holds: Counter,
-    quota_sweeps: Counter,
-    quota_expired: Counter,
-    quota_pruned: Counter,
-    ratelimit_sweeps: Counter,
-    ratelimit_pruned: Counter,
-    sweep_failures: Counter,
-    round_seconds: Histogram,
-    last_round: Gauge<f64, std::sync::atomic::AtomicU64>,
+/// Gauge: when the last successful round ended (Unix time, seconds).
+const LAST_ROUND: &str = "mongotx_gc_last_round_timestamp_seconds";
+/// Counter: quota sweeps run.
+const QUOTA_SWEEPS: &str = "mongotx_gc_quota_sweeps_total";
+/// Counter: expired quota reservations returned.
+const QUOTA_EXPIRED: &str = "mongotx_gc_quota_expired_total";
+/// Counter: quota providers whose remembered released requests were forgotten.
+const QUOTA_PRUNED: &str = "mongotx_gc_quota_pruned_total";
+/// Counter: rate-limiter sweeps run.
+const RATELIMIT_SWEEPS: &str = "mongotx_gc_ratelimit_sweeps_total";
+/// Counter: limiters pruned of entries that stopped counting.
+const RATELIMIT_PRUNED: &str = "mongotx_gc_ratelimit_pruned_total";
+/// Counter: quota or rate-limiter sweeps that failed.
+const SWEEP_FAILURES: &str = "mongotx_gc_sweep_failures_total";
+
+/// The buckets of the histograms the endpoint shows (seconds): from a round of an idle database
+/// to a long backlog, and a commit's few milliseconds to a contended one's seconds.
+const BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Installs the Prometheus exporter as the process's recorder and describes every metric (the
+/// library's and the runner's); returns the handle that renders them.
+pub(crate) fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), &BUCKETS)
+        .and_then(|builder| builder.install_recorder())
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    mongotx::metrics::describe();
+    describe_gauge!(
+        LAST_ROUND,
+        Unit::Seconds,
+        "When the last successful round ended (Unix time)"
+    );
+    describe_counter!(QUOTA_SWEEPS, Unit::Count, "Quota sweeps run");
+    describe_counter!(
+        QUOTA_EXPIRED,
+        Unit::Count,
+        "Expired quota reservations returned"
+    );
+    describe_counter!(
+        QUOTA_PRUNED,
+        Unit::Count,
+        "Quota providers whose remembered released requests were forgotten"
+    );
+    describe_counter!(RATELIMIT_SWEEPS, Unit::Count, "Rate-limiter sweeps run");
+    describe_counter!(
+        RATELIMIT_PRUNED,
+        Unit::Count,
+        "Limiters pruned of entries that stopped counting"
+    );
+    describe_counter!(
+        SWEEP_FAILURES,
+        Unit::Count,
+        "Quota or rate-limiter sweeps that failed"
+    );
+    // The runner's counters are on the page from the start, at zero, so that a rate over them
+    // is defined before their first event.
+    for name in [
+        QUOTA_SWEEPS,
+        QUOTA_EXPIRED,
+        QUOTA_PRUNED,
+        RATELIMIT_SWEEPS,
+        RATELIMIT_PRUNED,
+        SWEEP_FAILURES,
+    ] {
+        counter!(name).absolute(0);
+    }
+    Ok(handle)
+}
+
+/// What the runner reports beyond the library's metrics, and what the health endpoint judges.
+pub(crate) struct Runner {
     health: Mutex<Health>,
     interval: Duration,
 }
@@ -48,88 +106,10 @@ struct Health {
     last_failed: bool,
 }
 
-impl Metrics {
-    /// The metrics of a runner whose rounds come every `interval`.
-    pub(crate) fn new(interval: Duration) -> Metrics {
-        let mut registry = Registry::with_prefix("mongotx_gc");
-        let counter = |registry: &mut Registry, name: &str, help: &str| {
-            let c = Counter::default();
-            registry.register(name, help, c.clone());
-            c
-        };
-        let rounds = counter(&mut registry, "rounds", "GC rounds run");
-        let round_failures = counter(&mut registry, "round_failures", "GC rounds that failed");
-        let finished = counter(
-            &mut registry,
-            "finished",
-            "Committed transactions whose documents were freed",
-        );
-        let rolled_back = counter(&mut registry, "rolled_back", "Transactions rolled back");
-        let skipped = counter(
-            &mut registry,
-            "skipped",
-            "Items that failed and were left for the next round",
-        );
-        let purged = counter(&mut registry, "purged", "Tombstones purged");
-        let orphaned_holds = counter(
-            &mut registry,
-            "orphaned_holds_resolved",
-            "Holds undone one by one because their transaction ended without committing",
-        );
-        let quota_sweeps = counter(&mut registry, "quota_sweeps", "Quota sweeps run");
-        let quota_expired = counter(
-            &mut registry,
-            "quota_expired",
-            "Expired quota reservations returned",
-        );
-        let quota_pruned = counter(
-            &mut registry,
-            "quota_pruned",
-            "Quota providers whose remembered released requests were forgotten",
-        );
-        let ratelimit_sweeps =
-            counter(&mut registry, "ratelimit_sweeps", "Rate-limiter sweeps run");
-        let ratelimit_pruned = counter(
-            &mut registry,
-            "ratelimit_pruned",
-            "Limiters pruned of entries that stopped counting",
-        );
-        let sweep_failures = counter(
-            &mut registry,
-            "sweep_failures",
-            "Quota or rate-limiter sweeps that failed",
-        );
-        let round_seconds = Histogram::new([
-            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-        ]);
-        registry.register(
-            "round_duration_seconds",
-            "How long a GC round took",
-            round_seconds.clone(),
-        );
-        let last_round = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "last_round_timestamp_seconds",
-            "When the last successful round ended (Unix time)",
-            last_round.clone(),
-        );
-        Metrics {
-            registry,
-            rounds,
-            round_failures,
-            finished,
-            rolled_back,
-            skipped,
-            purged,
-            orphaned_holds,
-            quota_sweeps,
-            quota_expired,
-            quota_pruned,
-            ratelimit_sweeps,
-            ratelimit_pruned,
-            sweep_failures,
-            round_seconds,
-            last_round,
+impl Runner {
+    /// The state of a runner whose rounds come every `interval`.
+    pub(crate) fn new(interval: Duration) -> Runner {
+        Runner {
             health: Mutex::new(Health {
                 last_ok: None,
                 last_failed: false,
@@ -138,53 +118,43 @@ impl Metrics {
         }
     }
 
-    /// Counts one round that took `took`.
-    pub(crate) fn round(&self, took: Duration, outcome: Result<&RoundSummary, ()>) {
-        self.rounds.inc();
-        self.round_seconds.observe(took.as_secs_f64());
+    /// Notes the end of a round (the library counted it already).
+    pub(crate) fn round(&self, outcome: Result<&RoundSummary, ()>) {
         let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         match outcome {
-            Ok(summary) => {
-                self.finished.inc_by(summary.finished as u64);
-                self.rolled_back.inc_by(summary.rolled_back as u64);
-                self.skipped.inc_by(summary.skipped as u64);
-                self.purged.inc_by(summary.purged);
-                self.orphaned_holds.inc_by(summary.swept as u64);
+            Ok(_) => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap_or_default();
-                self.last_round.set(now.as_secs_f64());
+                gauge!(LAST_ROUND).set(now.as_secs_f64());
                 health.last_ok = Some(Instant::now());
                 health.last_failed = false;
             }
-            Err(()) => {
-                self.round_failures.inc();
-                health.last_failed = true;
-            }
+            Err(()) => health.last_failed = true,
         }
     }
 
     /// Counts one quota sweep.
     pub(crate) fn quota_sweep(&self, expired: u64, pruned: u64) {
-        self.quota_sweeps.inc();
-        self.quota_expired.inc_by(expired);
-        self.quota_pruned.inc_by(pruned);
+        counter!(QUOTA_SWEEPS).increment(1);
+        counter!(QUOTA_EXPIRED).increment(expired);
+        counter!(QUOTA_PRUNED).increment(pruned);
     }
 
     /// Counts one rate-limiter sweep.
     pub(crate) fn ratelimit_sweep(&self, pruned: u64) {
-        self.ratelimit_sweeps.inc();
-        self.ratelimit_pruned.inc_by(pruned);
+        counter!(RATELIMIT_SWEEPS).increment(1);
+        counter!(RATELIMIT_PRUNED).increment(pruned);
     }
 
     /// Counts a sweep that failed.
     pub(crate) fn sweep_failed(&self) {
-        self.sweep_failures.inc();
+        counter!(SWEEP_FAILURES).increment(1);
     }
 
     fn health(&self) -> (StatusCode, String) {
         let health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
-        // Saturating: the interval is bounded by the command line, but `Metrics` takes any.
+        // Saturating: the interval is bounded by the command line, but `Runner` takes any.
         let stale_after = self
             .interval
             .saturating_mul(3)
@@ -202,52 +172,94 @@ impl Metrics {
             format!(r#"{{"status":"{state}","seconds_since_last_round":{since}}}"#),
         )
     }
-
-    fn encode(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        encode(&mut out, &self.registry)?;
-        Ok(out)
-    }
 }
 
-async fn metrics_page(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    match metrics.encode() {
-        Ok(body) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        ),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            format!("encoding the metrics failed: {e}"),
-        ),
-    }
+/// What the endpoint serves from.
+struct Pages {
+    runner: Arc<Runner>,
+    exporter: PrometheusHandle,
 }
 
-async fn health_page(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    let (status, body) = metrics.health();
-    (status, [(header::CONTENT_TYPE, "application/json")], body)
+impl Pages {
+    fn answer(&self, request: &Request<Incoming>) -> Response<String> {
+        let (status, content_type, body) = match (request.method(), request.uri().path()) {
+            (&Method::GET, "/metrics") => (
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.exporter.render(),
+            ),
+            (&Method::GET, "/health") => {
+                let (status, body) = self.runner.health();
+                (status, "application/json", body)
+            }
+            (&Method::GET, _) => (
+                StatusCode::NOT_FOUND,
+                "text/plain; charset=utf-8",
+                "not found: the pages are /metrics and /health\n".to_string(),
+            ),
+            _ => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain; charset=utf-8",
+                "only GET\n".to_string(),
+            ),
+        };
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        response
+    }
 }
 
 /// Serves `/metrics` and `/health` on `addr` until the process ends; returns the bound address.
-pub(crate) async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<SocketAddr, String> {
+/// The exporter's histograms and idle series are kept in bounds every `upkeep`.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    runner: Arc<Runner>,
+    exporter: PrometheusHandle,
+) -> Result<SocketAddr, String> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on --metrics-addr {addr}: {e}"))?;
     let bound = listener
         .local_addr()
         .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/health", get(health_page))
-        .with_state(metrics);
+    let pages = Arc::new(Pages { runner, exporter });
+    tokio::spawn({
+        let exporter = pages.exporter.clone();
+        async move {
+            let mut upkeep = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                upkeep.tick().await;
+                exporter.run_upkeep();
+            }
+        }
+    });
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "the metrics endpoint stopped");
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: the next accept may do.
+                    tracing::warn!(error = %e, "the metrics endpoint could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let pages = Arc::clone(&pages);
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let response = pages.answer(&request);
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(error = %e, "a metrics connection ended with an error");
+                }
+            });
         }
     });
     Ok(bound)
@@ -259,20 +271,26 @@ mod tests {
 
     #[test]
     fn health_follows_the_rounds() {
-        let metrics = Metrics::new(Duration::from_secs(1));
-        assert_eq!(metrics.health().0, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(metrics.health().1.contains("starting"));
-        metrics.round(Duration::from_millis(3), Ok(&RoundSummary::default()));
-        assert_eq!(metrics.health().0, StatusCode::OK);
-        metrics.round(Duration::from_millis(3), Err(()));
-        let (status, body) = metrics.health();
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let runner = Runner::new(Duration::from_secs(1));
+        assert_eq!(runner.health().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(runner.health().1.contains("starting"));
+        ::metrics::with_local_recorder(&recorder, || {
+            runner.round(Ok(&RoundSummary::default()));
+            runner.quota_sweep(2, 1);
+            runner.sweep_failed();
+        });
+        assert_eq!(runner.health().0, StatusCode::OK);
+        runner.round(Err(()));
+        let (status, body) = runner.health();
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("failing"), "{body}");
-        let page = metrics.encode().expect("encode");
-        assert!(page.contains("mongotx_gc_rounds_total 2"), "{page}");
-        assert!(page.contains("mongotx_gc_round_failures_total 1"), "{page}");
+        let page = recorder.handle().render();
+        assert!(page.contains("mongotx_gc_quota_sweeps_total 1"), "{page}");
+        assert!(page.contains("mongotx_gc_quota_expired_total 2"), "{page}");
+        assert!(page.contains("mongotx_gc_sweep_failures_total 1"), "{page}");
         assert!(
-            page.contains("mongotx_gc_round_duration_seconds_count 2"),
+            page.contains("mongotx_gc_last_round_timestamp_seconds "),
             "{page}"
         );
     }

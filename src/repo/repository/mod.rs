@@ -21,6 +21,7 @@ use mongodb::Collection;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::metrics::{self, Access};
 use crate::repo::adopt::{self, AdoptOptions, AdoptReport};
 use crate::repo::changes::{Adjust, Update};
 use crate::repo::collection::CollectionSpec;
@@ -310,6 +311,9 @@ where
         stored: Document,
     ) -> Result<Committed, RepoError> {
         let holder = stored.get_object_id(fields::ACTIVE_TXN).ok();
+        if holder.is_some() {
+            metrics::holds_met(self.name(), Access::Read, 1);
+        }
         resolve::committed(&self.store, self.name(), stored)
             .await
             .map_err(|source| match holder {
