@@ -22,6 +22,7 @@
 //! - [`gc`]: one GC round at a time, its options and summaries;
 //! - [`adopt`]: taking existing (plain) documents under mongotx;
 //! - [`server`]: the probe of a server's guarantees, its verdict, the deployment's topology;
+//! - [`admin`]: reading what mongotx keeps about itself (the contention record), writing nothing;
 //! - [`collections`]: every collection mongotx keeps records in by default;
 //! - the four coordination modules, built on the above: [`quota`] (limits shared by every
 //!   instance of a service), [`obt`] (one owner at a time for a long operation, with fencing
@@ -145,6 +146,19 @@ pub mod gc {
     pub use crate::runner::GcPass;
     #[doc(inline)]
     pub use crate::txn::gc::{Gc, GcOptions, RoundSummary};
+}
+
+/// Reading what mongotx keeps about itself, for operators and their tools (the `mongotx` admin
+/// command is built on it): nothing here writes. [`contention`](crate::admin::contention)
+/// ranks collections by the conflicts and aborts every instance counted (see
+/// [`StoreBuilder::contention_record`]). The coordination modules' states are read by their
+/// own `inspect` functions, which open nothing either: [`quota::inspect`], [`ratelimit::inspect`],
+/// [`queue::inspect`], [`obt::inspect`].
+pub mod admin {
+    #[doc(inline)]
+    pub use crate::repo::contention::{
+        contention, CollectionContention, ContentionReport, SampledDocument, CONTENTION_SCHEMA,
+    };
 }
 
 /// Taking a collection of existing (plain) documents under mongotx: [`Store::adopt`] and the

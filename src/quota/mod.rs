@@ -50,6 +50,7 @@ mod model;
 mod ops;
 mod providers;
 mod release;
+mod report;
 mod stripes;
 
 use std::collections::{HashMap, HashSet};
@@ -69,6 +70,7 @@ pub use model::{
     Allocation, Consumed, NewProvider, Provider, ProviderId, Released, Request, Reservation,
     SweepSummary, PROVIDERS_SCHEMA,
 };
+pub use report::{inspect, ProviderReport, ReservationReport, StripeReport};
 
 use model::ProviderDoc;
 
@@ -273,15 +275,34 @@ impl Quota {
     /// ([`QuotaOptions::validate`]).
     pub async fn with_options(store: &Store, options: QuotaOptions) -> Result<Quota, QuotaError> {
         options.validate()?;
-        // Version 2 adds stripes (`stripes`); a version 1 provider is a version 2 provider of
-        // one stripe, and the bump keeps a handle of an older release, which would see only
-        // stripe 0, from writing a striped one.
-        let spec = CollectionSpec::new(PROVIDERS_COLLECTION, 2, PROVIDERS_SCHEMA)
+        let repo = store.repository::<ProviderDoc>(Quota::spec()?).await?;
+        let quota = Quota::assemble(store, repo, options);
+        ops::create_indexes(&quota).await?;
+        Ok(quota)
+    }
+
+    /// The providers' collection definition. Version 2 adds stripes (`stripes`); a version 1
+    /// provider is a version 2 provider of one stripe, and the bump keeps a handle of an older
+    /// release, which would see only stripe 0, from writing a striped one.
+    fn spec() -> Result<CollectionSpec, QuotaError> {
+        CollectionSpec::new(PROVIDERS_COLLECTION, 2, PROVIDERS_SCHEMA)
             .map(|spec| spec.upgrade(1, Ok))
             .map_err(|e| QuotaError::InvalidRequest {
                 reason: format!("the built-in provider schema is unusable: {e}"),
-            })?;
-        let repo = store.repository::<ProviderDoc>(spec).await?;
+            })
+    }
+
+    /// A handle that opened nothing (no collection, index or validator made), for reading a
+    /// database that must not change ([`inspect`]); its writes would go to a collection nobody
+    /// set up, so it is never handed out.
+    pub(crate) fn unopened(store: &Store) -> Result<Quota, QuotaError> {
+        let coll = store.database().collection(PROVIDERS_COLLECTION);
+        let repo = Repository::new(store.clone(), Arc::new(Quota::spec()?), coll);
+        Ok(Quota::assemble(store, repo, QuotaOptions::default()))
+    }
+
+    /// The handle over `repo`, with no I/O.
+    fn assemble(store: &Store, repo: Repository<ProviderDoc>, options: QuotaOptions) -> Quota {
         // Providers are hot documents, shared by every consumer: returning before the finish
         // gains nothing there (the next consumer would meet the hold and finish it itself), and
         // a consume that returns with its providers free keeps their usage readable raw.
@@ -290,7 +311,7 @@ impl Quota {
             .retry(options.retry)
             .finish(Finish::BeforeReturning);
         txn_options.faults = options.faults.clone();
-        let quota = Quota {
+        Quota {
             store: store.clone(),
             txns: Transactions::with_options(store, txn_options),
             faults: Faults::new(options.faults.clone()),
@@ -303,9 +324,7 @@ impl Quota {
                     .map(|_| Arc::new(tokio::sync::Mutex::new(())))
                     .collect(),
             ),
-        };
-        ops::create_indexes(&quota).await?;
-        Ok(quota)
+        }
     }
 
     /// The options in force.
@@ -431,6 +450,14 @@ impl Quota {
     /// with [`Reservation::new`] is first looked up.
     pub async fn cancel(&self, reservation: &Reservation) -> Result<Released, QuotaError> {
         release::cancel(self, reservation).await
+    }
+
+    /// What an operator asks about a provider: its usage against its limit (per stripe, with the
+    /// `over` mark), the reservations outstanding with their expiries by the server's clock, and
+    /// those past their expiry that only the GC's sweep returns (stuck while no runner sweeps).
+    /// One reading of one moment, as [`provider`](Quota::provider) reads.
+    pub async fn report(&self, id: impl Into<ProviderId>) -> Result<ProviderReport, QuotaError> {
+        report::report(self, id.into()).await
     }
 
     /// One GC pass: returns every reservation past its expiry (server time), each across all its

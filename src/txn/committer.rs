@@ -51,6 +51,7 @@ use futures::future::join_all;
 use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
+use crate::repo::contention;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::SystemFields;
 use crate::repo::hold::held::{self, HoldKind};
@@ -218,17 +219,21 @@ impl Committer<'_> {
             }
         };
         let answered = results.len();
-        for result in results {
+        // The first entry whose document stopped the attempt (for the contention record).
+        let mut culprit = None;
+        for (i, result) in results.into_iter().enumerate() {
             match result {
                 Ok(Applied::Yes) => {}
                 Ok(Applied::Blocked(holder, ambiguous)) => {
                     tracing::debug!(txn = %t, holder = %holder, "document held by another transaction");
                     blocked = true;
                     refused |= !ambiguous;
+                    culprit = culprit.or(Some(i));
                 }
                 Ok(Applied::Failed(e, ambiguous)) => {
                     failure.get_or_insert(TxnError::document(Some(t), e));
                     refused |= !ambiguous;
+                    culprit = culprit.or(Some(i));
                 }
                 Ok(Applied::Late(ambiguous)) => {
                     failure.get_or_insert(TxnError::Expired { txn: t });
@@ -252,7 +257,9 @@ impl Committer<'_> {
             } else {
                 Record::Written
             };
-            return self.give_up(&txn, failure, blocked, record, refused).await;
+            return self
+                .give_up(&txn, failure, blocked, record, refused, culprit)
+                .await;
         }
 
         // The record was staging when written and every apply took effect before the deadline:
@@ -309,7 +316,8 @@ impl Committer<'_> {
 
     /// Ends an attempt that did not get every write in: aborts the record and rolls back. If the
     /// record turns out committed (an apply whose reply was lost had landed, and a resolver saw
-    /// every participant in place), the transaction committed after all.
+    /// every participant in place), the transaction committed after all. `culprit` is the
+    /// entry whose document stopped the attempt, if one did.
     async fn give_up(
         &self,
         txn: &ActiveTransaction,
@@ -317,6 +325,7 @@ impl Committer<'_> {
         blocked: bool,
         record: Record,
         refused: bool,
+        culprit: Option<usize>,
     ) -> Result<Attempt, TxnError> {
         let env = self.env;
         let t = txn.id;
@@ -355,6 +364,13 @@ impl Committer<'_> {
             }
             TxnStatus::Aborted | TxnStatus::Absent => {}
         }
+        contention::aborted(
+            self.store,
+            txn.entries.iter().map(|e| e.coll.as_str()),
+            culprit
+                .and_then(|i| txn.entries.get(i))
+                .map(|e| (e.coll.as_str(), &e.id)),
+        );
         // No copy of the record can arrive later if every send of it was answered.
         let deletion = if record == Record::MayArriveLate {
             Deletion::AfterDeadline
@@ -842,6 +858,7 @@ impl Committer<'_> {
             });
         }
         if sys.version != entry.expected {
+            contention::conflict(self.store, &entry.coll, &entry.id);
             return Ok(Diagnosis::Fail(RepoError::VersionConflict {
                 collection: entry.coll.clone(),
                 id: shown,
@@ -877,6 +894,7 @@ impl Committer<'_> {
             return Ok(Diagnosis::Retry);
         }
         if !entry.is_guard() {
+            contention::conflict(self.store, &entry.coll, &entry.id);
             return Ok(Diagnosis::Fail(RepoError::VersionConflict {
                 collection: entry.coll.clone(),
                 id: shown,

@@ -15,6 +15,8 @@
 
 mod common;
 
+#[cfg(feature = "cli")]
+mod admin_coordination;
 mod adoption;
 mod adoption_online;
 mod adoption_props;
@@ -32,6 +34,8 @@ mod bulk_rounds;
 mod clean_errors;
 mod concurrency;
 mod conformance;
+#[cfg(feature = "cli")]
+mod contention;
 mod crash_sweep;
 mod crud;
 mod durability;

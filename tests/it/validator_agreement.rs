@@ -35,6 +35,10 @@ const SCHEMAS: &[(&str, &str)] = &[
     ("batches", include_str!("../../schemas/batches.json")),
     ("counters", include_str!("../../schemas/counters.json")),
     ("dlvs", include_str!("../../schemas/dlvs.json")),
+    (
+        "mongotx_contention",
+        include_str!("../../schemas/mongotx_contention.json"),
+    ),
     ("notes", include_str!("../../schemas/notes.json")),
     ("obt_fences", include_str!("../../schemas/obt_fences.json")),
     ("obt_tokens", include_str!("../../schemas/obt_tokens.json")),
