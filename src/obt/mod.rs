@@ -45,7 +45,8 @@
 //! token from the counter first). When the write matches nothing, the OBT is read to say why.
 //!
 //! Every method of [`Obt`] is declared in this file and delegates to `ops` (the operations),
-//! `steps` (tokens, reads, the conditional write) or `checks` (input checks, errors).
+//! `steps` (tokens, reads, the conditional write), `checks` (input checks, errors) or `report`
+//! (the operator's view of an OBT, also read without opening the collection by [`inspect`]).
 
 use crate::repo::open;
 

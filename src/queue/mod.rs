@@ -10,7 +10,9 @@
 //! feature `testkit`).
 //!
 //! Every method of [`Batches`] is declared in this file and delegates: adding batches and queuer
-//! rounds to `store`, claiming and recording to `claim`, the roles' conveniences to `roles`.
+//! rounds to `store`, claiming and recording to `claim`, the roles' conveniences to `roles`, the
+//! operator's view of a service to `report` (also read without opening the collection by
+//! [`inspect`]).
 
 mod claim;
 mod error;

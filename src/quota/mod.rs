@@ -40,7 +40,9 @@
 //!
 //! Every method of [`Quota`] is declared in this file and delegates: consuming and reserving to
 //! `consume`, giving back to `release`, the provider operations to `providers`, reading providers
-//! and writing decisions to `access`; the decisions themselves are `decide`'s, free of I/O.
+//! and writing decisions to `access`, the operator's report to `report` (which also reads a
+//! provider without opening the collection, [`inspect`]); the decisions themselves are
+//! `decide`'s, free of I/O.
 
 mod access;
 mod consume;

@@ -49,7 +49,9 @@
 //! (`testkit::ratelimit_model`) comes with the `testkit` feature.
 //!
 //! Every method of [`RateLimits`] is declared in this file and delegates to `ops` (one conditional
-//! write per operation, and the read that explains a refusal), whose writes `plan` computes.
+//! write per operation, and the read that explains a refusal), whose writes `plan` computes, or
+//! to `report` (the operator's view of a limiter, also read without opening the collection by
+//! [`inspect`]).
 
 use crate::repo::open;
 

@@ -355,7 +355,7 @@ async fn limiter_reports_a_full_limiter_with_its_reservations() {
                 s.get_i64("h").unwrap(),
             )
         })
-        .filter(|(s, _, _)| (s + 1) * slot_ms - 1 >= now - span)
+        .filter(|(s, _, _)| (s + 1) * slot_ms > now - span)
         .collect();
     let bulk: i64 = slots.iter().map(|(_, b, _)| b).sum();
     let high: i64 = slots.iter().map(|(_, _, h)| h).sum();
@@ -450,31 +450,39 @@ async fn limiter_reports_a_full_limiter_with_its_reservations() {
 async fn queue_reports_a_stuck_batch_and_what_goes_next() {
     let t = TestDb::new().await;
     let batches = Batches::open(&t.store).await.expect("open");
-    for header in ["svc/1", "svc/2", "svc/3"] {
-        batches
-            .add(&NewBatch::new("svc", header, "payload"))
-            .await
-            .expect("add");
-    }
-    let first = batches.get("svc/1").await.expect("get");
-    let claim = batches
-        .claim(&first, "dead-host", Duration::from_millis(300))
-        .await
-        .expect("claim")
-        .expect("claimed");
-    drop(claim); // the submitter dies before sending
-    for header in ["other/1", "other/2"] {
-        batches
-            .add(&NewBatch::new("other", header, "payload"))
-            .await
-            .expect("add");
-    }
-    let o1 = batches.get("other/1").await.expect("get");
-    let claim = batches
-        .claim(&o1, "host-a", Duration::from_secs(30))
-        .await
-        .expect("claim")
-        .expect("claimed");
+    // Adds `headers` to `service` and claims the first for `ttl` by `claimant`.
+    let claimed = |service: &'static str, headers: &'static [&'static str], claimant, ttl| {
+        let batches = batches.clone();
+        async move {
+            for header in headers {
+                batches
+                    .add(&NewBatch::new(service, *header, "payload"))
+                    .await
+                    .expect("add");
+            }
+            let first = batches.get(headers[0]).await.expect("get");
+            batches
+                .claim(&first, claimant, ttl)
+                .await
+                .expect("claim")
+                .expect("claimed")
+        }
+    };
+    // The submitter dies before sending.
+    claimed(
+        "svc",
+        &["svc/1", "svc/2", "svc/3"],
+        "dead-host",
+        Duration::from_millis(300),
+    )
+    .await;
+    let claim = claimed(
+        "other",
+        &["other/1", "other/2"],
+        "host-a",
+        Duration::from_secs(30),
+    )
+    .await;
     let pending = batches
         .record(&claim, Submission::Accepted)
         .await

@@ -77,6 +77,37 @@ async fn stale_update(repo: &Repository<Account>, id: &str) {
     assert!(matches!(err, RepoError::VersionConflict { .. }), "{err}");
 }
 
+/// The accounts of `store`, holding "alice" at version 2 (so an update at version 1 conflicts).
+async fn alice_moved_on(store: &Store) -> Repository<Account> {
+    let accounts = common::open_accounts(store).await;
+    common::seed_accounts(&accounts, &[("alice", 10)]).await;
+    accounts
+        .update("alice", 1, &Update::new().set("owner", "moved"))
+        .await
+        .expect("move on");
+    accounts
+}
+
+/// A transaction staged on `id` at `version`, whose document `mover` changes before the commit:
+/// the commit conflicts (a conflict and an abort).
+async fn conflicting_commit(
+    store: &Store,
+    staged: &Repository<Account>,
+    mover: &Repository<Account>,
+    id: &str,
+    version: i64,
+) {
+    let tx = Transactions::new(store).begin();
+    tx.update(staged, id, version, &Update::new().set("owner", "tx"))
+        .await
+        .expect("stage");
+    mover
+        .update(id, version, &Update::new().set("owner", "moved"))
+        .await
+        .expect("move on");
+    tx.commit().await.expect_err("the commit conflicts");
+}
+
 /// Two instances conflict in known ways: repository writes at a stale version, a transaction
 /// staging a change at a stale version, a commit whose document moved on after staging (a
 /// conflict and an abort). After both stores shut down, the record and `mongotx contention`
@@ -110,15 +141,7 @@ async fn conflicts_of_two_instances_are_counted_exactly() {
         .await
         .expect_err("stale staging");
     assert!(err.to_string().contains("version"), "{err}");
-    let tx = txns.begin();
-    tx.update(&accounts_a, "carol", 1, &Update::new().set("owner", "tx"))
-        .await
-        .expect("stage");
-    accounts_b
-        .update("carol", 1, &Update::new().set("owner", "b"))
-        .await
-        .expect("move carol on");
-    tx.commit().await.expect_err("the commit conflicts");
+    conflicting_commit(&a, &accounts_a, &accounts_b, "carol", 1).await;
     // Instance B: two stale writes of accounts, one of wallets.
     for _ in 0..2 {
         stale_update(&accounts_b, "bob").await;
@@ -216,24 +239,11 @@ async fn a_store_with_the_record_off_writes_nothing() {
         .contention_record(false)
         .contention_flush_every(Duration::from_millis(10))
         .build();
-    let accounts = common::open_accounts(&store).await;
-    common::seed_accounts(&accounts, &[("alice", 10)]).await;
-    accounts
-        .update("alice", 1, &Update::new().set("owner", "moved"))
-        .await
-        .expect("move on");
+    let accounts = alice_moved_on(&store).await;
     for _ in 0..3 {
         stale_update(&accounts, "alice").await;
     }
-    let tx = Transactions::new(&store).begin();
-    tx.update(&accounts, "alice", 2, &Update::new().set("owner", "tx"))
-        .await
-        .expect("stage");
-    accounts
-        .update("alice", 2, &Update::new().set("owner", "again"))
-        .await
-        .expect("move on");
-    tx.commit().await.expect_err("the commit conflicts");
+    conflicting_commit(&store, &accounts, &accounts, "alice", 2).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     store.shutdown(Duration::from_secs(10)).await;
     let names = t.db.list_collection_names().await.expect("list");
@@ -255,12 +265,7 @@ async fn a_store_with_the_record_off_writes_nothing() {
 async fn a_store_writes_at_most_once_per_interval() {
     let t = TestDb::new().await;
     let store = instance(t.db.clone(), Duration::from_secs(1));
-    let accounts = common::open_accounts(&store).await;
-    common::seed_accounts(&accounts, &[("alice", 10)]).await;
-    accounts
-        .update("alice", 1, &Update::new().set("owner", "moved"))
-        .await
-        .expect("move on");
+    let accounts = alice_moved_on(&store).await;
     let started = Instant::now();
     let mut made = 0;
     while started.elapsed() < Duration::from_millis(3500) {
