@@ -32,8 +32,12 @@ pub const BATCHES_COLLECTION: &str = "batches";
 /// The services collection of a collection of batches is named after it with this suffix.
 pub const SERVICES_SUFFIX: &str = "_services";
 
+/// The contention record: conflicts and aborts per collection and minute, summed over every
+/// instance (see [`StoreBuilder::contention_record`](crate::StoreBuilder::contention_record)).
+pub const CONTENTION_COLLECTION: &str = "mongotx_contention";
+
 /// Every default collection with what mongotx keeps there, for the name checks.
-const OWN: [(&str, &str); 8] = [
+const OWN: [(&str, &str); 9] = [
     (TRANSACTIONS_COLLECTION, "the transaction records"),
     (META_COLLECTION, "the collection registry"),
     (PROVIDERS_COLLECTION, "the quota providers"),
@@ -42,6 +46,7 @@ const OWN: [(&str, &str); 8] = [
     (FENCES_COLLECTION, "the default OBT fences"),
     (LIMITERS_COLLECTION, "the default rate limiters"),
     (BATCHES_COLLECTION, "the default batches"),
+    (CONTENTION_COLLECTION, "the contention record"),
 ];
 
 /// What the server refuses in any collection name, if anything: empty, a `$` or a NUL

@@ -24,6 +24,7 @@
 //!   of a database, why a document is held, one transaction, settling an expired one by hand;
 //! - [`adopt`]: taking existing (plain) documents under mongotx;
 //! - [`server`]: the probe of a server's guarantees, its verdict, the deployment's topology;
+//! - [`admin`]: reading what mongotx keeps about itself (the contention record), writing nothing;
 //! - [`collections`]: every collection mongotx keeps records in by default;
 //! - [`metrics`]: every metric mongotx records through the `metrics` facade (for the exporter a
 //!   service installs), with what it counts; the operations run in `tracing` spans named
@@ -154,11 +155,19 @@ pub mod gc {
 }
 
 /// Looking at what mongotx is doing in a database from the stored data alone, as the `mongotx`
-/// admin command does: an [`Inspector`](crate::admin::Inspector) opened from a [`Store`] says
+/// admin command does. An [`Inspector`](crate::admin::Inspector) opened from a [`Store`] says
 /// what holds a document and what happens next, reports a transaction or the whole database, and
-/// settles an expired transaction as the GC would. Every report derives `Serialize` (times in
-/// RFC 3339, durations in milliseconds) and prints as `field: value` lines.
+/// settles an expired transaction as the GC would (the one thing here that writes).
+/// [`contention`](crate::admin::contention) ranks collections by the conflicts and aborts every
+/// instance counted (see [`StoreBuilder::contention_record`]). The coordination modules' states
+/// are read by their own `inspect` functions, which open (and write) nothing:
+/// [`quota::inspect`], [`ratelimit::inspect`], [`queue::inspect`], [`obt::inspect`]. Every report
+/// derives `Serialize` (times in RFC 3339, durations in milliseconds).
 pub mod admin {
+    #[doc(inline)]
+    pub use crate::repo::contention::{
+        contention, CollectionContention, ContentionReport, SampledDocument, CONTENTION_SCHEMA,
+    };
     #[doc(inline)]
     pub use crate::repo::hold::record::TxnState;
     #[doc(inline)]

@@ -45,7 +45,8 @@
 //! token from the counter first). When the write matches nothing, the OBT is read to say why.
 //!
 //! Every method of [`Obt`] is declared in this file and delegates to `ops` (the operations),
-//! `steps` (tokens, reads, the conditional write) or `checks` (input checks, errors).
+//! `steps` (tokens, reads, the conditional write), `checks` (input checks, errors) or `report`
+//! (the operator's view of an OBT, also read without opening the collection by [`inspect`]).
 
 use crate::repo::open;
 
@@ -54,6 +55,7 @@ mod error;
 mod fence;
 mod model;
 mod ops;
+mod report;
 mod steps;
 
 use std::sync::Arc;
@@ -74,6 +76,7 @@ pub use fence::{Fence, MemoryFence, MongoFence};
 pub use model::{
     NewObt, Observation, ObtState, Ownership, Token, FENCES_SCHEMA, OBTS_SCHEMA, TOKENS_SCHEMA,
 };
+pub use report::{inspect, ObtReport};
 
 use model::ObtDoc;
 
@@ -174,27 +177,7 @@ impl Obt {
     /// registry), is [`ObtError::Invalid`], before anything is created.
     #[tracing::instrument(name = "mongotx.obt.open", skip_all, fields(collection = %options.collection))]
     pub async fn with_options(store: &Store, options: ObtOptions) -> Result<Obt, ObtError> {
-        if let Some(reason) = collection_problem(store, &options.collection, OBTS_COLLECTION) {
-            return Err(ObtError::Invalid {
-                collection: shown(&options.collection),
-                reason: format!("cannot keep OBTs there: {reason}"),
-            });
-        }
-        if options.clock_slack > MAX_LEASE {
-            return Err(ObtError::Invalid {
-                collection: shown(&options.collection),
-                reason: format!(
-                    "clock slack {:?} is over the longest lease, {MAX_LEASE:?}",
-                    options.clock_slack
-                ),
-            });
-        }
-        let spec = CollectionSpec::new(&options.collection, 1, OBTS_SCHEMA).map_err(|e| {
-            ObtError::Invalid {
-                collection: options.collection.clone(),
-                reason: format!("the built-in OBT schema is unusable: {e}"),
-            }
-        })?;
+        let spec = Obt::spec(store, &options)?;
         let repo = store.repository::<ObtDoc>(spec).await?;
         let protocol = |name: &str| {
             let name = name.to_string();
@@ -246,9 +229,54 @@ impl Obt {
         })
     }
 
+    /// The definition of the OBT collection `options` name, after checking them.
+    fn spec(store: &Store, options: &ObtOptions) -> Result<CollectionSpec, ObtError> {
+        if let Some(reason) = collection_problem(store, &options.collection, OBTS_COLLECTION) {
+            return Err(ObtError::Invalid {
+                collection: shown(&options.collection),
+                reason: format!("cannot keep OBTs there: {reason}"),
+            });
+        }
+        if options.clock_slack > MAX_LEASE {
+            return Err(ObtError::Invalid {
+                collection: shown(&options.collection),
+                reason: format!(
+                    "clock slack {:?} is over the longest lease, {MAX_LEASE:?}",
+                    options.clock_slack
+                ),
+            });
+        }
+        CollectionSpec::new(&options.collection, 1, OBTS_SCHEMA).map_err(|e| ObtError::Invalid {
+            collection: options.collection.clone(),
+            reason: format!("the built-in OBT schema is unusable: {e}"),
+        })
+    }
+
+    /// A handle that opened nothing (no collection, index or validator made, nothing
+    /// registered), for reading a database that must not change ([`inspect`]); never handed
+    /// out, since its writes would go to collections nobody set up.
+    pub(crate) fn unopened(store: &Store, options: ObtOptions) -> Result<Obt, ObtError> {
+        let spec = Arc::new(Obt::spec(store, &options)?);
+        let coll = store.database().collection::<Document>(&options.collection);
+        Ok(Obt {
+            store: store.clone(),
+            repo: Repository::new(store.clone(), spec, coll.clone()),
+            coll,
+            tokens: store.database().collection(TOKENS_COLLECTION),
+            options: Arc::new(options),
+        })
+    }
+
     /// The options in force.
     pub fn options(&self) -> &ObtOptions {
         &self.options
+    }
+
+    /// What an operator asks about OBT `id`: its owner, stage and token, its lease by the
+    /// server's clock (until when, how long left), the transaction holding it if one does, or,
+    /// once released, the tombstone: who released it, when, and its last token.
+    pub async fn report(&self, id: &str) -> Result<ObtReport, ObtError> {
+        report::report(self, id).await
     }
 
     /// Creates OBT `id` owned by `new.owner` at stage 0 with a fresh token: one upsert that

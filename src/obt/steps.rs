@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use crate::obt::checks;
@@ -144,6 +144,9 @@ pub(super) enum Stored {
         owner: Option<String>,
         token: Token,
         holder: Option<ObjectId>,
+        /// When it was released (server time), and the stage its owner had reached then.
+        at: Option<DateTime>,
+        stage: Option<i64>,
     },
     /// A live OBT as committed, and the transaction holding its document, if any.
     Live(ObtState, Option<ObjectId>),
@@ -168,6 +171,8 @@ pub(super) async fn stored(obt: &Obt, id: &str) -> Result<Stored, ObtError> {
         Some(Bson::Int32(t)) => Some(Token(i64::from(*t))),
         _ => None,
     };
+    let at = stored.get_datetime(fields::DELETED).ok().copied();
+    let stage = stored.get_i64("stage").ok();
     match obt.repo.committed(&shown, stored).await? {
         Committed::Live(doc) => Ok(Stored::Live(state_of(obt, id, doc)?, holder)),
         Committed::Deleted(_) | Committed::Absent => Ok(match token {
@@ -175,6 +180,8 @@ pub(super) async fn stored(obt: &Obt, id: &str) -> Result<Stored, ObtError> {
                 owner,
                 token,
                 holder,
+                at,
+                stage,
             },
             None => Stored::Absent,
         }),

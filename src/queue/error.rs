@@ -44,6 +44,14 @@ pub enum QueueError {
         /// The header.
         header: String,
     },
+    /// No batch of this service was ever added (it has no batch and no slot).
+    #[error("{collection}: no batch of service {service} was ever added")]
+    UnknownService {
+        /// The collection of batches.
+        collection: String,
+        /// The service id.
+        service: String,
+    },
     /// The ledger's statuses do not go this way (for example from committed back to pending).
     #[error("{collection}/{header}: a batch does not go from {from} to {to}")]
     InvalidTransition {
@@ -119,7 +127,7 @@ impl QueueError {
         match self {
             E::InvalidBatch { .. } | E::Invalid { .. } => ErrorKind::InvalidInput,
             E::HeaderReused { .. } => ErrorKind::AlreadyExists,
-            E::UnknownBatch { .. } => ErrorKind::NotFound,
+            E::UnknownBatch { .. } | E::UnknownService { .. } => ErrorKind::NotFound,
             E::InvalidTransition { .. } | E::NotClaimant { .. } => ErrorKind::Refused,
             E::Contended { .. } => ErrorKind::Conflict,
             E::Database { .. } => ErrorKind::Unavailable,

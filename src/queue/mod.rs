@@ -10,18 +10,22 @@
 //! feature `testkit`).
 //!
 //! Every method of [`Batches`] is declared in this file and delegates: adding batches and queuer
-//! rounds to `store`, claiming and recording to `claim`, the roles' conveniences to `roles`.
+//! rounds to `store`, claiming and recording to `claim`, the roles' conveniences to `roles`, the
+//! operator's view of a service to `report` (also read without opening the collection by
+//! [`inspect`]).
 
 mod claim;
 mod error;
 mod model;
 mod queuer;
+mod report;
 mod roles;
 mod store;
 
 pub use claim::{Claim, Submission, MAX_CLAIM};
 pub use error::QueueError;
 pub use model::{Batch, BatchStatus, DEFAULT_DELAY};
+pub use report::{inspect, BatchReport, BatchState, QueueReport, SlotReport};
 pub use roles::{Answer, LedgerApi, LedgerStatus, Monitor, Submitter};
 pub use store::{NewBatch, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, SERVICES_SCHEMA};
 
@@ -62,6 +66,35 @@ impl Batches {
         delay: Duration,
     ) -> Result<Batches, QueueError> {
         store::with_collection(store, collection, delay).await
+    }
+
+    /// A handle that opened nothing (no collection, index or validator made), for reading a
+    /// database that must not change ([`inspect`]); never handed out, since its writes would go
+    /// to collections nobody set up.
+    pub(crate) fn unopened(
+        store: &Store,
+        collection: &str,
+        delay: Duration,
+    ) -> Result<Batches, QueueError> {
+        store::check_collection(store, collection, delay)?;
+        Ok(Batches {
+            store: store.clone(),
+            coll: store.database().collection(collection),
+            services: store
+                .database()
+                .collection(&format!("{collection}{}", store::SERVICES_SUFFIX)),
+            name: collection.to_string(),
+            delay,
+        })
+    }
+
+    /// What an operator asks about `service`'s queue: its open batches in order, each with
+    /// where it stands (never sent, with a submitter and until when, its claim run out, at the
+    /// ledger, unknown, delayed until when), what a submitter sends next by the one-round
+    /// serial rule (so what [`round`](Batches::round) would hand out), the service's slot and
+    /// mark, and how long its oldest open batch has waited. Writes nothing.
+    pub async fn report(&self, service: &str) -> Result<QueueReport, QueueError> {
+        report::report(self, service).await
     }
 
     /// Adds a batch, created now. Adding the same batch again changes nothing; reusing its

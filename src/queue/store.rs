@@ -83,12 +83,12 @@ pub(crate) async fn open(store: &Store) -> Result<Batches, QueueError> {
     Batches::with_collection(store, BATCHES_COLLECTION, DEFAULT_DELAY).await
 }
 
-/// The body of [`Batches::with_collection`].
-pub(crate) async fn with_collection(
+/// Refuses a collection the queue cannot use, or a delay over [`MAX_DELAY`].
+pub(crate) fn check_collection(
     store: &Store,
     collection: &str,
     delay: Duration,
-) -> Result<Batches, QueueError> {
+) -> Result<(), QueueError> {
     if let Some(problem) = collection_problem(store, collection) {
         return Err(QueueError::Invalid {
             collection: shown(collection),
@@ -101,6 +101,16 @@ pub(crate) async fn with_collection(
             reason: format!("a delay window of {delay:?} is over the {MAX_DELAY:?} allowed"),
         });
     }
+    Ok(())
+}
+
+/// The body of [`Batches::with_collection`].
+pub(crate) async fn with_collection(
+    store: &Store,
+    collection: &str,
+    delay: Duration,
+) -> Result<Batches, QueueError> {
+    check_collection(store, collection, delay)?;
     let coll = open::validated_protocol_collection(store, collection, BATCHES_SCHEMA)
         .await
         .map_err(|e| QueueError::database(collection, "*", "open", e))?;

@@ -40,7 +40,9 @@
 //!
 //! Every method of [`Quota`] is declared in this file and delegates: consuming and reserving to
 //! `consume`, giving back to `release`, the provider operations to `providers`, reading providers
-//! and writing decisions to `access`; the decisions themselves are `decide`'s, free of I/O.
+//! and writing decisions to `access`, the operator's report to `report` (which also reads a
+//! provider without opening the collection, [`inspect`]); the decisions themselves are
+//! `decide`'s, free of I/O.
 
 mod access;
 mod consume;
@@ -50,6 +52,7 @@ mod model;
 mod ops;
 mod providers;
 mod release;
+mod report;
 mod stripes;
 
 use std::collections::{HashMap, HashSet};
@@ -72,6 +75,7 @@ pub use model::{
     Allocation, Consumed, NewProvider, Provider, ProviderId, Released, Request, Reservation,
     SweepSummary, PROVIDERS_SCHEMA,
 };
+pub use report::{inspect, ProviderReport, ReservationReport, StripeReport};
 
 use model::ProviderDoc;
 
@@ -278,15 +282,34 @@ impl Quota {
     #[tracing::instrument(name = "mongotx.quota.open", skip_all)]
     pub async fn with_options(store: &Store, options: QuotaOptions) -> Result<Quota, QuotaError> {
         options.validate()?;
-        // Version 2 adds stripes (`stripes`); a version 1 provider is a version 2 provider of
-        // one stripe, and the bump keeps a handle of an older release, which would see only
-        // stripe 0, from writing a striped one.
-        let spec = CollectionSpec::new(PROVIDERS_COLLECTION, 2, PROVIDERS_SCHEMA)
+        let repo = store.repository::<ProviderDoc>(Quota::spec()?).await?;
+        let quota = Quota::assemble(store, repo, options);
+        ops::create_indexes(&quota).await?;
+        Ok(quota)
+    }
+
+    /// The providers' collection definition. Version 2 adds stripes (`stripes`); a version 1
+    /// provider is a version 2 provider of one stripe, and the bump keeps a handle of an older
+    /// release, which would see only stripe 0, from writing a striped one.
+    fn spec() -> Result<CollectionSpec, QuotaError> {
+        CollectionSpec::new(PROVIDERS_COLLECTION, 2, PROVIDERS_SCHEMA)
             .map(|spec| spec.upgrade(1, Ok))
             .map_err(|e| QuotaError::InvalidRequest {
                 reason: format!("the built-in provider schema is unusable: {e}"),
-            })?;
-        let repo = store.repository::<ProviderDoc>(spec).await?;
+            })
+    }
+
+    /// A handle that opened nothing (no collection, index or validator made), for reading a
+    /// database that must not change ([`inspect`]); its writes would go to a collection nobody
+    /// set up, so it is never handed out.
+    pub(crate) fn unopened(store: &Store) -> Result<Quota, QuotaError> {
+        let coll = store.database().collection(PROVIDERS_COLLECTION);
+        let repo = Repository::new(store.clone(), Arc::new(Quota::spec()?), coll);
+        Ok(Quota::assemble(store, repo, QuotaOptions::default()))
+    }
+
+    /// The handle over `repo`, with no I/O.
+    fn assemble(store: &Store, repo: Repository<ProviderDoc>, options: QuotaOptions) -> Quota {
         // Providers are hot documents, shared by every consumer: returning before the finish
         // gains nothing there (the next consumer would meet the hold and finish it itself), and
         // a consume that returns with its providers free keeps their usage readable raw.
@@ -295,7 +318,7 @@ impl Quota {
             .retry(options.retry)
             .finish(Finish::BeforeReturning);
         txn_options.faults = options.faults.clone();
-        let quota = Quota {
+        Quota {
             store: store.clone(),
             txns: Transactions::with_options(store, txn_options),
             faults: Faults::new(options.faults.clone()),
@@ -308,9 +331,7 @@ impl Quota {
                     .map(|_| Arc::new(tokio::sync::Mutex::new(())))
                     .collect(),
             ),
-        };
-        ops::create_indexes(&quota).await?;
-        Ok(quota)
+        }
     }
 
     /// The options in force.
@@ -451,6 +472,14 @@ impl Quota {
     #[tracing::instrument(name = "mongotx.quota.cancel", skip_all, fields(consumer = %reservation.consumer, request = %reservation.request))]
     pub async fn cancel(&self, reservation: &Reservation) -> Result<Released, QuotaError> {
         ops::counted("cancel", release::cancel(self, reservation).await)
+    }
+
+    /// What an operator asks about a provider: its usage against its limit (per stripe, with the
+    /// `over` mark), the reservations outstanding with their expiries by the server's clock, and
+    /// those past their expiry that only the GC's sweep returns (stuck while no runner sweeps).
+    /// One reading of one moment, as [`provider`](Quota::provider) reads.
+    pub async fn report(&self, id: impl Into<ProviderId>) -> Result<ProviderReport, QuotaError> {
+        report::report(self, id.into()).await
     }
 
     /// One GC pass: returns every reservation past its expiry (server time), each across all its

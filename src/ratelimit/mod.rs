@@ -49,7 +49,9 @@
 //! (`testkit::ratelimit_model`) comes with the `testkit` feature.
 //!
 //! Every method of [`RateLimits`] is declared in this file and delegates to `ops` (one conditional
-//! write per operation, and the read that explains a refusal), whose writes `plan` computes.
+//! write per operation, and the read that explains a refusal), whose writes `plan` computes, or
+//! to `report` (the operator's view of a limiter, also read without opening the collection by
+//! [`inspect`]).
 
 use crate::repo::open;
 
@@ -57,6 +59,7 @@ mod error;
 mod limit;
 mod ops;
 mod plan;
+mod report;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -72,6 +75,7 @@ use crate::repo::store::Store;
 
 pub use error::RateLimitError;
 pub use limit::{Attempt, CallReservation, Limit, Priority, Settled, Usage, LIMITERS_SCHEMA};
+pub use report::{inspect, LimiterReport, LimiterReservation, ReservationState, WaitingCaller};
 
 /// How a [`RateLimits`] handle behaves.
 #[derive(Debug, Clone)]
@@ -284,9 +288,33 @@ impl RateLimits {
         })
     }
 
+    /// A handle that opened nothing (no validator installed, nothing written), for reading a
+    /// database that must not change ([`inspect`]); never handed out, since its writes would
+    /// go to a collection nobody set up.
+    pub(crate) fn unopened(
+        store: &Store,
+        options: RateLimitOptions,
+    ) -> Result<RateLimits, RateLimitError> {
+        options.validate(store)?;
+        Ok(RateLimits {
+            store: store.clone(),
+            coll: store.database().collection(&options.collection),
+            options: Arc::new(options),
+            shared: Arc::new(Shared::default()),
+        })
+    }
+
     /// The options in force.
     pub fn options(&self) -> &RateLimitOptions {
         &self.options
+    }
+
+    /// What an operator asks about limiter `name`: its limit, the calls counted in the window
+    /// ending now, the reservations it still counts (pending, or overdue: a worker that died
+    /// holding them), the bulk callers queued, and when the next call of each priority would be
+    /// admitted. One read, at one instant of the limiter's clock.
+    pub async fn report(&self, name: &str) -> Result<LimiterReport, RateLimitError> {
+        report::report(self, name).await
     }
 
     /// Prunes every limiter's log of entries that stopped counting and its queue of callers

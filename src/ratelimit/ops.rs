@@ -775,6 +775,12 @@ async fn withdraw(
 
 /// Reads a limiter with the server's time of the reading.
 async fn read(rate: &RateLimits, name: &str) -> Result<View, RateLimitError> {
+    let doc = read_doc(rate, name).await?;
+    reading(rate, name, &doc)
+}
+
+/// A limiter document as stored, with `read_at`: the server's time of the reading.
+pub(crate) async fn read_doc(rate: &RateLimits, name: &str) -> Result<Document, RateLimitError> {
     let mut cursor = rate
         .coll
         .aggregate(vec![
@@ -788,11 +794,15 @@ async fn read(rate: &RateLimits, name: &str) -> Result<View, RateLimitError> {
         .await
         .map_err(|e| db_error(rate, name, "read", e))?
         .ok_or_else(|| unknown(rate, name))?;
-    reading(rate, name, &doc)
+    Ok(doc)
 }
 
 /// A limiter document with `read_at`, the server's time it was read (or written) at.
-fn reading(rate: &RateLimits, name: &str, doc: &Document) -> Result<View, RateLimitError> {
+pub(crate) fn reading(
+    rate: &RateLimits,
+    name: &str,
+    doc: &Document,
+) -> Result<View, RateLimitError> {
     let now = doc
         .get_datetime("read_at")
         .copied()
@@ -898,7 +908,7 @@ async fn validate(
     Ok(limits)
 }
 
-fn check_name(rate: &RateLimits, name: &str) -> Result<(), RateLimitError> {
+pub(crate) fn check_name(rate: &RateLimits, name: &str) -> Result<(), RateLimitError> {
     let invalid = |why: String| RateLimitError::InvalidRequest {
         reason: format!("{}: limiter name {} {why}", coll_name(rate), shown(name)),
     };
@@ -926,7 +936,7 @@ fn unknown(rate: &RateLimits, name: &str) -> RateLimitError {
     }
 }
 
-fn malformed(rate: &RateLimits, name: &str, reason: &str) -> RateLimitError {
+pub(crate) fn malformed(rate: &RateLimits, name: &str, reason: &str) -> RateLimitError {
     RateLimitError::Malformed {
         collection: coll_name(rate).to_string(),
         limiter: name.to_string(),

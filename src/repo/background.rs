@@ -1,11 +1,13 @@
 //! The store's background work (the finishing of transactions committed with
-//! `Finish::InBackground`), tracked so that a service stopping for a deploy can wait for it
-//! instead of leaving committed documents held until a reader, a writer or the GC finishes them.
+//! `Finish::InBackground`, and the flushes of the contention record), tracked so that a service
+//! stopping for a deploy can wait for it instead of leaving committed documents held until a
+//! reader, a writer or the GC finishes them, or counts of conflicts unwritten.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
@@ -28,6 +30,12 @@ pub struct Shutdown {
 pub(crate) struct Background {
     tracker: TaskTracker,
     ended: Arc<AtomicUsize>,
+    /// The contention record's flushes: waited for by shutdown too, but not counted in its
+    /// report, which is about committed transactions.
+    flushes: TaskTracker,
+    /// Cancelled when shutdown begins: work that waits before doing something (a flush of the
+    /// contention record waits for its interval) does it at once instead.
+    closing: CancellationToken,
 }
 
 /// A place in the store's background work, held by the task doing it; the work counts as
@@ -61,14 +69,22 @@ impl Background {
         })
     }
 
+    /// A place for one flush of the contention record, held by the task doing it, and the token
+    /// cancelled once shutdown begins, when the flush should write at once rather than wait for
+    /// its interval. Unlike [`Background::slot`] there is always one: a flush after shutdown
+    /// began goes at once, and a second shutdown waits for it.
+    pub(crate) fn flush_slot(&self) -> (TaskTrackerToken, CancellationToken) {
+        (self.flushes.token(), self.closing.clone())
+    }
+
     /// Takes no more background work and waits up to `limit` for what is running.
     pub(crate) async fn shutdown(&self, limit: Duration) -> Shutdown {
         let ended_before = self.ended.load(Ordering::Relaxed);
         self.tracker.close();
-        if tokio::time::timeout(limit, self.tracker.wait())
-            .await
-            .is_err()
-        {
+        self.flushes.close();
+        self.closing.cancel();
+        let both = async { tokio::join!(self.tracker.wait(), self.flushes.wait()) };
+        if tokio::time::timeout(limit, both).await.is_err() {
             tracing::warn!(
                 running = self.tracker.len(),
                 ?limit,

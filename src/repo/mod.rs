@@ -18,7 +18,8 @@
 //!    floors; `store` is the [`Store`], its settings and the seam to the transaction layer;
 //!    `names` checks the names callers give the domain modules; `plain` stamps a plain document
 //!    (one without system fields, see [`fields`] for what makes one and its fingerprint)
-//!    conditionally on its content.
+//!    conditionally on its content; `contention` counts conflicts and aborts per collection and
+//!    writes them, now and then, to the contention record (and reads it back).
 //! 2. **The hold protocol**, in `hold/`: how a document held by a transaction describes itself,
 //!    how anyone resolves it, how a staging transaction is decided, and the conditional writes
 //!    (tombstones included) all of that uses.
@@ -43,6 +44,7 @@ pub(crate) mod background;
 pub(crate) mod changes;
 pub(crate) mod checks;
 pub(crate) mod collection;
+pub(crate) mod contention;
 pub(crate) mod error;
 pub mod fields;
 pub(crate) mod find;

@@ -31,6 +31,7 @@ use bson::{doc, Bson, Document};
 use mongodb::Collection;
 
 use crate::repo::collection::CollectionSpec;
+use crate::repo::contention;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
 use crate::repo::schema::Violation;
@@ -379,18 +380,20 @@ pub(crate) async fn stamp(
                     version: sys.version,
                 });
             }
-            return match expected {
-                Some(expected) => Err(RepoError::VersionConflict {
-                    collection: name.to_string(),
-                    id: shown,
-                    expected,
-                    actual: sys.version,
-                }),
-                None => Ok(Stamping::AlreadyStamped(sys.version)),
+            let Some(expected) = expected else {
+                return Ok(Stamping::AlreadyStamped(sys.version));
             };
+            contention::conflict(store, name, id);
+            return Err(RepoError::VersionConflict {
+                collection: name.to_string(),
+                id: shown,
+                expected,
+                actual: sys.version,
+            });
         }
         let actual = fields::fingerprint(&stored);
         if let Some(expected) = expected.filter(|e| *e != actual) {
+            contention::conflict(store, name, id);
             return Err(RepoError::VersionConflict {
                 collection: name.to_string(),
                 id: shown,

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::metrics::{self, Access};
 use crate::repo::checks;
+use crate::repo::contention;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
 use crate::repo::hold::resolve::{self, Settled};
@@ -265,6 +266,7 @@ where
         return Ok(Next::Fail(repo.too_new(shown, sys.schema_version)));
     }
     if sys.version != expected {
+        contention::conflict(repo.store(), repo.name(), id);
         return Ok(Next::Fail(RepoError::VersionConflict {
             collection: repo.name().to_string(),
             id: shown.to_string(),

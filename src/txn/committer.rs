@@ -52,6 +52,7 @@ use mongodb::options::ReturnDocument;
 use mongodb::Collection;
 
 use crate::metrics::{self, Access};
+use crate::repo::contention;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::SystemFields;
 use crate::repo::hold::held::{self, HoldKind};
@@ -225,17 +226,21 @@ impl Committer<'_> {
             }
         };
         let answered = results.len();
-        for result in results {
+        // The first entry whose document stopped the attempt (for the contention record).
+        let mut culprit = None;
+        for (i, result) in results.into_iter().enumerate() {
             match result {
                 Ok(Applied::Yes) => {}
                 Ok(Applied::Blocked(holder, ambiguous)) => {
                     tracing::debug!(txn = %t, holder = %holder, "document held by another transaction");
                     blocked = true;
                     refused |= !ambiguous;
+                    culprit = culprit.or(Some(i));
                 }
                 Ok(Applied::Failed(e, ambiguous)) => {
                     failure.get_or_insert(TxnError::document(Some(t), e));
                     refused |= !ambiguous;
+                    culprit = culprit.or(Some(i));
                 }
                 Ok(Applied::Late(ambiguous)) => {
                     failure.get_or_insert(TxnError::Expired { txn: t });
@@ -259,7 +264,9 @@ impl Committer<'_> {
             } else {
                 Record::Written
             };
-            return self.give_up(&txn, failure, blocked, record, refused).await;
+            return self
+                .give_up(&txn, failure, blocked, record, refused, culprit)
+                .await;
         }
 
         // The record was staging when written and every apply took effect before the deadline:
@@ -316,7 +323,8 @@ impl Committer<'_> {
 
     /// Ends an attempt that did not get every write in: aborts the record and rolls back. If the
     /// record turns out committed (an apply whose reply was lost had landed, and a resolver saw
-    /// every participant in place), the transaction committed after all.
+    /// every participant in place), the transaction committed after all. `culprit` is the
+    /// entry whose document stopped the attempt, if one did.
     async fn give_up(
         &self,
         txn: &ActiveTransaction,
@@ -324,6 +332,7 @@ impl Committer<'_> {
         blocked: bool,
         record: Record,
         refused: bool,
+        culprit: Option<usize>,
     ) -> Result<Attempt, TxnError> {
         let env = self.env;
         let t = txn.id;
@@ -362,6 +371,13 @@ impl Committer<'_> {
             }
             TxnStatus::Aborted | TxnStatus::Absent => {}
         }
+        contention::aborted(
+            self.store,
+            txn.entries.iter().map(|e| e.coll.as_str()),
+            culprit
+                .and_then(|i| txn.entries.get(i))
+                .map(|e| (e.coll.as_str(), &e.id)),
+        );
         // No copy of the record can arrive later if every send of it was answered.
         let deletion = if record == Record::MayArriveLate {
             Deletion::AfterDeadline
@@ -852,6 +868,7 @@ impl Committer<'_> {
             });
         }
         if sys.version != entry.expected {
+            contention::conflict(self.store, &entry.coll, &entry.id);
             return Ok(Diagnosis::Fail(RepoError::VersionConflict {
                 collection: entry.coll.clone(),
                 id: shown,
@@ -887,6 +904,7 @@ impl Committer<'_> {
             return Ok(Diagnosis::Retry);
         }
         if !entry.is_guard() {
+            contention::conflict(self.store, &entry.coll, &entry.id);
             return Ok(Diagnosis::Fail(RepoError::VersionConflict {
                 collection: entry.coll.clone(),
                 id: shown,

@@ -13,6 +13,7 @@ use tracing::Instrument;
 use crate::collections::{kept_elsewhere, server_refuses, TRANSACTIONS_COLLECTION};
 use crate::repo::changes::{self, Adjust, Update};
 use crate::repo::checks;
+use crate::repo::contention;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::{self, SystemFields};
 use crate::repo::hold::resolve::Committed;
@@ -606,6 +607,7 @@ where
         return Err(repo.too_new(shown, sys.schema_version).into());
     }
     if sys.version != expected {
+        contention::conflict(repo.store(), repo.name(), id);
         return Err(RepoError::VersionConflict {
             collection: repo.name().to_string(),
             id: shown.to_string(),

@@ -19,6 +19,8 @@ mod common;
 mod admin;
 #[cfg(feature = "cli")]
 mod admin_cli;
+#[cfg(feature = "cli")]
+mod admin_coordination;
 mod adoption;
 mod adoption_online;
 mod adoption_props;
@@ -36,6 +38,8 @@ mod bulk_rounds;
 mod clean_errors;
 mod concurrency;
 mod conformance;
+#[cfg(feature = "cli")]
+mod contention;
 mod crash_sweep;
 mod crud;
 mod durability;

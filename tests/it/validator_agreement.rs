@@ -35,6 +35,10 @@ const SCHEMAS: &[(&str, &str)] = &[
     ("batches", include_str!("../../schemas/batches.json")),
     ("counters", include_str!("../../schemas/counters.json")),
     ("dlvs", include_str!("../../schemas/dlvs.json")),
+    (
+        "mongotx_contention",
+        include_str!("../../schemas/mongotx_contention.json"),
+    ),
     ("notes", include_str!("../../schemas/notes.json")),
     ("obt_fences", include_str!("../../schemas/obt_fences.json")),
     ("obt_tokens", include_str!("../../schemas/obt_tokens.json")),
@@ -465,7 +469,23 @@ fn unique_id(schema: &Value, i: usize) -> Bson {
         Some("int") => Bson::Int32(i as i32),
         Some("long") => Bson::Int64(i as i64),
         Some("double") => Bson::Double(i as f64),
-        Some("object") => Bson::Document(doc! { "scope": format!("s{i}"), "resource": "r" }),
+        // A compound `_id`: each of its required properties made unique by `i` (a string, a
+        // date, a long).
+        Some("object") => {
+            let mut id = Document::new();
+            for (key, sub) in node["properties"].as_object().into_iter().flatten() {
+                if !is_required(&node, key) {
+                    continue;
+                }
+                let value = match types_of(sub).first().map(String::as_str) {
+                    Some("date") => Bson::DateTime(DateTime::from_millis(i as i64)),
+                    Some("long") => Bson::Int64(i as i64),
+                    _ => Bson::String(format!("s{i}")),
+                };
+                id.insert(key.clone(), value);
+            }
+            Bson::Document(id)
+        }
         _ => Bson::String(format!("id{i}")),
     }
 }

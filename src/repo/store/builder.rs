@@ -9,6 +9,7 @@ use mongodb::Database;
 use tokio::sync::OnceCell;
 
 use crate::repo::background::Background;
+use crate::repo::contention::tally::Tally;
 use crate::repo::store::handle::{
     HoldResolver, RecordResolver, ServerValidation, Store, StoreInner,
 };
@@ -27,6 +28,8 @@ pub struct StoreBuilder {
     pub(super) clock_resample: Duration,
     pub(super) floor_grace: Duration,
     pub(super) batch_writes: bool,
+    pub(super) contention: bool,
+    pub(super) contention_every: Duration,
 }
 
 impl StoreBuilder {
@@ -100,6 +103,28 @@ impl StoreBuilder {
         self
     }
 
+    /// Sets whether the store keeps the contention record (default: yes): it counts the version
+    /// conflicts and aborted transaction attempts it meets per collection, with a sample of the
+    /// documents involved, and adds them now and then (see
+    /// [`contention_flush_every`](StoreBuilder::contention_flush_every)) to the
+    /// [`CONTENTION_COLLECTION`](crate::collections::CONTENTION_COLLECTION) it shares with every
+    /// other instance, where [`admin::contention`](crate::admin::contention) and `mongotx
+    /// contention` read which collections and documents conflict most. On by default because
+    /// contention is looked for during an incident, too late to switch a record on; it writes
+    /// nothing while nothing conflicts. Off, nothing is counted or written.
+    pub fn contention_record(mut self, keep: bool) -> StoreBuilder {
+        self.contention = keep;
+        self
+    }
+
+    /// Sets the shortest time between two writes of the contention record by this store
+    /// (default 5 s): what it counts meanwhile goes in one write per collection.
+    /// [`Store::shutdown`](crate::Store::shutdown) writes what is pending at once.
+    pub fn contention_flush_every(mut self, every: Duration) -> StoreBuilder {
+        self.contention_every = every;
+        self
+    }
+
     /// Finishes the store.
     pub fn build(self) -> Store {
         Store {
@@ -125,6 +150,7 @@ impl StoreBuilder {
                 specs: Mutex::new(HashMap::new()),
                 pending_validators: Mutex::new(BTreeMap::new()),
                 background: Background::default(),
+                contention: Tally::new(self.contention, self.contention_every),
             }),
         }
     }

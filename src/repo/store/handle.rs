@@ -14,6 +14,7 @@ use tokio::sync::OnceCell;
 
 use crate::repo::background::Background;
 use crate::repo::collection::CollectionSpec;
+use crate::repo::contention::tally::Tally;
 use crate::repo::meta::CachedFloor;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::retry::LockWait;
@@ -86,8 +87,11 @@ pub(crate) struct StoreInner {
     /// The definition of each collection this store has opened or staged changes on, for the
     /// protocol steps that stamp a plain document they meet (see `repo::plain`).
     pub(super) specs: Mutex<HashMap<String, Arc<CollectionSpec>>>,
-    /// The background finishes of transactions committed through this store.
+    /// The background finishes of transactions committed through this store, and the flushes
+    /// of its contention record.
     pub(crate) background: Background,
+    /// What this store counted for the contention record since its last flush.
+    pub(crate) contention: Tally,
     /// Validators this store could not install for lack of privileges, by collection: the
     /// command an administrator runs.
     pub(super) pending_validators: Mutex<BTreeMap<String, Document>>,

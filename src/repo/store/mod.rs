@@ -47,7 +47,9 @@ impl Store {
     /// until a reader, a writer or the GC finishes them. From then on every commit through this
     /// store or its clones finishes before returning, whatever its [`Finish`](crate::options::Finish).
     /// Nothing else changes: reads, writes and commits keep working. A second call waits for
-    /// whatever is still running.
+    /// whatever is still running. What the store counted for the contention record (see
+    /// [`StoreBuilder::contention_record`]) is written at once too, and waited for within the
+    /// same `limit` (it is not counted in the report, which is about transactions).
     ///
     /// ```no_run
     /// # async fn demo(store: mongotx::Store) {
@@ -81,6 +83,8 @@ impl Store {
             clock_resample: Duration::from_secs(30),
             floor_grace: Duration::from_secs(20),
             batch_writes: true,
+            contention: true,
+            contention_every: Duration::from_secs(5),
         }
     }
 
