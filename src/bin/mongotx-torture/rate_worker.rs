@@ -5,7 +5,7 @@
 //!
 //! - `grant <id> <calls> <bulk|high>` when a reservation is granted (before any call);
 //! - `settle <id> <made>` when it is settled;
-//! - `wait <µs> <unix ms>` for each high-priority reservation: the time it took to be granted,
+//! - `wait <µs> <unix ms> <bulk|high>` for each reservation: the time it took to be granted,
 //!   and when it was asked;
 //! - `status <code>` for any answer of the API other than 200.
 
@@ -99,9 +99,11 @@ pub(crate) async fn rate_worker(args: RateWorkerArgs) -> Result<(), String> {
         let (limits, http, args) = (limits.clone(), http.clone(), args.clone());
         tasks.push(tokio::spawn(async move {
             while Instant::now() < until {
+                let asked = Instant::now();
                 let r = limits
                     .reserve(&[&args.limiter], args.chunk, Priority::Bulk)
                     .await;
+                say_wait(asked, Priority::Bulk);
                 use_reservation(&limits, &http, &args.api, r).await?;
             }
             Ok::<(), String>(())
@@ -124,12 +126,7 @@ pub(crate) async fn rate_worker(args: RateWorkerArgs) -> Result<(), String> {
                 let r = limits
                     .reserve(&[&args.limiter], calls, Priority::High)
                     .await;
-                let at = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis())
-                    .unwrap_or(0)
-                    - asked.elapsed().as_millis();
-                say(&format!("wait {} {at}", asked.elapsed().as_micros()));
+                say_wait(asked, Priority::High);
                 use_reservation(&limits, &http, &args.api, r).await?;
             }
             Ok::<(), String>(())
@@ -156,10 +153,7 @@ async fn use_reservation(
         }
         Err(e) => return Err(format!("reserve: {e}")),
     };
-    let kind = match reservation.priority() {
-        Priority::High => "high",
-        Priority::Bulk => "bulk",
-    };
+    let kind = priority_name(reservation.priority());
     say(&format!(
         "grant {} {} {kind}",
         reservation.id().to_hex(),
@@ -181,6 +175,30 @@ async fn use_reservation(
         Err(e) => eprintln!("rate worker: settle: {e}"),
     }
     Ok(())
+}
+
+/// The word a line says for `priority`.
+fn priority_name(priority: Priority) -> &'static str {
+    match priority {
+        Priority::High => "high",
+        Priority::Bulk => "bulk",
+    }
+}
+
+/// Says how long a reservation of `priority` asked at `asked` took to be granted (or refused),
+/// and when it was asked (unix ms).
+fn say_wait(asked: Instant, priority: Priority) {
+    let waited = asked.elapsed();
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+        .saturating_sub(waited.as_millis());
+    say(&format!(
+        "wait {} {at} {}",
+        waited.as_micros(),
+        priority_name(priority)
+    ));
 }
 
 fn say(line: &str) {
