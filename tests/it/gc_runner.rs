@@ -411,6 +411,11 @@ async fn the_gc_runner_serves_metrics_that_move_with_its_work_and_a_health_check
     assert!(metric(&page, "mongotx_gc_quota_sweeps_total") >= 1.0);
     assert!(metric(&page, "mongotx_gc_ratelimit_sweeps_total") >= 1.0);
     assert!(metric(&page, "mongotx_gc_round_duration_seconds_count") >= rounds);
+    // One runner: no round left anything to another's claims (the counter is there, at 0).
+    assert!(
+        page.contains("\nmongotx_gc_left_to_claims_total 0\n"),
+        "{page}"
+    );
     assert!(
         !page.contains(r#"mongotx_gc_rounds_total{outcome="failed"}"#),
         "no round failed: {page}"

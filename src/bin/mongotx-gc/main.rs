@@ -7,6 +7,7 @@
 mod cli;
 mod metrics;
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -70,11 +71,15 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Logs go to stderr, coloured only on a terminal: stdout carries the summary lines (for
+    // scripts and `--once`), and a log collector reading a pipe gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     match run(args).await {

@@ -2,8 +2,9 @@
 //!
 //! The library records the GC's own metrics (rounds, what they resolved, their duration: see
 //! `mongotx::metrics`) through the `metrics` facade; this binary installs the Prometheus exporter
-//! as the process's recorder and adds what only the runner knows: when the last round ended,
-//! and its quota and rate-limiter sweeps. `GET /metrics` answers with the exporter's text;
+//! as the process's recorder and adds what the runner knows: when the last round ended, its
+//! quota and rate-limiter sweeps, and the expired records its rounds left to other runners'
+//! claims (from each round's summary). `GET /metrics` answers with the exporter's text;
 //! `GET /health` answers 200 while the runner's rounds succeed and keep coming, 503 otherwise
 //! (before the first round, after a failed one, or when none has ended for three intervals plus
 //! a minute), with a one-line JSON body. Served by a bare HTTP/1 server (hyper): a production
@@ -37,6 +38,9 @@ const RATELIMIT_SWEEPS: &str = "mongotx_gc_ratelimit_sweeps_total";
 const RATELIMIT_PRUNED: &str = "mongotx_gc_ratelimit_pruned_total";
 /// Counter: quota or rate-limiter sweeps that failed.
 const SWEEP_FAILURES: &str = "mongotx_gc_sweep_failures_total";
+/// Counter: expired records rounds left alone because another runner's claim on them had not
+/// run out (`RoundSummary::left_to_claims`: each counts once a round).
+const LEFT_TO_CLAIMS: &str = "mongotx_gc_left_to_claims_total";
 
 /// The buckets of the histograms the endpoint shows (seconds): from a round of an idle database
 /// to a long backlog, and a commit's few milliseconds to a contended one's seconds.
@@ -79,6 +83,11 @@ pub(crate) fn install() -> Result<PrometheusHandle, String> {
         Unit::Count,
         "Quota or rate-limiter sweeps that failed"
     );
+    describe_counter!(
+        LEFT_TO_CLAIMS,
+        Unit::Count,
+        "Expired records rounds left to other runners' claims"
+    );
     // The runner's counters are on the page from the start, at zero, so that a rate over them
     // is defined before their first event.
     for name in [
@@ -88,6 +97,7 @@ pub(crate) fn install() -> Result<PrometheusHandle, String> {
         RATELIMIT_SWEEPS,
         RATELIMIT_PRUNED,
         SWEEP_FAILURES,
+        LEFT_TO_CLAIMS,
     ] {
         counter!(name).absolute(0);
     }
@@ -122,7 +132,9 @@ impl Runner {
     pub(crate) fn round(&self, outcome: Result<&RoundSummary, ()>) {
         let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         match outcome {
-            Ok(_) => {
+            Ok(summary) => {
+                let left = u64::try_from(summary.left_to_claims).unwrap_or(u64::MAX);
+                counter!(LEFT_TO_CLAIMS).increment(left);
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap_or_default();

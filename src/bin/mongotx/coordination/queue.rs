@@ -109,10 +109,15 @@ fn text(r: &QueueReport) -> Vec<String> {
             "slot: {} (taken by {}{})",
             slot.header,
             slot.by.as_deref().unwrap_or("?"),
-            slot.until.map_or_else(String::new, |u| format!(
-                " until {}",
-                instant_from(u, r.now)
-            ))
+            match slot.until {
+                // The queue lets a taking run out at once by setting it to the epoch, when its
+                // batch came back unknown or delayed: printed as a date that would read as noise.
+                Some(u) if u.timestamp_millis() <= 0 => {
+                    "; let run out for the batch to be taken again".to_string()
+                }
+                Some(u) => format!(" until {}", instant_from(u, r.now)),
+                None => String::new(),
+            }
         ),
         None => "slot: free".to_string(),
     });
