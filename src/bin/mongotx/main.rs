@@ -1,5 +1,6 @@
 //! `mongotx`, the admin command: what mongotx is doing in a database, and why a document is
-//! held. Every subcommand reads (only `resolve` writes, and only what the GC would); each prints
+//! held. Every subcommand reads the data (only `resolve` writes to it, and only what the GC would;
+//! `status` checks the server as a store does, on a scratch collection it creates and drops); each prints
 //! `field: value` lines for people, or one JSON object with `--json` for scripts. Bad arguments
 //! are one line on stderr and exit status 2 (clap's convention); a failure to reach the server or
 //! a refusal is one line and exit status 1 (so is an answer that something does not exist: an
@@ -49,7 +50,9 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// The server's verdict, transactions by state and age, held documents per collection, the
-    /// oldest expired record and how far the GC is behind, and the GC runners' claims.
+    /// oldest expired record and how far the GC is behind, and the GC runners' claims. (The
+    /// verdict comes from the quick check, which creates and drops a scratch collection; with
+    /// only the `read` role it says "not checked".)
     Status(status::Args),
     /// A document's committed value and version, and if it is held: by which transaction, in
     /// what state, and what happens next and when.

@@ -63,7 +63,10 @@ impl Inspector {
         }
     }
 
-    /// What mongotx is doing in the database: the first look in an incident.
+    /// What mongotx is doing in the database: the first look in an incident. Its server line
+    /// comes from the quick check a store runs when it opens its first collection, which creates
+    /// and drops a scratch collection: the one write here (a user with only the `read` role gets
+    /// the line "not checked" and the rest of the report).
     pub async fn status(&self) -> Result<Status, TxnError> {
         status::status(&self.env).await
     }
