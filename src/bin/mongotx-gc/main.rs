@@ -85,7 +85,7 @@ async fn main() -> ExitCode {
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            tracing::error!("{message}");
+            // One line on stderr, where the logs go too: logging it as well would say it twice.
             eprintln!("mongotx-gc: {message}");
             ExitCode::FAILURE
         }
