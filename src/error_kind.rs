@@ -31,6 +31,10 @@ pub enum ErrorKind {
     /// document not written by mongotx, a newer schema, a failed upgrade, a value that does not
     /// deserialize.
     Data,
+    /// Stored data, or the stored format the database writes, is of a newer format than this
+    /// version of mongotx reads (see [`format`](crate::format)): upgrade this process. Nothing
+    /// was written.
+    NewerFormat,
     /// The server lacks a behaviour mongotx needs (see [`probe`](crate::server::probe)).
     Unsupported,
     /// A fault injector stopped the call here, as a killed process would stop (only with the

@@ -178,6 +178,17 @@ pub mod admin {
     };
 }
 
+/// The version of what mongotx stores, so that two releases share a database through a rolling
+/// upgrade: [`FORMAT`](crate::format::FORMAT) (the newest this release reads), the typed refusal of
+/// anything newer ([`FormatError`](crate::format::FormatError)), and the gate's view of a database
+/// ([`FormatStatus`](crate::format::FormatStatus): the format it writes and every instance's
+/// announcement), switched with [`Store::set_format`] or `mongotx format set N`. docs/format.md
+/// describes every stored field of every format.
+pub mod format {
+    #[doc(inline)]
+    pub use crate::repo::format::{FormatError, FormatStatus, Instance, FIELD, FORMAT, UNMARKED};
+}
+
 /// Taking a collection of existing (plain) documents under mongotx: [`Store::adopt`] and the
 /// `mongotx-adopt` command.
 pub mod adopt {

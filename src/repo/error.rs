@@ -11,6 +11,7 @@ use thiserror::Error;
 
 use crate::error_kind::ErrorKind;
 use crate::repo::collection::SpecError;
+use crate::repo::format::FormatError;
 use crate::repo::outcome::HoldError;
 use crate::server::clock::ClockError;
 use crate::server::summarize;
@@ -279,6 +280,34 @@ pub enum RepoError {
         /// What the server did instead.
         detail: String,
     },
+    /// A stored thing is of a format this version does not read, or the format the database
+    /// writes could not be read (see `mongotx::format`); nothing was written.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// [`Store::set_format`](crate::Store::set_format) was asked for a format this release does
+    /// not read (or below 1); nothing was written.
+    #[error(
+        "stored format {requested} cannot be switched on: this release reads formats 1 to {reads}"
+    )]
+    FormatUnknown {
+        /// The format asked for.
+        requested: i64,
+        /// The newest format this release reads.
+        reads: i64,
+    },
+    /// [`Store::set_format`](crate::Store::set_format) was refused: live instances do not read
+    /// the format yet; nothing was written.
+    #[error(
+        "stored format {requested} cannot be switched on: {} live instance(s) read only older formats: {}; upgrade them (or wait for their announcements to lapse) first",
+        behind.len(),
+        behind.join("; ")
+    )]
+    FormatRefused {
+        /// The format asked for.
+        requested: i64,
+        /// The live instances that do not read it, each described.
+        behind: Vec<String>,
+    },
     /// The server or the connection failed.
     #[error("{collection}/{id}: {operation} failed: {}", summarize(source))]
     Database {
@@ -321,6 +350,9 @@ impl RepoError {
             E::Clock { source, .. } => source.kind(),
             E::ServerUnsuitable { .. } => ErrorKind::Unsupported,
             E::Database { .. } => ErrorKind::Unavailable,
+            E::Format(source) => source.kind(),
+            E::FormatUnknown { .. } => ErrorKind::InvalidInput,
+            E::FormatRefused { .. } => ErrorKind::Refused,
         }
     }
 
@@ -331,6 +363,7 @@ impl RepoError {
             RepoError::Database { source, .. } => crate::server::is_transient(source),
             RepoError::Hold { source, .. } => source.is_retryable(),
             RepoError::Clock { source, .. } => source.is_retryable(),
+            RepoError::Format(source) => source.is_retryable(),
             _ => false,
         }
     }

@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::UpdateOptions;
+use mongodb::options::ReturnDocument;
 use mongodb::{Collection, Database};
 
 use crate::repo::fields;
+use crate::repo::format;
 use crate::server::codes;
 
 pub use crate::collections::META_COLLECTION;
@@ -39,18 +40,36 @@ fn meta_id(collection: &str) -> String {
     format!("{PREFIX}{collection}")
 }
 
-/// Records that `collection` holds stamped documents (idempotent).
+/// Records that `collection` holds stamped documents (idempotent), of stored format `writes` or
+/// a newer one already recorded (see `repo::format`); returns its registry document.
 pub(crate) async fn register(
     meta: &Collection<Document>,
     collection: &str,
-) -> mongodb::error::Result<()> {
-    meta.update_one(
+    writes: i64,
+) -> mongodb::error::Result<Option<Document>> {
+    meta.find_one_and_update(
         doc! { "_id": meta_id(collection) },
-        doc! { "$setOnInsert": { NAME: collection, FLOOR: 0_i64 } },
+        doc! {
+            "$setOnInsert": { NAME: collection, FLOOR: 0_i64 },
+            "$max": { format::FIELD: writes },
+        },
     )
-    .with_options(UpdateOptions::builder().upsert(true).build())
+    .upsert(true)
+    .return_document(ReturnDocument::After)
     .await
-    .map(|_| ())
+}
+
+/// The registry document of `collection`, if it has one.
+pub(crate) async fn read(
+    meta: &Collection<Document>,
+    collection: &str,
+) -> mongodb::error::Result<Option<Document>> {
+    meta.find_one(doc! { "_id": meta_id(collection) }).await
+}
+
+/// Whether the registry document `found` says its collection's tombstones are kept for good.
+pub(crate) fn keeps(found: &Document) -> bool {
+    found.get_bool(KEEP_TOMBSTONES) == Ok(true)
 }
 
 /// Records that the tombstones of `collection` must never be purged (idempotent): an OBT
@@ -65,17 +84,6 @@ pub(crate) async fn keep_tombstones(
     )
     .await
     .map(|_| ())
-}
-
-/// Whether the tombstones of `collection` are kept for good (see [`keep_tombstones`]).
-pub(crate) async fn keeps_tombstones(
-    meta: &Collection<Document>,
-    collection: &str,
-) -> mongodb::error::Result<bool> {
-    Ok(meta
-        .find_one(doc! { "_id": meta_id(collection) })
-        .await?
-        .is_some_and(|d| d.get_bool(KEEP_TOMBSTONES) == Ok(true)))
 }
 
 /// The collections that hold stamped documents.
@@ -133,19 +141,24 @@ pub(crate) fn purgeable(cutoff: DateTime) -> Document {
     }
 }
 
-/// Raises the floor of `collection` to cover `version`; returns when the floor covering it was
-/// raised (server time), or `None` if that is not recorded (raised long ago).
+/// Raises the floor of `collection` to cover `version` (writing stored format `writes`); returns
+/// when the floor covering it was raised (server time), or `None` if that is not recorded
+/// (raised long ago).
 pub(crate) async fn raise_floor(
     meta: &Collection<Document>,
     collection: &str,
     version: i64,
     now: DateTime,
+    writes: i64,
 ) -> mongodb::error::Result<Option<DateTime>> {
     for _ in 0..3 {
         let raised = meta
             .update_one(
                 doc! { "_id": meta_id(collection), FLOOR: { "$lt": version } },
-                doc! { "$set": { FLOOR: version, RAISED: now, NAME: collection } },
+                doc! {
+                    "$set": { FLOOR: version, RAISED: now, NAME: collection },
+                    "$max": { format::FIELD: writes },
+                },
             )
             .await?;
         if raised.matched_count == 1 {
@@ -157,9 +170,13 @@ pub(crate) async fn raise_floor(
         }
         // Never registered (a collection purged by hand): create it raised, then look again.
         let created = meta
-            .insert_one(
-                doc! { "_id": meta_id(collection), NAME: collection, FLOOR: version, RAISED: now },
-            )
+            .insert_one(doc! {
+                "_id": meta_id(collection),
+                NAME: collection,
+                FLOOR: version,
+                RAISED: now,
+                format::FIELD: writes,
+            })
             .await;
         match created {
             Ok(_) => return Ok(Some(now)),

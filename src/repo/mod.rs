@@ -48,6 +48,7 @@ pub(crate) mod contention;
 pub(crate) mod error;
 pub mod fields;
 pub(crate) mod find;
+pub(crate) mod format;
 pub(crate) mod hold;
 pub(crate) mod ids;
 pub(crate) mod meta;

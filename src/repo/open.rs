@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::repo::collection::{CollectionSpec, SpecError};
 use crate::repo::error::RepoError;
 use crate::repo::fields;
+use crate::repo::format;
 use crate::repo::hold::held;
 use crate::repo::hold::tombstone;
 use crate::repo::meta::{self, META_COLLECTION};
@@ -95,9 +96,16 @@ where
     ])
     .await
     .map_err(db_error("creating indexes"))?;
-    meta::register(&store.meta(), &name)
+    // Registered in the format this store writes, and refused if another release registered it
+    // in a newer one: its documents may then carry what this release would misread.
+    let writes = store.writes_format().await.map_err(RepoError::from)?;
+    let registered = meta::register(&store.meta(), &name, writes)
         .await
         .map_err(db_error("registering the collection"))?;
+    if let Some(registered) = &registered {
+        format::check(registered, store.reads_format(), META_COLLECTION, &name)
+            .map_err(RepoError::from)?;
+    }
     tombstone::refresh_markers(store, &name)
         .await
         .map_err(db_error("listing indexes"))?;

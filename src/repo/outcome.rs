@@ -4,6 +4,7 @@
 //! (`repo::hold`) produces them and the repository's errors carry them.
 
 use crate::error_kind::ErrorKind;
+use crate::repo::format::FormatError;
 use bson::DateTime;
 
 /// What a transaction's record says about it.
@@ -30,6 +31,9 @@ pub struct HoldError {
     reason: String,
     #[source]
     source: Option<Box<mongodb::error::Error>>,
+    /// Set when the record or hold is of a format this process does not read (or the format
+    /// the database writes could not be read).
+    format: Option<Box<FormatError>>,
 }
 
 impl HoldError {
@@ -38,7 +42,22 @@ impl HoldError {
         HoldError {
             reason: reason.into(),
             source: None,
+            format: None,
         }
+    }
+
+    /// A record or hold this process must not act on because of its format.
+    pub(crate) fn format(error: FormatError) -> HoldError {
+        HoldError {
+            reason: error.to_string(),
+            source: None,
+            format: Some(Box::new(error)),
+        }
+    }
+
+    /// The format refusal inside, if this is one: a record or hold of a newer format.
+    pub fn format_error(&self) -> Option<&FormatError> {
+        self.format.as_deref()
     }
 
     /// A driver failure while doing `what`.
@@ -46,6 +65,7 @@ impl HoldError {
         HoldError {
             reason: format!("{what} failed: {}", crate::server::summarize(&source)),
             source: Some(Box::new(source)),
+            format: None,
         }
     }
 
@@ -57,7 +77,9 @@ impl HoldError {
     /// What kind of failure this is: resolving a hold fails only when the server cannot be read
     /// or a record cannot be understood.
     pub fn kind(&self) -> ErrorKind {
-        if self.has_driver_source() {
+        if let Some(format) = &self.format {
+            format.kind()
+        } else if self.has_driver_source() {
             ErrorKind::Unavailable
         } else {
             ErrorKind::Data
@@ -66,6 +88,9 @@ impl HoldError {
 
     /// Whether trying again may succeed.
     pub fn is_retryable(&self) -> bool {
+        if let Some(format) = &self.format {
+            return format.is_retryable();
+        }
         self.source
             .as_deref()
             .is_some_and(crate::server::is_transient)

@@ -55,6 +55,7 @@ use crate::metrics::{self, Access};
 use crate::repo::contention;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields::SystemFields;
+use crate::repo::format;
 use crate::repo::hold::held::{self, HoldKind};
 use crate::repo::hold::record::{self, TxnState};
 use crate::repo::hold::resolve::{self, Settled};
@@ -167,6 +168,9 @@ impl Committer<'_> {
     async fn attempt(&self, entries: &[Entry], ordered: bool) -> Result<Attempt, TxnError> {
         let env = self.env;
         let now = env.now(None).await?;
+        // Read before anything is written: a process of an old release in a fleet switched to a
+        // newer format writes nothing.
+        let format = env.store.writes_format().await?;
         let t = ObjectId::new();
         tracing::Span::current().record("txn", tracing::field::display(t));
         let txn = ActiveTransaction {
@@ -175,6 +179,7 @@ impl Committer<'_> {
             created: now,
             deadline: clock::plus(now, self.options.timeout),
             entries: entries.to_vec(),
+            format,
         };
 
         let (sent, results): (RecordSent, Vec<Result<Applied, TxnError>>) = if ordered {
@@ -186,7 +191,7 @@ impl Committer<'_> {
                     let result = async {
                         self.env.point(Some(t), failpoint::APPLY_BEFORE, i)?;
                         let coll = self.env.collection(Some(t), &entry.coll).await?;
-                        let write = (coll, entry.apply(t, txn.deadline));
+                        let write = (coll, entry.apply(t, txn.deadline, txn.format));
                         self.apply(t, txn.deadline, i, entry, &write, None, true)
                             .await
                     }
@@ -528,6 +533,7 @@ impl Committer<'_> {
             TxnState::Aborted.as_str(),
         ] };
         let update = vec![doc! { "$addFields": {
+            format::FIELD: keep_or(format::FIELD, txn.format.into()),
             record::STATE: keep_or(record::STATE, state.into()),
             "created": keep_or("created", txn.created.into()),
             record::DEADLINE: keep_or(record::DEADLINE, txn.deadline.into()),
@@ -605,7 +611,7 @@ impl Committer<'_> {
         for (i, entry) in txn.entries[..passed].iter().enumerate() {
             match env.collection(Some(t), &entry.coll).await {
                 Ok(coll) => {
-                    let write = entry.apply(t, txn.deadline);
+                    let write = entry.apply(t, txn.deadline, txn.format);
                     if matches!(write, write::Write::Create(..)) {
                         creates.push((i, (coll, write)));
                     } else {

@@ -156,6 +156,10 @@ pub enum TxnError {
         #[source]
         source: crate::repo::outcome::HoldError,
     },
+    /// A transaction record is of a format this version does not read, or the format the
+    /// database writes could not be read (see `mongotx::format`); nothing was written.
+    #[error(transparent)]
+    Format(#[from] crate::repo::format::FormatError),
     /// The collection named is not one mongotx manages in this database (the meta collection
     /// does not list it), so nothing in it can be held or explained; nothing was read from it.
     #[error(
@@ -237,6 +241,7 @@ impl TxnError {
             E::GaveUp { .. } => ErrorKind::TimedOut,
             E::Clock { source, .. } => source.kind(),
             E::Resolve { source, .. } => source.kind(),
+            E::Format(source) => source.kind(),
             E::Database { .. } => ErrorKind::Unavailable,
         }
     }
@@ -249,6 +254,7 @@ impl TxnError {
             TxnError::Database { source, .. } => crate::server::is_transient(source),
             TxnError::Clock { source, .. } => source.is_retryable(),
             TxnError::Resolve { source, .. } => source.is_retryable(),
+            TxnError::Format(source) => source.is_retryable(),
             _ => false,
         }
     }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use bson::{doc, oid::ObjectId, DateTime, Document};
 use futures::StreamExt;
 
+use crate::repo::format;
 use crate::repo::hold::record::{self, TxnState};
 use crate::repo::hold::{resolve, staging};
 use crate::repo::outcome::TxnStatus;
@@ -48,6 +49,12 @@ pub(crate) async fn resolve_expired_many(
         let Ok(t) = record.get_object_id("_id") else {
             continue;
         };
+        // A record of a newer format is left to the instances that read it.
+        let records = env.store.transactions_collection();
+        if let Err(newer) = format::check_doc(&record, env.store.reads_format(), records) {
+            out.push((t, Err(newer.into())));
+            continue;
+        }
         let txn = match bson::from_document::<ActiveTransaction>(record.clone()) {
             Ok(txn) => txn,
             Err(e) => {

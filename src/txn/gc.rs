@@ -497,9 +497,11 @@ impl Gc {
             else {
                 continue;
             };
+            // A hold of a newer format goes the one-by-one way too, which refuses it.
+            let newer = held::readable(doc, self.env.store.reads_format(), "").is_err();
             match held::read_hold(doc) {
-                Ok(hold) => holds.push((holder, id.clone(), hold)),
-                Err(_) => {
+                Ok(hold) if !newer => holds.push((holder, id.clone(), hold)),
+                _ => {
                     aside.insert(holder);
                 }
             }

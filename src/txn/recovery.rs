@@ -15,6 +15,7 @@ use futures::future::join_all;
 use futures::TryStreamExt;
 use mongodb::Collection;
 
+use crate::repo::format;
 use crate::repo::hold::held;
 use crate::repo::hold::record::{self, TxnState};
 use crate::repo::hold::resolve;
@@ -582,7 +583,7 @@ pub(crate) async fn leave_staging(
         .store
         .protocol_collection(env.store.transactions_collection())
         .await?;
-    record::leave_staging(&records, t, to, extra).await
+    record::leave_staging(&records, t, to, extra, env.store.reads_format()).await
 }
 
 /// Reads a record.
@@ -593,6 +594,10 @@ pub(crate) async fn load(env: &Env, t: ObjectId) -> Result<Option<ActiveTransact
         .find_one(doc! { "_id": t })
         .await
         .map_err(|e| TxnError::database(Some(t), "read the record", e))?;
+    if let Some(found) = &stored {
+        let records = env.store.transactions_collection();
+        format::check_doc(found, env.store.reads_format(), records)?;
+    }
     stored
         .map(|d| {
             bson::from_document::<ActiveTransaction>(d).map_err(|e| TxnError::Malformed {

@@ -10,6 +10,7 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::repo::fields;
+use crate::repo::format;
 use crate::repo::hold::held::{self, Hold, HoldKind};
 use crate::repo::hold::record::TxnState;
 use crate::repo::hold::write::Write;
@@ -30,6 +31,13 @@ pub(crate) struct ActiveTransaction {
     pub(crate) deadline: DateTime,
     /// One entry per document, in lock order.
     pub(crate) entries: Vec<Entry>,
+    /// The stored format of the record and of the holds it puts on (see `repo::format`).
+    #[serde(rename = "_format", default = "unmarked")]
+    pub(crate) format: i64,
+}
+
+fn unmarked() -> i64 {
+    format::UNMARKED
 }
 
 /// A path and a value (dotted paths cannot be field names of a stored document).
@@ -169,7 +177,11 @@ impl Entry {
     /// document is conditional on `$$NOW` being at or before it, and a new document records in its
     /// hold when the server created it (`_hold.at`): one created after the deadline never counts,
     /// for the coordinator or anyone else (see `Hold::created_late`).
-    pub(crate) fn apply(&self, txn: ObjectId, deadline: DateTime) -> Write {
+    ///
+    /// The hold is marked with the transaction's stored `format` (format 1 leaves it unmarked).
+    pub(crate) fn apply(&self, txn: ObjectId, deadline: DateTime, format: i64) -> Write {
+        let mut hold = self.hold(deadline).to_document();
+        format::mark(&mut hold, format);
         let free = |schema: Bson| {
             doc! {
                 "_id": self.id.clone(),
@@ -180,8 +192,7 @@ impl Entry {
                 "$expr": { "$lte": ["$$NOW", deadline] },
             }
         };
-        let mut held =
-            doc! { fields::ACTIVE_TXN: txn, fields::HOLD: self.hold(deadline).to_document() };
+        let mut held = doc! { fields::ACTIVE_TXN: txn, fields::HOLD: hold.clone() };
         match &self.op {
             Op::Insert { doc } => {
                 let mut created = doc.clone();
@@ -190,9 +201,7 @@ impl Entry {
                 created.insert(fields::VERSION, self.applied);
                 created.insert(fields::ACTIVE_TXN, txn);
                 // The hold field by field, so that `$currentDate` can stamp `_hold.at` beside it.
-                let hold: Document = self
-                    .hold(deadline)
-                    .to_document()
+                let hold: Document = hold
                     .into_iter()
                     .map(|(k, v)| (format!("{}.{k}", fields::HOLD), v))
                     .collect();
@@ -480,7 +489,7 @@ mod tests {
     #[test]
     fn applies_are_conditional_on_a_free_document_at_the_expected_version() {
         let t = ObjectId::new();
-        let Write::Update(filter, update) = entry(Op::Check).apply(t, at()) else {
+        let Write::Update(filter, update) = entry(Op::Check).apply(t, at(), 1) else {
             panic!("a check is an update");
         };
         assert_eq!(filter.get_i64("_version").ok(), Some(4));
@@ -508,7 +517,7 @@ mod tests {
         let insert = entry(Op::Insert {
             doc: doc! { "_id": "a", "owner": "$not_a_path" },
         });
-        let Write::Create(filter, update) = insert.apply(t, at()) else {
+        let Write::Create(filter, update) = insert.apply(t, at(), 1) else {
             panic!("an insert is a create");
         };
         assert_eq!(filter.get_str("_id").ok(), Some("a"));
@@ -564,6 +573,7 @@ mod tests {
                 entry(Op::Delete),
                 entry(Op::Check),
             ],
+            format: 1,
         };
         let stored = bson::to_document(&txn).expect("encode");
         assert_eq!(stored.get_str("state").ok(), Some("staging"));
@@ -615,7 +625,7 @@ mod tests {
         assert!(hold.unset.contains(&"_version".to_string()));
         assert!(!hold.restore.contains_key("_version"));
         assert_eq!(hold.order, ["_id", "name", "n"]);
-        let Write::Replace(filter, _) = rewrite.apply(ObjectId::new(), at()) else {
+        let Write::Replace(filter, _) = rewrite.apply(ObjectId::new(), at(), 1) else {
             panic!("a rewrite replaces");
         };
         // Conditional on the exact content and on the deadline, not on a version.

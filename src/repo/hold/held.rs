@@ -6,7 +6,9 @@ use bson::{doc, oid::ObjectId, Bson, DateTime, Document};
 use serde::{Deserialize, Serialize};
 
 use crate::repo::fields::{self, mistyped, ACTIVE_TXN, HOLD};
+use crate::repo::format;
 use crate::repo::hold::write::Write;
+use crate::repo::outcome::HoldError;
 
 /// What a hold stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +279,18 @@ pub(crate) fn finish(id: &Bson, txn: ObjectId) -> Write {
         applied_by(id, txn),
         doc! { "$unset": { fields::ACTIVE_TXN: "", fields::HOLD: "" } },
     )
+}
+
+/// Refuses the hold of `doc` (of collection `coll`) when it is of a stored format newer than
+/// `reads`: what undoes or finishes it could mean something else there.
+pub(crate) fn readable(doc: &Document, reads: i64, coll: &str) -> Result<(), HoldError> {
+    let Ok(hold) = doc.get_document(HOLD) else {
+        return Ok(());
+    };
+    let id = doc
+        .get("_id")
+        .map_or_else(|| "?".to_string(), Bson::to_string);
+    format::check(hold, reads, coll, format_args!("{id} (its {HOLD})")).map_err(HoldError::format)
 }
 
 /// The hold a held document describes itself with; `Err` when it is missing or unreadable.

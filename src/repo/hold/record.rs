@@ -8,6 +8,7 @@ use futures::TryStreamExt;
 use mongodb::Collection;
 use serde::{Deserialize, Serialize};
 
+use crate::repo::format;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::repo::store::Store;
 
@@ -48,14 +49,19 @@ impl TxnState {
 /// being staging (and on `extra`): the one kind of write that decides a transaction's outcome, so
 /// the explicit commit and every abort race on the same condition and exactly one wins. Returns
 /// whether this write was the one.
+///
+/// A record of a format newer than `reads` (the newest format the caller reads) is not matched:
+/// the caller's next read of it refuses it.
 pub(crate) async fn leave_staging(
     records: &Collection<Document>,
     txn: ObjectId,
     to: TxnState,
     extra: Document,
+    reads: i64,
 ) -> mongodb::error::Result<bool> {
     let mut filter = doc! { "_id": txn, STATE: TxnState::Staging.as_str() };
     filter.extend(extra);
+    filter.extend(format::readable(reads));
     let result = records
         .update_one(filter, doc! { "$set": { STATE: to.as_str() } })
         .await?;
@@ -171,13 +177,22 @@ pub(crate) async fn inserted_ids(
         .collect())
 }
 
-/// Reads the record of `txn`.
+/// Reads the record of `txn`; refused when it is of a format this store does not read.
 pub(crate) async fn load(store: &Store, txn: ObjectId) -> Result<Option<Document>, HoldError> {
-    records(store)
-        .await?
+    let records = records(store).await?;
+    let found = records
         .find_one(doc! { "_id": txn })
         .await
-        .map_err(|e| HoldError::database("reading the transaction record", e))
+        .map_err(|e| HoldError::database("reading the transaction record", e))?;
+    if let Some(found) = &found {
+        readable(store, records.name(), found)?;
+    }
+    Ok(found)
+}
+
+/// Refuses a record of a format newer than `store` reads.
+pub(crate) fn readable(store: &Store, records: &str, found: &Document) -> Result<(), HoldError> {
+    format::check_doc(found, store.reads_format(), records).map_err(HoldError::format)
 }
 
 /// Reads the records of `txns` (those that exist) in one command.
@@ -194,7 +209,12 @@ pub(crate) async fn load_states(
     store: &Store,
     txns: &[ObjectId],
 ) -> Result<Vec<Document>, HoldError> {
-    find_many(store, txns, Some(doc! { STATE: 1, DEADLINE: 1 })).await
+    find_many(
+        store,
+        txns,
+        Some(doc! { STATE: 1, DEADLINE: 1, format::FIELD: 1 }),
+    )
+    .await
 }
 
 async fn find_many(
@@ -203,8 +223,8 @@ async fn find_many(
     projection: Option<Document>,
 ) -> Result<Vec<Document>, HoldError> {
     let fail = |e| HoldError::database("reading transaction records", e);
-    records(store)
-        .await?
+    let records = records(store).await?;
+    let found: Vec<Document> = records
         .find(doc! { "_id": { "$in": txns.to_vec() } })
         .with_options(
             mongodb::options::FindOptions::builder()
@@ -216,7 +236,11 @@ async fn find_many(
         .map_err(fail)?
         .try_collect()
         .await
-        .map_err(fail)
+        .map_err(fail)?;
+    for record in &found {
+        readable(store, records.name(), record)?;
+    }
+    Ok(found)
 }
 
 /// The time on the records' collection's own clock (its `$$NOW`), read through the first record
@@ -249,7 +273,7 @@ pub(crate) async fn decide(
     extra: Document,
 ) -> Result<TxnStatus, HoldError> {
     let records = records(store).await?;
-    leave_staging(&records, txn, to, extra)
+    leave_staging(&records, txn, to, extra, store.reads_format())
         .await
         .map_err(|e| HoldError::database("deciding the transaction", e))?;
     match load(store, txn).await? {
@@ -281,6 +305,7 @@ pub(crate) async fn decide_many(
                 let mut filter =
                     doc! { "_id": { "$in": txns.to_vec() }, STATE: TxnState::Staging.as_str() };
                 filter.extend(extra);
+                filter.extend(format::readable(store.reads_format()));
                 filter
             },
             doc! { "$set": { STATE: to.as_str() } },
@@ -310,6 +335,7 @@ pub(crate) async fn fence_records(
     if missing.is_empty() {
         return Ok(written);
     }
+    let writes = store.writes_format().await.map_err(HoldError::format)?;
     let aborted: Vec<Document> = missing
         .iter()
         .map(|(txn, deadline)| {
@@ -319,6 +345,7 @@ pub(crate) async fn fence_records(
                 "created": now,
                 DEADLINE: deadline,
                 ENTRIES: [],
+                format::FIELD: writes,
             }
         })
         .collect();
@@ -359,8 +386,10 @@ pub(crate) async fn fence_record(
     deadline: DateTime,
 ) -> Result<TxnStatus, HoldError> {
     let records = records(store).await?;
+    let writes = store.writes_format().await.map_err(HoldError::format)?;
     let keep_or = |field: &str, value: Bson| doc! { "$ifNull": [format!("${field}"), value] };
     let update = vec![doc! { "$addFields": {
+        format::FIELD: keep_or(format::FIELD, writes.into()),
         STATE: keep_or(STATE, TxnState::Aborted.as_str().into()),
         "created": keep_or("created", "$$NOW".into()),
         DEADLINE: keep_or(DEADLINE, deadline.into()),

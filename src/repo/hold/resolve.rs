@@ -42,6 +42,7 @@ pub(crate) async fn committed(
         let Some(holder) = sys.active_txn else {
             return Ok(Committed::Live(stored));
         };
+        held::readable(&stored, store.reads_format(), coll)?;
         let hold = held::read_hold(&stored).map_err(HoldError::new)?;
         // A fence, or a creation stamped too late, is never part of a commit.
         if hold.never_commits() {
@@ -155,6 +156,7 @@ pub(crate) async fn settle_at(
     let Some((_, stored)) = held(store, coll, id, holder).await? else {
         return Ok((Settled::Freed, false));
     };
+    held::readable(&stored, store.reads_format(), coll)?;
     let hold = held::read_hold(&stored).map_err(HoldError::new)?;
     let resolver = &store.inner.resolver;
     let mut status = resolver.status(store, holder).await?;
@@ -238,6 +240,7 @@ pub(crate) async fn roll_back(
     let Some((collection, held)) = held(store, coll, id, holder).await? else {
         return Ok(false);
     };
+    held::readable(&held, store.reads_format(), coll)?;
     let undo = held::read_hold(&held)
         .map_err(HoldError::new)?
         .undo(id, holder);
@@ -259,6 +262,7 @@ pub(crate) async fn roll_forward(
         return Ok(());
     };
     let sys = SystemFields::read(&held).map_err(HoldError::new)?;
+    held::readable(&held, store.reads_format(), coll)?;
     let hold = held::read_hold(&held).map_err(HoldError::new)?;
     if hold.never_commits() {
         // A fence carries no change to make final, and a creation stamped too late is no part

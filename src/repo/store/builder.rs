@@ -10,6 +10,7 @@ use tokio::sync::OnceCell;
 
 use crate::repo::background::Background;
 use crate::repo::contention::tally::Tally;
+use crate::repo::format::gate::Gate;
 use crate::repo::store::handle::{
     HoldResolver, RecordResolver, ServerValidation, Store, StoreInner,
 };
@@ -30,6 +31,8 @@ pub struct StoreBuilder {
     pub(super) batch_writes: bool,
     pub(super) contention: bool,
     pub(super) contention_every: Duration,
+    pub(super) format_refresh: Duration,
+    pub(super) reads_format: i64,
 }
 
 impl StoreBuilder {
@@ -125,6 +128,26 @@ impl StoreBuilder {
         self
     }
 
+    /// Sets how often, at most, the store reads which stored format the database writes and
+    /// renews its announcement of the formats it reads (default 10 s; see
+    /// [`Store::set_format`](crate::Store::set_format)). An announcement stays live for six of
+    /// these intervals.
+    pub fn format_refresh(mut self, every: Duration) -> StoreBuilder {
+        self.format_refresh = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Plays a version of mongotx that reads stored formats up to `format` (above
+    /// [`FORMAT`](crate::format::FORMAT), a future one: it announces so, may switch the database
+    /// to it, and then marks what it writes with it), so that a test can check what this version
+    /// does with a newer format's records and documents.
+    #[cfg(feature = "testkit")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
+    pub fn plays_format(mut self, format: i64) -> StoreBuilder {
+        self.reads_format = format.max(1);
+        self
+    }
+
     /// Finishes the store.
     pub fn build(self) -> Store {
         Store {
@@ -151,6 +174,7 @@ impl StoreBuilder {
                 pending_validators: Mutex::new(BTreeMap::new()),
                 background: Background::default(),
                 contention: Tally::new(self.contention, self.contention_every),
+                gate: Gate::new(self.reads_format, self.format_refresh),
             }),
         }
     }

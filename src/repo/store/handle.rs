@@ -15,6 +15,7 @@ use tokio::sync::OnceCell;
 use crate::repo::background::Background;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::contention::tally::Tally;
+use crate::repo::format::gate::Gate;
 use crate::repo::meta::CachedFloor;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::retry::LockWait;
@@ -95,6 +96,8 @@ pub(crate) struct StoreInner {
     /// Validators this store could not install for lack of privileges, by collection: the
     /// command an administrator runs.
     pub(super) pending_validators: Mutex<BTreeMap<String, Document>>,
+    /// This store's part in the stored format's gate (see `repo::format::gate`).
+    pub(crate) gate: Gate,
 }
 
 impl std::fmt::Debug for Store {

@@ -21,6 +21,8 @@ use crate::repo::background::Shutdown;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
+use crate::repo::format::gate::{self, Switch};
+use crate::repo::format::{self, FormatError, FormatStatus, FORMAT};
 use crate::repo::hold::record;
 use crate::repo::meta::{self, CachedFloor, META_COLLECTION};
 use crate::retry::LockWait;
@@ -62,7 +64,9 @@ impl Store {
     /// # }
     /// ```
     pub async fn shutdown(&self, limit: Duration) -> Shutdown {
-        self.inner.background.shutdown(limit).await
+        let report = self.inner.background.shutdown(limit).await;
+        gate::retract(self).await;
+        report
     }
 
     /// A store on `db` with default settings.
@@ -85,6 +89,8 @@ impl Store {
             batch_writes: true,
             contention: true,
             contention_every: Duration::from_secs(5),
+            format_refresh: Duration::from_secs(10),
+            reads_format: FORMAT,
         }
     }
 
@@ -189,6 +195,50 @@ impl Store {
         Ok(self.inner.db.collection_with_options(name, options))
     }
 
+    /// The stored format the database writes, the newest this process reads, and the
+    /// announcement of every store that said which formats it reads (see
+    /// [`set_format`](Store::set_format)).
+    pub async fn format_status(&self) -> Result<FormatStatus, RepoError> {
+        gate::status(self).await.map_err(RepoError::from)
+    }
+
+    /// Switches the database to write stored format `format`, as MongoDB's
+    /// `setFeatureCompatibilityVersion` does, once every instance of the fleet runs a release
+    /// that reads it: refused ([`RepoError::FormatRefused`], nothing written) while a live
+    /// instance (one that announced itself within the last six
+    /// [`format_refresh`](StoreBuilder::format_refresh) intervals) reads only older formats,
+    /// and ([`RepoError::FormatUnknown`]) when this release does not read `format`. Every store
+    /// writes the new format from its next refresh on; an instance of an older release that
+    /// starts afterwards refuses to write ([`ErrorKind::NewerFormat`](crate::ErrorKind)). Going
+    /// back to an older format is allowed in the same way; what was written in the newer one
+    /// stays so, and only releases that read it can act on it.
+    pub async fn set_format(&self, format: i64) -> Result<FormatStatus, RepoError> {
+        let reads = self.inner.gate.reads();
+        if format < 1 || format > reads {
+            return Err(RepoError::FormatUnknown {
+                requested: format,
+                reads,
+            });
+        }
+        match gate::switch(self, format).await? {
+            Switch::Done(status) => Ok(status),
+            Switch::Behind(behind) => Err(RepoError::FormatRefused {
+                requested: format,
+                behind: behind.iter().map(ToString::to_string).collect(),
+            }),
+        }
+    }
+
+    /// The stored format this store writes now (see `repo::format::gate`).
+    pub(crate) async fn writes_format(&self) -> Result<i64, FormatError> {
+        gate::writes(self).await
+    }
+
+    /// The newest stored format this store reads.
+    pub(crate) fn reads_format(&self) -> i64 {
+        self.inner.gate.reads()
+    }
+
     /// The registry of managed collections (see `meta`).
     pub(crate) fn meta(&self) -> Collection<Document> {
         self.inner.db.collection(META_COLLECTION)
@@ -235,12 +285,17 @@ impl Store {
     ) -> Result<u64, RepoError> {
         let fail =
             |operation| move |source| RepoError::database(collection, "*", operation, source);
-        if meta::keeps_tombstones(&self.meta(), collection)
+        let registered = meta::read(&self.meta(), collection)
             .await
-            .map_err(fail("read the collection registry"))?
-        {
-            return Ok(0);
+            .map_err(fail("read the collection registry"))?;
+        if let Some(registered) = &registered {
+            // Another release's newer format may keep other things in this collection.
+            format::check(registered, self.reads_format(), META_COLLECTION, collection)?;
+            if meta::keeps(registered) {
+                return Ok(0);
+            }
         }
+        let writes = self.writes_format().await?;
         let coll = self.inner.db.collection::<Document>(collection);
         let highest = coll
             .find_one(meta::purgeable(cutoff))
@@ -259,7 +314,7 @@ impl Store {
             collection: collection.to_string(),
             source: e,
         })?;
-        let raised = meta::raise_floor(&self.meta(), collection, highest, now)
+        let raised = meta::raise_floor(&self.meta(), collection, highest, now, writes)
             .await
             .map_err(fail("raise the version floor"))?;
         self.remember_floor(collection, highest);
