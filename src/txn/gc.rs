@@ -408,14 +408,20 @@ impl Gc {
             holders.truncate(self.options.batch_size.max(1));
         }
         let store = &self.env.store;
-        let statuses = store
-            .resolver()
-            .statuses(store, &holders)
-            .await
-            .map_err(|source| TxnError::Resolve {
-                txn: holders[0],
-                source,
-            })?;
+        let statuses = match store.resolver().statuses(store, &holders).await {
+            Ok(statuses) => statuses,
+            // One record of a newer format fails the page's one read: read them one by one, and
+            // leave the ones this release cannot read to a release that can.
+            Err(e) if e.format_error().is_some() => {
+                self.statuses_one_by_one(&holders, summary).await?
+            }
+            Err(source) => {
+                return Err(TxnError::Resolve {
+                    txn: holders[0],
+                    source,
+                })
+            }
+        };
         // Holds of an undecided transaction are the record pass's business (once it expires);
         // any other is resolved here, including holds left of a transaction whose record is an
         // aborted one put in place of a missing record (it lists no entries). Holders are
@@ -451,6 +457,35 @@ impl Gc {
             summary.skipped += skipped;
         }
         Ok(())
+    }
+
+    /// What the records of `holders` say, read one at a time; a holder whose record is of a
+    /// newer format reads as undecided (its holds are left alone) and counts as skipped.
+    async fn statuses_one_by_one(
+        &self,
+        holders: &[ObjectId],
+        summary: &mut RoundSummary,
+    ) -> Result<HashMap<ObjectId, TxnStatus>, TxnError> {
+        let store = &self.env.store;
+        let mut statuses = HashMap::new();
+        for holder in holders {
+            match store.resolver().statuses(store, &[*holder]).await {
+                Ok(found) => statuses.extend(found),
+                Err(e) if e.format_error().is_some() => {
+                    tracing::warn!(txn = %holder, error = %e, "left to a release that reads its format");
+                    summary.skipped += 1;
+                    let never = DateTime::from_millis(i64::MAX);
+                    statuses.insert(*holder, TxnStatus::Pending { deadline: never });
+                }
+                Err(source) => {
+                    return Err(TxnError::Resolve {
+                        txn: *holder,
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(statuses)
     }
 
     /// Undoes together the holds in `collection` of the holders whose transaction did not commit

@@ -26,11 +26,11 @@ use crate::admin::{
 use crate::common::refusals::snapshot;
 use crate::common::{raw_snapshot, Account, TestDb};
 
-const MONGOTX: &str = env!("CARGO_BIN_EXE_mongotx");
+pub const MONGOTX: &str = env!("CARGO_BIN_EXE_mongotx");
 const GC: &str = env!("CARGO_BIN_EXE_mongotx-gc");
 
 /// Runs `program` with `args` on the test server and `t`'s database (`--uri`, `--db` first).
-async fn run(program: &str, t: &TestDb, args: &[&str]) -> Output {
+pub async fn run(program: &str, t: &TestDb, args: &[&str]) -> Output {
     let uri = common::server_uri();
     let mut command = Command::new(program);
     command
@@ -47,7 +47,7 @@ async fn run(program: &str, t: &TestDb, args: &[&str]) -> Output {
 }
 
 /// Runs `mongotx ARGS` and returns its stdout; it must succeed.
-async fn mongotx(t: &TestDb, args: &[&str]) -> String {
+pub async fn mongotx(t: &TestDb, args: &[&str]) -> String {
     let out = run(MONGOTX, t, args).await;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -62,7 +62,7 @@ async fn mongotx(t: &TestDb, args: &[&str]) -> String {
 }
 
 /// Runs `mongotx ARGS --json` and parses what it printed.
-async fn mongotx_json(t: &TestDb, args: &[&str]) -> Value {
+pub async fn mongotx_json(t: &TestDb, args: &[&str]) -> Value {
     let mut args = args.to_vec();
     args.push("--json");
     let printed = mongotx(t, &args).await;

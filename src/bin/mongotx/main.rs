@@ -10,6 +10,7 @@
 mod cli;
 mod contention;
 mod coordination;
+mod format;
 mod output;
 mod resolve;
 mod status;
@@ -72,6 +73,9 @@ enum Command {
     /// The collections and sampled documents with the most conflicts and aborts, across every
     /// instance (from the record the library keeps in the database).
     Contention(contention::Args),
+    /// The stored format the database writes and which formats each instance reads; `format
+    /// set N` switches it once every live instance reads N.
+    Format(format::Args),
 }
 
 /// What a subcommand is run with: the store on the database, and the output mode.
@@ -128,5 +132,6 @@ async fn run(args: Args) -> Result<(), String> {
         Command::Queue(a) => coordination::queue(&ctx, a).await,
         Command::Obt(a) => coordination::obt(&ctx, a).await,
         Command::Contention(a) => contention::run(&ctx, a).await,
+        Command::Format(a) => format::run(&ctx, a).await,
     }
 }

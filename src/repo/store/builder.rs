@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 
 use crate::repo::background::Background;
 use crate::repo::contention::tally::Tally;
-use crate::repo::format::gate::Gate;
+use crate::repo::format::member::Member;
 use crate::repo::store::handle::{
     HoldResolver, RecordResolver, ServerValidation, Store, StoreInner,
 };
@@ -174,7 +174,7 @@ impl StoreBuilder {
                 pending_validators: Mutex::new(BTreeMap::new()),
                 background: Background::default(),
                 contention: Tally::new(self.contention, self.contention_every),
-                gate: Gate::new(self.reads_format, self.format_refresh),
+                gate: Member::new(self.reads_format, self.format_refresh),
             }),
         }
     }

@@ -15,7 +15,7 @@ use tokio::sync::OnceCell;
 use crate::repo::background::Background;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::contention::tally::Tally;
-use crate::repo::format::gate::Gate;
+use crate::repo::format::member::Member;
 use crate::repo::meta::CachedFloor;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::retry::LockWait;
@@ -97,7 +97,7 @@ pub(crate) struct StoreInner {
     /// command an administrator runs.
     pub(super) pending_validators: Mutex<BTreeMap<String, Document>>,
     /// This store's part in the stored format's gate (see `repo::format::gate`).
-    pub(crate) gate: Gate,
+    pub(crate) gate: Member,
 }
 
 impl std::fmt::Debug for Store {

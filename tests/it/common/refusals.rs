@@ -34,9 +34,17 @@ pub async fn snapshot(db: &Database) -> BTreeMap<String, Vec<Document>> {
         if name == mongotx::collections::CONTENTION_COLLECTION {
             continue;
         }
+        // A store's announcement of the formats it reads is renewed as it works (see
+        // `mongotx::format`): its liveness, not data a call wrote.
+        let announcements = doc! { "_id": { "$not": { "$regex": "^instance:" } } };
+        let all_of = if name == mongotx::collections::META_COLLECTION {
+            announcements
+        } else {
+            doc! {}
+        };
         let docs: Vec<Document> = db
             .collection::<Document>(&name)
-            .find(doc! {})
+            .find(all_of)
             .sort(doc! { "_id": 1 })
             .await
             .unwrap_or_else(|e| panic!("cannot read {name}: {e}"))
