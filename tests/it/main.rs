@@ -45,6 +45,7 @@ mod crud;
 mod durability;
 mod errors;
 mod ferretdb;
+mod format_coordination;
 mod gc_purge;
 mod gc_race;
 #[cfg(feature = "cli")]
