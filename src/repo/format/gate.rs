@@ -15,81 +15,24 @@
 //! misread is not the gate but the check of every stored thing before it is acted on (see the
 //! module above); the gate keeps the fleet from writing what some of it would have to refuse.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 use mongodb::options::UpdateOptions;
 use serde::Serialize;
 
+use crate::repo::format::state::INSTANCE_PREFIX;
 use crate::repo::format::{check_doc, FormatError, FIELD, UNMARKED};
 use crate::repo::store::Store;
 use crate::server::codes;
 
 /// The id of the document saying which format the database writes.
 pub(crate) const FORMAT_ID: &str = "format";
-/// The prefix of the ids of instance announcements.
-pub(crate) const INSTANCE_PREFIX: &str = "instance:";
 /// How many refresh intervals an announcement stays live without a newer one.
 pub(crate) const LIVE_FOR: u32 = 6;
 /// How long an announcement that stopped being renewed stays listed before it is deleted.
 const KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
-
-/// A store's part in the gate: who it is, what it reads, and the written format it last read.
-#[derive(Debug)]
-pub(crate) struct Gate {
-    instance: ObjectId,
-    reads: i64,
-    refresh: Duration,
-    /// The format the database writes, and when this store read it.
-    cached: Mutex<Option<(i64, Instant)>>,
-    /// Whether this store has announced itself yet (its first announcement also deletes the
-    /// announcements nobody renewed for a day).
-    announced: Mutex<bool>,
-}
-
-impl Gate {
-    pub(crate) fn new(reads: i64, refresh: Duration) -> Gate {
-        Gate {
-            instance: ObjectId::new(),
-            reads,
-            refresh,
-            cached: Mutex::new(None),
-            announced: Mutex::new(false),
-        }
-    }
-
-    /// The newest format this store reads.
-    pub(crate) fn reads(&self) -> i64 {
-        self.reads
-    }
-
-    fn id(&self) -> String {
-        format!("{INSTANCE_PREFIX}{}", self.instance.to_hex())
-    }
-
-    fn fresh(&self) -> Option<i64> {
-        let cached = *self.cached.lock().ok()?;
-        cached
-            .filter(|(_, at)| at.elapsed() < self.refresh)
-            .map(|(writes, _)| writes)
-    }
-
-    fn last_known(&self) -> i64 {
-        self.cached
-            .lock()
-            .ok()
-            .and_then(|c| c.map(|(writes, _)| writes))
-            .unwrap_or(UNMARKED)
-    }
-
-    fn remember(&self, writes: Option<i64>) {
-        if let Ok(mut cached) = self.cached.lock() {
-            *cached = writes.map(|w| (w, Instant::now()));
-        }
-    }
-}
 
 /// The database's format and the instances that announced themselves, for an operator.
 #[derive(Debug, Clone, PartialEq, Serialize)]

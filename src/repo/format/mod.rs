@@ -29,6 +29,7 @@ use bson::{doc, Bson, Document};
 use crate::error_kind::ErrorKind;
 
 pub(crate) mod gate;
+pub(crate) mod state;
 
 pub use gate::{FormatStatus, Instance};
 

@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 
 use crate::repo::background::Background;
 use crate::repo::contention::tally::Tally;
-use crate::repo::format::gate::Gate;
+use crate::repo::format::state::Gate;
 use crate::repo::store::handle::{
     HoldResolver, RecordResolver, ServerValidation, Store, StoreInner,
 };

@@ -15,7 +15,7 @@ use tokio::sync::OnceCell;
 use crate::repo::background::Background;
 use crate::repo::collection::CollectionSpec;
 use crate::repo::contention::tally::Tally;
-use crate::repo::format::gate::Gate;
+use crate::repo::format::state::Gate;
 use crate::repo::meta::CachedFloor;
 use crate::repo::outcome::{HoldError, TxnStatus};
 use crate::retry::LockWait;
