@@ -7,6 +7,7 @@ use thiserror::Error;
 use crate::error_kind::ErrorKind;
 use crate::obt::model::Token;
 use crate::repo::error::RepoError;
+use crate::repo::format::FormatError;
 use crate::server::clock::ClockError;
 use crate::txn::error::TxnError;
 
@@ -154,6 +155,11 @@ pub enum ObtError {
         #[source]
         source: ClockError,
     },
+    /// An OBT or its namespace's token counter is of a stored format this version does not
+    /// read, or the format the database writes could not be read (see `mongotx::format`);
+    /// nothing was written.
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 crate::txn::error::from_lower_errors!(ObtError);
@@ -176,6 +182,7 @@ impl ObtError {
             E::Document { source } => source.kind(),
             E::Transaction { source } => source.kind(),
             E::Clock { source } => source.kind(),
+            E::Format(source) => source.kind(),
         }
     }
 
@@ -186,6 +193,7 @@ impl ObtError {
             ObtError::Document { source } => source.is_retryable(),
             ObtError::Transaction { source } => source.is_retryable(),
             ObtError::Clock { source } => source.is_retryable(),
+            ObtError::Format(source) => source.is_retryable(),
             _ => false,
         }
     }
@@ -229,6 +237,11 @@ pub enum FenceError {
         #[source]
         source: Box<RepoError>,
     },
+    /// A resource's fence document is of a stored format this version does not read, or the
+    /// format the database writes could not be read (see `mongotx::format`); nothing was
+    /// written.
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 impl From<RepoError> for FenceError {
@@ -247,11 +260,16 @@ impl FenceError {
             FenceError::StaleToken { .. } => ErrorKind::Refused,
             FenceError::Invalid { .. } => ErrorKind::InvalidInput,
             FenceError::Document { source } => source.kind(),
+            FenceError::Format(source) => source.kind(),
         }
     }
 
     /// Whether trying the same call again may succeed (never for a stale token).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, FenceError::Document { source } if source.is_retryable())
+        match self {
+            FenceError::Document { source } => source.is_retryable(),
+            FenceError::Format(source) => source.is_retryable(),
+            _ => false,
+        }
     }
 }

@@ -20,6 +20,7 @@ use crate::obt::error::FenceError;
 use crate::obt::model::{Token, FENCES_SCHEMA};
 use crate::obt::{collection_problem, name_problem, shown};
 use crate::repo::error::RepoError;
+use crate::repo::format;
 use crate::repo::open;
 use crate::repo::store::Store;
 use crate::retry::LockWait;
@@ -127,8 +128,14 @@ impl Fence for MemoryFence {
 /// A fence kept in MongoDB: one document per resource with the highest token admitted. Each
 /// admit is one conditional upsert ("token at most mine"); a higher stored token makes the
 /// upsert collide with the existing id, which is the refusal.
+///
+/// Its documents follow the stored format's rule (see `mongotx::format`): an admit marks the
+/// document it writes with the format the store writes (nothing for format 1) and matches only
+/// one of a format the store reads, so a document of a newer format collides like a higher
+/// token and is refused as such ([`FenceError::Format`]) when the fence reads it.
 #[derive(Debug, Clone)]
 pub struct MongoFence {
+    store: Store,
     coll: Collection<Document>,
 }
 
@@ -160,7 +167,10 @@ impl MongoFence {
         let coll = open::validated_protocol_collection(store, name, FENCES_SCHEMA)
             .await
             .map_err(|e| RepoError::database(name, "*", "open", e))?;
-        Ok(MongoFence { coll })
+        Ok(MongoFence {
+            store: store.clone(),
+            coll,
+        })
     }
 
     fn db_error(
@@ -188,6 +198,12 @@ pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
 impl Fence for MongoFence {
     async fn admit(&self, resource: &str, token: Token) -> Result<(), FenceError> {
         check(self.coll.name(), resource, token)?;
+        let writes = self.store.writes_format().await?;
+        let filter = format::guard(
+            doc! { "_id": resource, "token": { "$lte": token.0 } },
+            self.store.reads_format(),
+        );
+        let update = format::mark_update(doc! { "$set": { "token": token.0 } }, writes);
         let mut last = None;
         let mut pace = Retry::until_deadline(RACE_PACE);
         for attempt in 0..CREATE_RACES {
@@ -196,17 +212,15 @@ impl Fence for MongoFence {
             }
             let written = self
                 .coll
-                .update_one(
-                    doc! { "_id": resource, "token": { "$lte": token.0 } },
-                    doc! { "$set": { "token": token.0 } },
-                )
+                .update_one(filter.clone(), update.clone())
                 .upsert(true)
                 .await;
             match written {
                 Ok(_) => return Ok(()),
                 Err(e) if is_duplicate_key(&e) => {
-                    // Either a higher token is stored, or another admit created the document
-                    // between our filter and our insert: look.
+                    // Either a higher token is stored, or a document of a newer format (refused
+                    // by the look), or another admit created the document between our filter
+                    // and our insert: look.
                     match self.seen(resource).await? {
                         Some(seen) if seen > token => {
                             return Err(FenceError::StaleToken {
@@ -242,6 +256,9 @@ impl Fence for MongoFence {
             .find_one(doc! { "_id": resource })
             .await
             .map_err(|e| self.db_error(resource, "read", e))?;
+        if let Some(found) = &found {
+            format::check_doc(found, self.store.reads_format(), self.coll.name())?;
+        }
         Ok(found.and_then(|d| d.get_i64("token").ok()).map(Token))
     }
 }

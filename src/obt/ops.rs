@@ -109,12 +109,17 @@ async fn create_with(
     };
     // No condition here is an equality but the id's, so an insert holds only what the change
     // sets (a `_txn: null` would be copied into it).
-    let filter = doc! {
-        "_id": &new.id,
-        fields::DELETED: { "$exists": true },
-        fields::ACTIVE_TXN: { "$not": { "$type": "objectId" } },
-        "token": { "$lt": token.0 },
-    };
+    // (An OBT of a newer format is not matched either: the upsert collides with its id, and
+    // the read below refuses it.)
+    let filter = steps::guarded(
+        obt,
+        doc! {
+            "_id": &new.id,
+            fields::DELETED: { "$exists": true },
+            fields::ACTIVE_TXN: { "$not": { "$type": "objectId" } },
+            "token": { "$lt": token.0 },
+        },
+    );
     let change = doc! {
         "$set": set,
         "$unset": unset,
@@ -549,6 +554,7 @@ async fn remove(
 ) -> Result<(), ObtError> {
     let mut filter = doc! { "_id": id, fields::ACTIVE_TXN: null, fields::DELETED: null };
     filter.extend(condition);
+    let filter = steps::guarded(obt, filter);
     let change = doc! {
         "$currentDate": { fields::DELETED: true },
         "$inc": { fields::VERSION: 1_i64 },

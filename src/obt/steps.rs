@@ -2,6 +2,11 @@
 //! the namespace, reading the OBT as stored (live through any transaction holding its document,
 //! or a released OBT's tombstone), and one conditional write that, when it matches nothing, reads
 //! the OBT to judge why (done already, refused, or worth sending again).
+//!
+//! The stored format (`repo::format`): the token counter is marked with the format the store
+//! writes (nothing for format 1) and, like every OBT write, matched only while it is of a format
+//! this store reads; a counter or an OBT of a newer format is refused when read, so a write its
+//! guard kept from matching ends in that typed refusal ([`ObtError::Format`]), nothing written.
 
 use std::time::Instant;
 
@@ -14,6 +19,7 @@ use crate::obt::model::{Observation, ObtDoc, ObtState, Token};
 use crate::obt::Obt;
 use crate::repo::error::{show_id, RepoError};
 use crate::repo::fields;
+use crate::repo::format;
 use crate::repo::hold::resolve::Committed;
 use crate::retry::Retry;
 use crate::server::is_transient;
@@ -63,8 +69,11 @@ pub(super) async fn token_floor(obt: &Obt) -> Result<Token, ObtError> {
 /// created again) or restored from an old backup is lifted over the floor in the same write.
 pub(super) async fn issue_token_above(obt: &Obt, floor: Token) -> Result<Token, ObtError> {
     let namespace = obt.repo.name();
+    let writes = obt.store.writes_format().await?;
     let mut pace = Retry::tries(obt.options.retry, 9);
-    let next = vec![doc! {
+    let counter = guarded(obt, doc! { "_id": namespace });
+    let next = format::mark_pipeline(
+        vec![doc! {
         "$set": {
             "last": {
                 "$add": [
@@ -73,11 +82,13 @@ pub(super) async fn issue_token_above(obt: &Obt, floor: Token) -> Result<Token, 
                 ]
             }
         }
-    }];
+        }],
+        writes,
+    );
     loop {
         let issued = obt
             .tokens
-            .find_one_and_update(doc! { "_id": namespace }, next.clone())
+            .find_one_and_update(counter.clone(), next.clone())
             .upsert(true)
             .return_document(ReturnDocument::After)
             .await;
@@ -94,7 +105,22 @@ pub(super) async fn issue_token_above(obt: &Obt, floor: Token) -> Result<Token, 
             }
             // Two first upserts of the counter raced, or the reply was lost.
             Ok(None) => None,
-            Err(e) if is_transient(&e) || crate::obt::fence::is_duplicate_key(&e) => Some(e),
+            // The counter may be of a newer format, which the guard kept from matching (so the
+            // upsert tried to make it): refused. Otherwise two first upserts raced.
+            Err(e) if crate::obt::fence::is_duplicate_key(&e) => {
+                let found = obt
+                    .tokens
+                    .find_one(doc! { "_id": namespace })
+                    .await
+                    .map_err(|e| {
+                        RepoError::database(obt.tokens.name(), namespace, "issue token", e)
+                    })?;
+                if let Some(found) = &found {
+                    format::check_doc(found, obt.store.reads_format(), obt.tokens.name())?;
+                }
+                Some(e)
+            }
+            Err(e) if is_transient(&e) => Some(e),
             Err(e) => {
                 return Err(RepoError::database(
                     crate::collections::TOKENS_COLLECTION,
@@ -117,6 +143,12 @@ pub(super) async fn issue_token_above(obt: &Obt, floor: Token) -> Result<Token, 
             .into());
         }
     }
+}
+
+/// `filter` of a write on an OBT or a token counter, matching it only while it is of a stored
+/// format this store reads.
+pub(super) fn guarded(obt: &Obt, filter: Document) -> Document {
+    format::guard(filter, obt.store.reads_format())
 }
 
 // ----- reading -----
@@ -164,6 +196,7 @@ pub(super) async fn stored(obt: &Obt, id: &str) -> Result<Stored, ObtError> {
     let Some(stored) = stored else {
         return Ok(Stored::Absent);
     };
+    format::check_doc(&stored, obt.store.reads_format(), &checks::coll(obt))?;
     let holder = stored.get_object_id(fields::ACTIVE_TXN).ok();
     let owner = stored.get_str("owner").ok().map(str::to_string);
     let token = match stored.get("token") {
@@ -279,6 +312,7 @@ pub(super) async fn write_if(
         fields::SCHEMA_VERSION: obt.repo.spec().schema_version(),
     };
     filter.extend(condition);
+    let filter = guarded(obt, filter);
     let mut change = change;
     change.insert("$inc", doc! { fields::VERSION: 1_i64 });
     let mut retry = Retry::until_deadline(obt.options.retry);

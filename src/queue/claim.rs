@@ -57,8 +57,9 @@ use mongodb::options::ReturnDocument;
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Place, Service};
 use crate::queue::store;
-use crate::queue::store::{name_problem, parse_status, shown};
+use crate::queue::store::{guarded, name_problem, parse_status, shown};
 use crate::queue::Batches;
+use crate::repo::format::{mark_update, set_mark};
 use crate::server::clock::{minus, plus};
 use crate::server::codes;
 
@@ -204,6 +205,7 @@ pub(crate) async fn claim(
             ),
         });
     }
+    let writes = store::writes(queue).await?;
     let token = ObjectId::new();
     // The deadline is an instant of this process's clock by which the server's clock has surely
     // not reached `until`: the estimate of the server's time may be behind by `error`.
@@ -214,38 +216,49 @@ pub(crate) async fn claim(
     let place = Place::of(batch);
     let service = batch.service_id.as_str();
     // Round 1: the slot, which is also the claim's fence (see the module's doc).
-    let Some(replaced) = take_slot(queue, service, &place, token, claimant, until).await? else {
-        after_refused_slot(queue, header).await?;
+    let taking = Taking {
+        token,
+        claimant,
+        until,
+        writes,
+    };
+    let Some(replaced) = take_slot(queue, service, &place, &taking).await? else {
+        after_refused_slot(queue, header, writes).await?;
         return Ok(Claimed::SlotTaken);
     };
     // Round 2: the batch, claimed and marked submitted, while the service's older batches
     // are counted. The count must come after the slot was taken (it is the taker's half of
     // the ordering), not after the claim, so both go together.
+    let mut claiming = doc! {
+        "claim": { "token": token, "by": claimant, "until": until },
+        "submitted": true,
+        "last_submitted_at": now,
+    };
+    claiming.extend(set_mark(writes));
     let claim = queue.coll.find_one_and_update(
-        doc! {
-            "_id": header,
-            "created_at": batch.created_at,
-            "submitted": false,
-            "status": { "$nin": DECIDED.to_vec() },
-            "$or": [
-                { "claim": { "$exists": false } },
-                { "claim.until": { "$lt": now } },
-            ],
-            // Not fenced: a taker that judged this taking of the slot abandoned wrote an
-            // expired claim under its token before freeing the slot (see `fence`), whatever
-            // the clocks say.
-            "claim.token": { "$ne": token },
-            // And only before `until` by the server's clock: a taker judges a taking
-            // abandoned only once it has passed.
-            "$expr": { "$lt": ["$$NOW", until] },
-        },
+        guarded(
+            queue,
+            doc! {
+                "_id": header,
+                "created_at": batch.created_at,
+                "submitted": false,
+                "status": { "$nin": DECIDED.to_vec() },
+                "$or": [
+                    { "claim": { "$exists": false } },
+                    { "claim.until": { "$lt": now } },
+                ],
+                // Not fenced: a taker that judged this taking of the slot abandoned wrote an
+                // expired claim under its token before freeing the slot (see `fence`), whatever
+                // the clocks say.
+                "claim.token": { "$ne": token },
+                // And only before `until` by the server's clock: a taker judges a taking
+                // abandoned only once it has passed.
+                "$expr": { "$lt": ["$$NOW", until] },
+            },
+        ),
         // The estimate of the server's time rather than `$currentDate`: it is matched
         // exactly later, and some servers keep more than milliseconds of the latter.
-        doc! { "$set": {
-            "claim": { "token": token, "by": claimant, "until": until },
-            "submitted": true,
-            "last_submitted_at": now,
-        } },
+        doc! { "$set": claiming },
     );
     let mut older = before(service, &place);
     older.insert("status", doc! { "$nin": DONE.to_vec() });
@@ -297,25 +310,35 @@ pub(crate) async fn claim(
                 async {
                     match previous {
                         Some((at, status)) => {
-                            unclaim_submitted(queue, header, token, at, status, reset).await
+                            let previous = Previous { at, status, reset };
+                            unclaim_submitted(queue, header, token, previous, writes).await
                         }
                         None => Ok(()),
                     }
                 },
-                give_slot_back(queue, service, header, token, replaced)
+                give_slot_back(queue, service, header, token, replaced, writes)
             );
             unclaimed?;
             freed?;
             match (claimed?, waiting?) {
-                // Not claimable after all: only a batch that is not there is an error.
+                // Not claimable after all: only a batch that is not there, or of a newer
+                // format (which the claim's guard did not match), is an error.
                 (None, _) => {
-                    store::stored(queue, header).await?;
+                    store::check_batch(queue, &store::stored(queue, header).await?)?;
                     Ok(Claimed::Unavailable)
                 }
                 _ => Ok(Claimed::OlderFirst),
             }
         }
     }
+}
+
+/// Who takes a slot, until when, and the format the claim writes in.
+struct Taking<'a> {
+    token: ObjectId,
+    claimant: &'a str,
+    until: DateTime,
+    writes: i64,
 }
 
 /// Takes `service`'s slot for the batch at `place` until `until`: free, or the batch's own
@@ -326,36 +349,46 @@ async fn take_slot(
     queue: &Batches,
     service: &str,
     place: &Place,
-    token: ObjectId,
-    claimant: &str,
-    until: DateTime,
+    taking: &Taking<'_>,
 ) -> Result<Option<Option<Document>>, QueueError> {
+    let Taking {
+        token,
+        claimant,
+        until,
+        writes,
+    } = *taking;
     let header = place.header.as_str();
     let at = DateTime::from_millis(place.at);
     for _ in 0..2 {
         let taken = queue
             .services
             .find_one_and_update(
-                doc! {
-                    "_id": service,
-                    // After the mark, or the batch at the mark itself: versions before
-                    // 2026-11-26 moved the mark to a batch when it was sent, and such a
-                    // batch may come back unknown or delayed. (A settled batch at the mark
-                    // takes the slot for a moment only: its claim is refused.)
-                    "$or": [
-                        { "mark_at": { "$exists": false } },
-                        { "mark_at": { "$lt": at } },
-                        { "mark_at": at, "mark_header": { "$lte": header } },
-                    ],
-                    // Free, or this batch's and run out by the server's clock.
-                    "$expr": { "$or": [
-                        { "$eq": [{ "$ifNull": ["$holder", null] }, null] },
-                        { "$and": [{ "$eq": ["$holder.header", header] }, taking_ran_out()] },
-                    ] },
-                },
-                doc! { "$set": { "holder": {
-                    "header": header, "at": at, "token": token, "by": claimant, "until": until,
-                } } },
+                guarded(
+                    queue,
+                    doc! {
+                        "_id": service,
+                        // After the mark, or the batch at the mark itself: versions before
+                        // 2026-11-26 moved the mark to a batch when it was sent, and such a
+                        // batch may come back unknown or delayed. (A settled batch at the mark
+                        // takes the slot for a moment only: its claim is refused.)
+                        "$or": [
+                            { "mark_at": { "$exists": false } },
+                            { "mark_at": { "$lt": at } },
+                            { "mark_at": at, "mark_header": { "$lte": header } },
+                        ],
+                        // Free, or this batch's and run out by the server's clock.
+                        "$expr": { "$or": [
+                            { "$eq": [{ "$ifNull": ["$holder", null] }, null] },
+                            { "$and": [{ "$eq": ["$holder.header", header] }, taking_ran_out()] },
+                        ] },
+                    },
+                ),
+                mark_update(
+                    doc! { "$set": { "holder": {
+                        "header": header, "at": at, "token": token, "by": claimant, "until": until,
+                    } } },
+                    writes,
+                ),
             )
             .projection(doc! { "holder": 1 })
             .await
@@ -373,16 +406,21 @@ async fn take_slot(
             // make that write for it (the newest stamp is at least this batch's).
             let made = queue
                 .services
-                .update_one(doc! { "_id": service }, doc! { "$max": { "newest": at } })
+                .update_one(
+                    guarded(queue, doc! { "_id": service }),
+                    mark_update(doc! { "$max": { "newest": at } }, writes),
+                )
                 .upsert(true)
                 .await;
             match made {
                 Ok(_) => continue,
-                // Made by someone else meanwhile.
+                // Made by someone else meanwhile (the next look refuses it if it is of a newer
+                // format).
                 Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => continue,
                 Err(e) => return Err(store::db_error(queue, header, "take the slot", e)),
             }
         };
+        store::check_service(queue, &current)?;
         let holding = current.get_document("holder").ok().cloned();
         let current = Service::parse(&current);
         let Some(holder) = current.holder.filter(|h| h.header != header) else {
@@ -413,6 +451,9 @@ async fn take_slot(
             .projection(doc! { "content": 0 })
             .await
             .map_err(|e| store::db_error(queue, header, "take the slot", e))?;
+        if let Some(stored) = &stored {
+            store::check_batch(queue, stored)?;
+        }
         let now = store::now(queue).await?;
         let settled = stored
             .as_ref()
@@ -430,9 +471,9 @@ async fn take_slot(
                 }
             };
         if settled {
-            slot_done(queue, service, &holder, holder_token).await?;
-        } else if abandoned && fence(queue, &holder.header, holding.as_ref(), now).await? {
-            slot_abandoned(queue, service, &holder.header, holder_token).await?;
+            slot_done(queue, service, &holder, holder_token, writes).await?;
+        } else if abandoned && fence(queue, &holder.header, holding.as_ref(), now, writes).await? {
+            slot_abandoned(queue, service, &holder.header, holder_token, writes).await?;
         } else {
             return Ok(None);
         }
@@ -450,6 +491,7 @@ async fn fence(
     header: &str,
     holding: Option<&Document>,
     now: DateTime,
+    writes: i64,
 ) -> Result<bool, QueueError> {
     let Some(token) = holding.and_then(|h| h.get_object_id("token").ok()) else {
         // A slot without a token (no version wrote one): nothing to fence it by.
@@ -466,13 +508,19 @@ async fn fence(
     let fenced = queue
         .coll
         .update_one(
-            doc! {
-                "_id": header,
-                "status": { "$exists": false },
-                "submitted": false,
-                "$nor": [{ "claim.until": { "$gte": now } }],
-            },
-            doc! { "$set": { "claim": { "token": token, "by": by, "until": until } } },
+            guarded(
+                queue,
+                doc! {
+                    "_id": header,
+                    "status": { "$exists": false },
+                    "submitted": false,
+                    "$nor": [{ "claim.until": { "$gte": now } }],
+                },
+            ),
+            mark_update(
+                doc! { "$set": { "claim": { "token": token, "by": by, "until": until } } },
+                writes,
+            ),
         )
         .await
         .map_err(|e| store::db_error(queue, header, "fence an abandoned taking", e))?;
@@ -497,7 +545,7 @@ async fn fence(
 /// when the ledger said valid, and the ledger may forget a valid batch): it goes again as a new
 /// batch, after the mark, rather than keep its service busy for ever. A batch that is not there
 /// is [`QueueError::UnknownBatch`].
-async fn after_refused_slot(queue: &Batches, header: &str) -> Result<(), QueueError> {
+async fn after_refused_slot(queue: &Batches, header: &str, writes: i64) -> Result<(), QueueError> {
     let batch = store::parse(queue, &store::stored(queue, header).await?)?;
     if batch.submitted {
         return Ok(());
@@ -515,7 +563,7 @@ async fn after_refused_slot(queue: &Batches, header: &str) -> Result<(), QueueEr
     if !passed {
         return Ok(());
     }
-    let at = store::draw_stamp(queue, &batch.service_id, header).await?;
+    let at = store::draw_stamp(queue, &batch.service_id, header, writes).await?;
     let now = store::now(queue).await?;
     let mut filter = doc! {
         "_id": header,
@@ -533,7 +581,7 @@ async fn after_refused_slot(queue: &Batches, header: &str) -> Result<(), QueueEr
     };
     queue
         .coll
-        .update_one(filter, update)
+        .update_one(guarded(queue, filter), mark_update(update, writes))
         .await
         .map_err(|e| store::db_error(queue, header, "stamp", e))?;
     if batch.status.is_some() {
@@ -553,18 +601,22 @@ pub(crate) async fn slot_done(
     service: &str,
     holder: &Place,
     token: Option<ObjectId>,
+    writes: i64,
 ) -> Result<(), QueueError> {
     queue
         .services
         .update_one(
-            held_by(service, &holder.header, token),
-            doc! {
-                "$set": {
-                    "mark_at": DateTime::from_millis(holder.at),
-                    "mark_header": &holder.header,
+            guarded(queue, held_by(service, &holder.header, token)),
+            mark_update(
+                doc! {
+                    "$set": {
+                        "mark_at": DateTime::from_millis(holder.at),
+                        "mark_header": &holder.header,
+                    },
+                    "$unset": { "holder": "" },
                 },
-                "$unset": { "holder": "" },
-            },
+                writes,
+            ),
         )
         .await
         .map_err(|e| store::db_error(queue, &holder.header, "free the slot", e))?;
@@ -578,12 +630,16 @@ async fn slot_abandoned(
     service: &str,
     header: &str,
     token: Option<ObjectId>,
+    writes: i64,
 ) -> Result<(), QueueError> {
     let mut filter = held_by(service, header, token);
     filter.insert("$expr", taking_ran_out());
     queue
         .services
-        .update_one(filter, doc! { "$unset": { "holder": "" } })
+        .update_one(
+            guarded(queue, filter),
+            mark_update(doc! { "$unset": { "holder": "" } }, writes),
+        )
         .await
         .map_err(|e| store::db_error(queue, header, "free the slot", e))?;
     Ok(())
@@ -591,12 +647,20 @@ async fn slot_abandoned(
 
 /// Lets `header`'s slot run out now (its batch came back unknown or delayed and may be
 /// taken again at once).
-async fn slot_runs_out(queue: &Batches, service: &str, header: &str) -> Result<(), QueueError> {
+async fn slot_runs_out(
+    queue: &Batches,
+    service: &str,
+    header: &str,
+    writes: i64,
+) -> Result<(), QueueError> {
     queue
         .services
         .update_one(
-            held_by(service, header, None),
-            doc! { "$set": { "holder.until": DateTime::from_millis(0) } },
+            guarded(queue, held_by(service, header, None)),
+            mark_update(
+                doc! { "$set": { "holder.until": DateTime::from_millis(0) } },
+                writes,
+            ),
         )
         .await
         .map_err(|e| store::db_error(queue, header, "free the slot", e))?;
@@ -612,18 +676,27 @@ async fn give_slot_back(
     header: &str,
     token: ObjectId,
     replaced: Option<Document>,
+    writes: i64,
 ) -> Result<(), QueueError> {
-    let filter = doc! { "_id": service, "holder.token": token };
+    let filter = guarded(queue, doc! { "_id": service, "holder.token": token });
     let update = match replaced {
         Some(holder) => doc! { "$set": { "holder": holder } },
         None => doc! { "$unset": { "holder": "" } },
     };
     queue
         .services
-        .update_one(filter, update)
+        .update_one(filter, mark_update(update, writes))
         .await
         .map_err(|e| store::db_error(queue, header, "give the slot back", e))?;
     Ok(())
+}
+
+/// The batch as a claim found it: its last submission and status, and whether giving the
+/// claim back also takes back what the ledger last said of it.
+struct Previous {
+    at: Option<DateTime>,
+    status: Option<BatchStatus>,
+    reset: bool,
 }
 
 /// Gives back a claim that marked the batch submitted, before anything was sent (and takes
@@ -632,10 +705,14 @@ async fn unclaim_submitted(
     queue: &Batches,
     header: &str,
     token: ObjectId,
-    last_submitted_at: Option<DateTime>,
-    status: Option<BatchStatus>,
-    reset: bool,
+    previous: Previous,
+    writes: i64,
 ) -> Result<(), QueueError> {
+    let Previous {
+        at: last_submitted_at,
+        status,
+        reset,
+    } = previous;
     let mut set = doc! { "submitted": false };
     let mut unset = doc! { "claim": "" };
     match last_submitted_at {
@@ -645,6 +722,7 @@ async fn unclaim_submitted(
     if reset {
         unset.insert("status", "");
     }
+    set.extend(set_mark(writes));
     let update = doc! { "$set": set, "$unset": unset };
     // Only over the status the claim found: a monitor that recorded the ledger's word in
     // between keeps it (and the claim, which its next status clears).
@@ -655,19 +733,24 @@ async fn unclaim_submitted(
     };
     queue
         .coll
-        .update_one(filter, update)
+        .update_one(guarded(queue, filter), update)
         .await
         .map_err(|e| store::db_error(queue, header, "give the claim back", e))?;
     Ok(())
 }
 
 /// Gives a claim back.
-async fn unclaim(queue: &Batches, header: &str, token: ObjectId) -> Result<(), QueueError> {
+async fn unclaim(
+    queue: &Batches,
+    header: &str,
+    token: ObjectId,
+    writes: i64,
+) -> Result<(), QueueError> {
     queue
         .coll
         .update_one(
-            doc! { "_id": header, "claim.token": token },
-            doc! { "$unset": { "claim": "" } },
+            guarded(queue, doc! { "_id": header, "claim.token": token }),
+            mark_update(doc! { "$unset": { "claim": "" } }, writes),
         )
         .await
         .map_err(|e| store::db_error(queue, header, "give the claim back", e))?;
@@ -682,6 +765,7 @@ pub(crate) async fn record(
 ) -> Result<Batch, QueueError> {
     let header = claim.batch.header.as_str();
     store::check_header(queue, header)?;
+    let writes = store::writes(queue).await?;
     let update = match outcome {
         Submission::Accepted => doc! {
             "$set": { "status": "pending", "submitted": true },
@@ -697,12 +781,15 @@ pub(crate) async fn record(
     let recorded = queue
         .coll
         .find_one_and_update(
-            doc! {
-                "_id": header,
-                "claim.token": claim.token,
-                "status": { "$nin": DECIDED.to_vec() },
-            },
-            update,
+            guarded(
+                queue,
+                doc! {
+                    "_id": header,
+                    "claim.token": claim.token,
+                    "status": { "$nin": DECIDED.to_vec() },
+                },
+            ),
+            mark_update(update, writes),
         )
         .return_document(ReturnDocument::After)
         .await
@@ -711,11 +798,13 @@ pub(crate) async fn record(
         let batch = store::parse(queue, &doc)?;
         if outcome == Submission::Delayed {
             // Sent again after the delay window, by whoever takes it then.
-            slot_runs_out(queue, &batch.service_id, header).await?;
+            slot_runs_out(queue, &batch.service_id, header, writes).await?;
         }
         return Ok(batch);
     }
     let stored = store::stored(queue, header).await?;
+    // Not matched because it is of a newer format: its claim is not this version's to read.
+    store::check_batch(queue, &stored)?;
     let held = stored
         .get_document("claim")
         .ok()
@@ -729,7 +818,7 @@ pub(crate) async fn record(
         });
     }
     // Ours, and the monitor has recorded the ledger's word already: only give it back.
-    unclaim(queue, header, claim.token).await?;
+    unclaim(queue, header, claim.token, writes).await?;
     store::parse(queue, &store::stored(queue, header).await?)
 }
 
@@ -772,6 +861,7 @@ pub(crate) async fn record_status(
             to: status.as_str().to_string(),
         });
     }
+    let writes = store::writes(queue).await?;
     let mut filter = doc! {
         "_id": header,
         "submitted": seen.submitted,
@@ -813,16 +903,18 @@ pub(crate) async fn record_status(
         // Nothing is left to do under a claim (its submitter may have died after sending).
         update.insert("$unset", doc! { "claim": "" });
     }
+    set.extend(set_mark(writes));
     update.insert("$set", set);
     let written = queue
         .coll
-        .find_one_and_update(filter, update)
+        .find_one_and_update(guarded(queue, filter), update)
         .return_document(ReturnDocument::After)
         .await
         .map_err(|e| store::db_error(queue, header, "record the status", e))?;
     let Some(written) = written else {
-        // Unknown header, or the batch moved on since it was read.
-        store::stored(queue, header).await?;
+        // Unknown header, a batch of a newer format (the guard did not match it), or the batch
+        // moved on since it was read.
+        store::check_batch(queue, &store::stored(queue, header).await?)?;
         return Err(QueueError::Contended {
             collection: queue.name.clone(),
             header: header.to_string(),
@@ -832,10 +924,10 @@ pub(crate) async fn record_status(
     };
     let batch = store::parse(queue, &written)?;
     if DONE.contains(&status.as_str()) {
-        slot_done(queue, &batch.service_id, &Place::of(&batch), None).await?;
+        slot_done(queue, &batch.service_id, &Place::of(&batch), None, writes).await?;
     } else if status == BatchStatus::Unknown {
         // To be sent again: its slot may be taken again at once.
-        slot_runs_out(queue, &batch.service_id, header).await?;
+        slot_runs_out(queue, &batch.service_id, header, writes).await?;
     }
     Ok(batch)
 }

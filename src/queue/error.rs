@@ -118,6 +118,11 @@ pub enum QueueError {
     /// This process could not estimate the server's time.
     #[error("reading the server's time failed: {0}")]
     Clock(#[source] Box<crate::server::clock::ClockError>),
+    /// A batch or a service document is of a stored format this version does not read, or the
+    /// format the database writes could not be read (see `mongotx::format`); nothing was
+    /// written.
+    #[error(transparent)]
+    Format(#[from] crate::repo::format::FormatError),
 }
 
 impl QueueError {
@@ -133,6 +138,7 @@ impl QueueError {
             E::Database { .. } => ErrorKind::Unavailable,
             E::Malformed { .. } => ErrorKind::Data,
             E::Clock(e) => e.kind(),
+            E::Format(source) => source.kind(),
         }
     }
 
@@ -142,6 +148,7 @@ impl QueueError {
             QueueError::Database { source, .. } => crate::server::is_transient(source),
             QueueError::Clock(e) => e.is_retryable(),
             QueueError::Contended { .. } => true,
+            QueueError::Format(source) => source.is_retryable(),
             _ => false,
         }
     }

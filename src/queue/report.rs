@@ -161,6 +161,9 @@ pub(crate) async fn report(queue: &Batches, service: &str) -> Result<QueueReport
         .find_one(doc! { "_id": service })
         .await
         .map_err(|e| store::db_error(queue, "*", "read the service", e))?;
+    if let Some(slot_doc) = &slot_doc {
+        store::check_service(queue, slot_doc)?;
+    }
     if docs.is_empty() && done == 0 && slot_doc.is_none() {
         return Err(QueueError::UnknownService {
             collection: queue.name.clone(),

@@ -2,6 +2,14 @@
 //! for another content, stamped from their service's counter before they are inserted, after
 //! everything of their service already added or taken) and one queuer round over what is
 //! stored.
+//!
+//! Every write of the queue (here and in `claim`) follows the stored format's rule
+//! (`repo::format`): the operation reads the format its store writes before its first write
+//! ([`writes`]), marks the batch or service it rewrites with it (nothing for format 1), and
+//! matches the document only while it is of a format this store reads ([`guarded`]); every
+//! reading of a batch ([`parse`]) or a service ([`service`]) refuses one of a newer format, so a
+//! write the guard kept from matching ends in that typed refusal when the caller reads the
+//! document to learn why.
 
 use std::time::Duration;
 
@@ -16,6 +24,7 @@ use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Place, Service, DEFAULT_DELAY};
 use crate::queue::queuer::one_round_serial;
 use crate::queue::Batches;
+use crate::repo::format;
 use crate::repo::store::Store;
 
 pub(crate) use crate::collections::{BATCHES_COLLECTION, SERVICES_SUFFIX};
@@ -176,19 +185,21 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
     if let Some(stored) = found {
         return added_before(queue, batch, &stored);
     }
+    let writes = writes(queue).await?;
     // The stamp comes from the service's counter, after every stamp given to a batch of the
     // service, its slot and its mark: the batch is inserted in its place, so no submitter can
     // find it anywhere else.
-    let created_at = draw_stamp(queue, &batch.service_id, &batch.header).await?;
-    let doc = doc! {
+    let created_at = draw_stamp(queue, &batch.service_id, &batch.header, writes).await?;
+    let mut doc = doc! {
         "_id": &batch.header,
         "service_id": &batch.service_id,
         "content": &batch.content,
         "created_at": created_at,
         "submitted": false,
     };
+    format::mark(&mut doc, writes);
     match queue.coll.insert_one(&doc).await {
-        Ok(_) => place_after_the_service(queue, batch, created_at).await,
+        Ok(_) => place_after_the_service(queue, batch, created_at, writes).await,
         // Added by someone else meanwhile (the stamp drawn is left unused).
         Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
             added_before(queue, batch, &stored(queue, &batch.header).await?)
@@ -199,6 +210,8 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
 
 /// `batch` found stored: the same batch (the stored one is returned), or its header reused.
 fn added_before(queue: &Batches, batch: &NewBatch, stored: &Document) -> Result<Batch, QueueError> {
+    // Of a newer format, it is not compared: its fields may mean something else there.
+    check_batch(queue, stored)?;
     let same = stored.get_str("service_id") == Ok(batch.service_id.as_str())
         && stored.get_str("content") == Ok(batch.content.as_str());
     if !same {
@@ -220,6 +233,7 @@ pub(crate) async fn draw_stamp(
     queue: &Batches,
     service: &str,
     header: &str,
+    writes: i64,
 ) -> Result<DateTime, QueueError> {
     let now = now(queue).await?;
     // A missing field adds up to null, which `$max` leaves out.
@@ -235,8 +249,8 @@ pub(crate) async fn draw_stamp(
         let drawn = queue
             .services
             .find_one_and_update(
-                doc! { "_id": service },
-                vec![doc! { "$set": { "newest": stamp.clone() } }],
+                guarded(queue, doc! { "_id": service }),
+                format::mark_pipeline(vec![doc! { "$set": { "newest": stamp.clone() } }], writes),
             )
             .upsert(true)
             .return_document(ReturnDocument::After)
@@ -244,8 +258,21 @@ pub(crate) async fn draw_stamp(
         match drawn {
             Ok(drawn) => break drawn,
             // Two first draws of a service at once: the loser's upsert finds the document
-            // made when it draws again.
-            Err(e) if tries < 2 && codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {}
+            // made when it draws again. Or the service is of a newer format (the guard did not
+            // match it, so the upsert tried to make it): refused.
+            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
+                let found = queue
+                    .services
+                    .find_one(doc! { "_id": service })
+                    .await
+                    .map_err(|e| db_error(queue, header, "draw a stamp", e))?;
+                if let Some(found) = &found {
+                    check_service(queue, found)?;
+                }
+                if tries >= 2 {
+                    return Err(db_error(queue, header, "draw a stamp", e));
+                }
+            }
             Err(e) => return Err(db_error(queue, header, "draw a stamp", e)),
         }
     };
@@ -272,6 +299,7 @@ async fn place_after_the_service(
     queue: &Batches,
     batch: &NewBatch,
     created_at: DateTime,
+    writes: i64,
 ) -> Result<Batch, QueueError> {
     let header = batch.header.as_str();
     let mut place = Place {
@@ -290,19 +318,22 @@ async fn place_after_the_service(
                 last_submitted_at: None,
             });
         }
-        let again = draw_stamp(queue, &batch.service_id, header).await?;
+        let again = draw_stamp(queue, &batch.service_id, header, writes).await?;
         let now = now(queue).await?;
         let stamped = queue
             .coll
             .update_one(
-                doc! {
-                    "_id": header,
-                    "created_at": DateTime::from_millis(place.at),
-                    "submitted": false,
-                    "status": { "$exists": false },
-                    "$nor": [{ "claim.until": { "$gte": now } }],
-                },
-                doc! { "$set": { "created_at": again } },
+                guarded(
+                    queue,
+                    doc! {
+                        "_id": header,
+                        "created_at": DateTime::from_millis(place.at),
+                        "submitted": false,
+                        "status": { "$exists": false },
+                        "$nor": [{ "claim.until": { "$gte": now } }],
+                    },
+                ),
+                format::mark_update(doc! { "$set": { "created_at": again } }, writes),
             )
             .await
             .map_err(|e| db_error(queue, header, "add", e))?;
@@ -421,17 +452,54 @@ pub(crate) async fn stored(queue: &Batches, header: &str) -> Result<Document, Qu
 
 /// `service`'s document (empty if it has none yet).
 pub(crate) async fn service(queue: &Batches, service: &str) -> Result<Service, QueueError> {
-    Ok(queue
+    let found = queue
         .services
         .find_one(doc! { "_id": service })
         .await
-        .map_err(|e| db_error(queue, "*", "read the service", e))?
-        .as_ref()
-        .map(Service::parse)
-        .unwrap_or_default())
+        .map_err(|e| db_error(queue, "*", "read the service", e))?;
+    match found {
+        Some(found) => {
+            check_service(queue, &found)?;
+            Ok(Service::parse(&found))
+        }
+        None => Ok(Service::default()),
+    }
 }
 
+/// The format this store writes batches and services in, read before an operation's first
+/// write: an instance of an older release in a fleet switched to a newer format writes
+/// nothing.
+pub(crate) async fn writes(queue: &Batches) -> Result<i64, QueueError> {
+    Ok(queue.store.writes_format().await?)
+}
+
+/// `filter` of a write on a batch or a service, matching it only while it is of a format this
+/// store reads.
+pub(crate) fn guarded(queue: &Batches, filter: Document) -> Document {
+    format::guard(filter, queue.store.reads_format())
+}
+
+/// Refuses stored batch `d` when it is of a stored format newer than this store reads.
+pub(crate) fn check_batch(queue: &Batches, d: &Document) -> Result<(), QueueError> {
+    Ok(format::check_doc(
+        d,
+        queue.store.reads_format(),
+        &queue.name,
+    )?)
+}
+
+/// Refuses stored service `d` when it is of a stored format newer than this store reads.
+pub(crate) fn check_service(queue: &Batches, d: &Document) -> Result<(), QueueError> {
+    Ok(format::check_doc(
+        d,
+        queue.store.reads_format(),
+        queue.services.name(),
+    )?)
+}
+
+/// A stored batch as this version reads it; refused when it is of a newer format.
 pub(crate) fn parse(queue: &Batches, d: &Document) -> Result<Batch, QueueError> {
+    check_batch(queue, d)?;
     let header = d.get_str("_id").unwrap_or("?").to_string();
     let malformed = |reason: &str| QueueError::Malformed {
         collection: queue.name.clone(),

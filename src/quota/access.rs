@@ -21,6 +21,7 @@ use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
 use crate::repo::find::Query;
+use crate::repo::format;
 use crate::txn::error::TxnError;
 
 /// One stripe (committed values); a missing one is the provider's absence.
@@ -157,6 +158,7 @@ pub(super) async fn holding_plainly(
     let [stored] = &found[..] else {
         return Ok(found.is_empty().then(Docs::new));
     };
+    format::check_doc(stored, quota.store.reads_format(), PROVIDERS_COLLECTION)?;
     let unset = |field: &str| stored.get(field).is_none_or(|v| v == &Bson::Null);
     if !unset(fields::ACTIVE_TXN)
         || !unset(fields::DELETED)

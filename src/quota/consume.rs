@@ -19,6 +19,7 @@ use crate::quota::stripes::{hash, lend, STRIPE_ENTRIES};
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
+use crate::repo::format;
 use crate::retry::Retry;
 use crate::server::clock::plus;
 use crate::server::is_transient;
@@ -170,7 +171,10 @@ pub(super) async fn take_fast(
         if request.in_flight() {
             entry.insert("dl", deadline);
         }
-        let filter = doc! {
+        // Matched only while of a stored format this store reads (`repo::format`): one of a
+        // newer format is refused by the read that explains the miss.
+        let filter = format::guard(
+            doc! {
             "_id": stripe.to_bson(),
             // The stripe still holds this hash (a split bumps it) and has room for one more
             // entry: a full one is split first.
@@ -184,7 +188,9 @@ pub(super) async fn take_fast(
             "available": { "$gte": amount },
             "held": { "$not": { "$elemMatch": { "c": &request.consumer, "r": &request.id } } },
             "$expr": { "$lte": ["$$NOW", deadline] },
-        };
+            },
+            quota.store.reads_format(),
+        );
         let update = doc! {
             "$inc": { "usage": amount, "available": -amount, fields::VERSION: 1_i64 },
             "$push": { "held": entry },
@@ -209,6 +215,9 @@ pub(super) async fn take_fast(
         }
         // Nothing matched: find out why from the stripe itself.
         let stored = quota.repo.read_raw(&stripe.to_bson(), &shown).await?;
+        if let Some(stored) = &stored {
+            format::check_doc(stored, quota.store.reads_format(), PROVIDERS_COLLECTION)?;
+        }
         let Some(stored) = stored else {
             if stripe.stripe == 0 {
                 return Err(QuotaError::UnknownProvider {

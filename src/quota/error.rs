@@ -211,6 +211,10 @@ pub enum QuotaError {
         #[source]
         source: ClockError,
     },
+    /// A provider is of a stored format this version does not read (see `mongotx::format`);
+    /// nothing was written.
+    #[error(transparent)]
+    Format(#[from] crate::repo::format::FormatError),
     /// A fault injector stopped the operation here, as a crash would (only with the `testkit`
     /// feature).
     #[cfg(feature = "testkit")]
@@ -246,6 +250,7 @@ impl QuotaError {
             E::Document { source } => source.kind(),
             E::Transaction { source } => source.kind(),
             E::Clock { source } => source.kind(),
+            E::Format(source) => source.kind(),
             #[cfg(feature = "testkit")]
             E::Crashed { .. } => ErrorKind::Crashed,
         }
@@ -269,6 +274,7 @@ impl QuotaError {
             QuotaError::Document { source } => source.is_retryable(),
             QuotaError::Transaction { source } => source.is_retryable(),
             QuotaError::Clock { source } => source.is_retryable(),
+            QuotaError::Format(source) => source.is_retryable(),
             _ => false,
         }
     }

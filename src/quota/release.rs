@@ -17,6 +17,7 @@ use crate::quota::stripes::hash;
 use crate::quota::Quota;
 use crate::repo::error::RepoError;
 use crate::repo::fields;
+use crate::repo::format;
 use crate::server::is_transient;
 
 /// What the single update of a request of one claim came to.
@@ -393,6 +394,8 @@ async fn pull(
     // A provider over a lowered limit may come back under it here, and a provider of one
     // stripe must then lose its `over` mark (`decide::remove`): the general path does that.
     filter.insert("over", doc! { "$ne": true });
+    // And only while of a stored format this store reads (`repo::format`).
+    let filter = format::guard(filter, quota.store.reads_format());
     let update = doc! {
         "$inc": { "usage": -amount, "available": amount, fields::VERSION: 1_i64 },
         "$pull": { "held": { "c": consumer, "r": { "$in": requests } } },

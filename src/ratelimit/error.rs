@@ -181,6 +181,10 @@ pub enum RateLimitError {
         /// What is wrong.
         reason: String,
     },
+    /// A limiter is of a stored format this version does not read, or the format the database
+    /// writes could not be read (see `mongotx::format`); nothing was written.
+    #[error(transparent)]
+    Format(#[from] crate::repo::format::FormatError),
 }
 
 impl RateLimitError {
@@ -202,6 +206,7 @@ impl RateLimitError {
             E::Database { .. } => ErrorKind::Unavailable,
             E::Clock(e) => e.kind(),
             E::Malformed { .. } => ErrorKind::Data,
+            E::Format(source) => source.kind(),
         }
     }
 
@@ -211,6 +216,7 @@ impl RateLimitError {
             RateLimitError::Database { source, .. } => crate::server::is_transient(source),
             RateLimitError::Clock(e) => e.is_retryable(),
             RateLimitError::TimedOut { .. } | RateLimitError::Contended { .. } => true,
+            RateLimitError::Format(source) => source.is_retryable(),
             _ => false,
         }
     }

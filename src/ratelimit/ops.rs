@@ -1,5 +1,11 @@
 //! The rate limiter's operations: define, reserve (try once, or wait), settle, read.
 //!
+//! Every operation reads the stored format its store writes before its first write, and every
+//! write marks the limiter it rewrites with it (nothing for format 1) and matches the limiter
+//! only while it is of a format this store reads (`repo::format`); every reading of a limiter
+//! refuses one of a newer format, so a write the guard kept from matching ends in that typed
+//! refusal ([`RateLimitError::Format`]), and nothing is written.
+//!
 //! (Over 700 lines: each operation is one conditional write and the read that explains
 //! its refusal, and the pure parts, the writes' filters and updates, are already in `plan`.)
 
@@ -26,6 +32,7 @@ use crate::server::clock::plus;
 use crate::server::codes;
 
 use crate::repo::fields::MAX_NAME;
+use crate::repo::format;
 
 pub(crate) use crate::repo::names::shown;
 
@@ -51,6 +58,37 @@ fn coll_name(rate: &RateLimits) -> &str {
     &rate.options.collection
 }
 
+/// Refuses limiter document `doc` when it is of a stored format newer than this store reads:
+/// its counts could mean something else there (see `repo::format`).
+pub(crate) fn check_format(rate: &RateLimits, doc: &Document) -> Result<(), RateLimitError> {
+    format::check_doc(doc, rate.store.reads_format(), coll_name(rate)).map_err(RateLimitError::from)
+}
+
+/// `filter` of a write on a limiter, matching it only while it is of a format this store reads.
+fn guarded(rate: &RateLimits, filter: Document) -> Document {
+    format::guard(filter, rate.store.reads_format())
+}
+
+/// The format this store writes limiters in, read before an operation's first write: an
+/// instance of an older release in a fleet switched to a newer format writes nothing.
+async fn writes(rate: &RateLimits) -> Result<i64, RateLimitError> {
+    Ok(rate.store.writes_format().await?)
+}
+
+/// After an upsert on `name` collided with an existing limiter (the guard keeps one of a newer
+/// format from matching, so the server tried to insert): the typed refusal if that is why.
+async fn refuse_newer(rate: &RateLimits, name: &str) -> Result<(), RateLimitError> {
+    let found = rate
+        .coll
+        .find_one(doc! { "_id": name })
+        .await
+        .map_err(|e| db_error(rate, name, "read", e))?;
+    match found {
+        Some(doc) => check_format(rate, &doc),
+        None => Ok(()),
+    }
+}
+
 fn db_error(
     rate: &RateLimits,
     limiter: &str,
@@ -71,11 +109,17 @@ pub(crate) async fn sweep(rate: &RateLimits) -> Result<u64, RateLimitError> {
         .try_collect()
         .await
         .map_err(|e| db_error(rate, "*", "list the limiters", e))?;
+    let writes = writes(rate).await?;
     let mut changed = 0;
+    // A limiter of a newer format is left alone (the guard does not match it), to the
+    // instances that read it.
     for name in names.iter().filter_map(|d| d.get_str("_id").ok()) {
         let result = rate
             .coll
-            .update_one(doc! { "_id": name }, plan::prune_update())
+            .update_one(
+                guarded(rate, doc! { "_id": name }),
+                format::mark_pipeline(plan::prune_update(), writes),
+            )
             .await
             .map_err(|e| db_error(rate, name, "prune the limiter", e))?;
         changed += result.modified_count;
@@ -97,15 +141,17 @@ pub(crate) async fn define(
             reason,
         });
     }
+    let writes = writes(rate).await?;
     let mut fields = limit.to_fields();
     fields.extend(plan::initial_fields(&limit));
+    format::mark(&mut fields, writes);
     let mut attempt = 0;
     let stored = loop {
         attempt += 1;
         let result = rate
             .coll
             .find_one_and_update(
-                doc! { "_id": name },
+                guarded(rate, doc! { "_id": name }),
                 doc! { "$setOnInsert": fields.clone() },
             )
             .upsert(true)
@@ -114,8 +160,11 @@ pub(crate) async fn define(
         match result {
             Ok(Some(doc)) => break doc,
             Ok(None) => {}
-            // Two definers raced on the upsert; the loser finds the winner's document.
-            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) && attempt < 3 => {}
+            // Two definers raced on the upsert (the loser finds the winner's document), or
+            // the limiter is of a newer format (refused here).
+            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) && attempt < 3 => {
+                refuse_newer(rate, name).await?;
+            }
             Err(e) => return Err(db_error(rate, name, "define", e)),
         }
         if attempt >= 3 {
@@ -128,8 +177,8 @@ pub(crate) async fn define(
                 // Written by an earlier mongotx: its log of reservations becomes slots.
                 rate.coll
                     .update_one(
-                        doc! { "_id": name, "slot_ms": { "$exists": false } },
-                        plan::upgrade_update(&limit),
+                        guarded(rate, doc! { "_id": name, "slot_ms": { "$exists": false } }),
+                        format::mark_pipeline(plan::upgrade_update(&limit), writes),
                     )
                     .await
                     .map_err(|e| db_error(rate, name, "move to slots", e))?;
@@ -138,8 +187,11 @@ pub(crate) async fn define(
                 // version before slots would count an empty one.
                 rate.coll
                     .update_one(
-                        doc! { "_id": name, "log": { "$exists": false } },
-                        doc! { "$set": { "log": plan::closed_log(&limit) } },
+                        guarded(rate, doc! { "_id": name, "log": { "$exists": false } }),
+                        format::mark_update(
+                            doc! { "$set": { "log": plan::closed_log(&limit) } },
+                            writes,
+                        ),
                     )
                     .await
                     .map_err(|e| db_error(rate, name, "close the log", e))?;
@@ -174,6 +226,7 @@ pub(crate) async fn limit(rate: &RateLimits, name: &str) -> Result<Limit, RateLi
         .await
         .map_err(|e| db_error(rate, name, "read", e))?
         .ok_or_else(|| unknown(rate, name))?;
+    check_format(rate, &doc)?;
     let limit = Limit::from_fields(&doc)
         .ok_or_else(|| malformed(rate, name, "its limit fields are missing or out of range"))?;
     cache(rate, name, limit);
@@ -256,7 +309,10 @@ pub(crate) async fn reserve_within(
         }
     };
     if !queue.tickets.is_empty() {
-        leave_queues(rate, &queue.key, queue.tickets.keys()).await;
+        // Best effort, as leaving is: if the format is refused now, the entries expire.
+        if let Ok(writes) = rate.store.writes_format().await {
+            leave_queues(rate, writes, &queue.key, queue.tickets.keys()).await;
+        }
     }
     if had_to_wait {
         let outcome = match &result {
@@ -293,6 +349,8 @@ pub(crate) async fn settle(
             reservation: reservation.id,
         });
     }
+    // Read before this call owns the settlement: refused here, it leaves it to another call.
+    let writes = writes(rate).await?;
     // One settlement per reservation, whichever clone sends it: this call owns it from here,
     // and another call is refused without a write, unless this one fails and it reports the
     // same calls made (then it sends the same settlement again).
@@ -326,7 +384,7 @@ pub(crate) async fn settle(
             .iter()
             .zip(&reservation.grants)
             .enumerate()
-            .map(|(i, (name, grant))| settle_one(rate, name, reservation, i, *grant, made)),
+            .map(|(i, (name, grant))| settle_one(rate, name, reservation, i, *grant, made, writes)),
     )
     .await;
     let mut settled = Settled::Returned {
@@ -400,6 +458,7 @@ async fn settle_one(
     index: usize,
     grant: Grant,
     made: u32,
+    writes: i64,
 ) -> Result<Settled, RateLimitError> {
     let key = reservation.id.to_hex();
     let send_window = i64::try_from(rate.options.send_window.as_millis()).unwrap_or(i64::MAX / 4);
@@ -452,7 +511,10 @@ async fn settle_one(
         );
         let written = rate
             .coll
-            .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
+            .find_one_and_update(
+                guarded(rate, doc! { "_id": name, "slot_ms": { "$exists": true } }),
+                format::mark_pipeline(update, writes),
+            )
             .projection(doc! { "out": 1, "read_at": 1 })
             .return_document(ReturnDocument::After)
             .await;
@@ -515,13 +577,17 @@ async fn settle_one(
     }
 }
 
-/// Why a write on `name` found no limiter to write: none, or one in an earlier format.
+/// Why a write on `name` found no limiter to write: none, one of a stored format newer than
+/// this store reads (the write's guard kept it from matching), or one in an earlier shape.
 async fn absent(rate: &RateLimits, name: &str) -> RateLimitError {
     match rate.coll.find_one(doc! { "_id": name }).await {
         Ok(None) => unknown(rate, name),
-        Ok(Some(doc)) => match View::parse(&doc, DateTime::now()) {
-            Err(reason) => malformed(rate, name, &reason),
-            Ok(_) => malformed(rate, name, "it changed format while being written"),
+        Ok(Some(doc)) => match check_format(rate, &doc) {
+            Err(newer) => newer,
+            Ok(()) => match View::parse(&doc, DateTime::now()) {
+                Err(reason) => malformed(rate, name, &reason),
+                Ok(_) => malformed(rate, name, "it changed format while being written"),
+            },
         },
         Err(e) => db_error(rate, name, "read", e),
     }
@@ -536,6 +602,7 @@ async fn attempt(
     priority: Priority,
     mut queue: Option<&mut Queue>,
 ) -> Result<Attempt, RateLimitError> {
+    let writes = writes(rate).await?;
     let id = ObjectId::new();
     let sent = Instant::now();
     let single = limits.len() == 1;
@@ -543,7 +610,7 @@ async fn attempt(
         let tickets = queue.as_deref().map(|q| &q.tickets);
         join_all(limits.iter().map(|(name, _)| {
             let ticket = tickets.and_then(|t| t.get(name));
-            grant_one(rate, name, id, n, priority, ticket, single)
+            grant_one(rate, name, id, n, priority, ticket, single, writes)
         }))
         .await
     };
@@ -565,7 +632,7 @@ async fn attempt(
     if failure.is_none() && refused.is_empty() {
         if let Some(q) = queue {
             if !single {
-                leave_queues(rate, &q.key, q.tickets.keys()).await;
+                leave_queues(rate, writes, &q.key, q.tickets.keys()).await;
             }
             q.tickets.clear();
         }
@@ -603,7 +670,7 @@ async fn attempt(
     join_all(
         granted
             .iter()
-            .map(|(name, grant, _)| withdraw(rate, name, &key, n, priority, *grant)),
+            .map(|(name, grant, _)| withdraw(rate, name, &key, n, priority, *grant, writes)),
     )
     .await;
     for (name, _, _) in &granted {
@@ -619,7 +686,7 @@ async fn attempt(
         let view = match queue.as_deref_mut() {
             None => view,
             Some(q) => {
-                let queued = join_queue(rate, name, ttl, &q.key, n).await?;
+                let queued = join_queue(rate, name, ttl, &q.key, n, writes).await?;
                 if let Some(w) = queued.wait.iter().find(|w| w.key == q.key) {
                     let ticket = Ticket {
                         key: q.key.clone(),
@@ -653,7 +720,9 @@ async fn attempt(
 
 /// Asks `name` for `n` calls under reservation `id`: one write that answers with the
 /// limiter, granted or not; sent again with the same key when its reply is lost (the
-/// limiter then finds the earlier grant instead of counting it twice).
+/// limiter then finds the earlier grant instead of counting it twice). `writes` is the format
+/// the attempt read before its first write, the same for every limiter it asks.
+#[allow(clippy::too_many_arguments)] // the grant's own inputs, and the attempt's format
 async fn grant_one(
     rate: &RateLimits,
     name: &str,
@@ -662,16 +731,21 @@ async fn grant_one(
     priority: Priority,
     ticket: Option<&Ticket>,
     leave_queue: bool,
+    writes: i64,
 ) -> Result<One, RateLimitError> {
     let key = id.to_hex();
     let leaving = ticket.filter(|_| leave_queue).map(|t| t.key.as_str());
     let mut round = 0;
     let doc = loop {
         round += 1;
-        let update = grant_update(&key, n, priority, ticket, leaving);
+        let update =
+            format::mark_pipeline(grant_update(&key, n, priority, ticket, leaving), writes);
         let written = rate
             .coll
-            .find_one_and_update(doc! { "_id": name, "slot_ms": { "$exists": true } }, update)
+            .find_one_and_update(
+                guarded(rate, doc! { "_id": name, "slot_ms": { "$exists": true } }),
+                update,
+            )
             // The recent grants and settlements stay on the server: `out` says what a caller
             // needs of them.
             .projection(doc! { "granted": 0, "settled": 0 })
@@ -712,34 +786,45 @@ async fn join_queue(
     ttl: Duration,
     key: &str,
     n: u32,
+    writes: i64,
 ) -> Result<View, RateLimitError> {
     let now = rate
         .store
         .now()
         .await
         .map_err(|e| RateLimitError::Clock(Box::new(e)))?;
-    let doc = rate
+    let found = rate
         .coll
         .find_one_and_update(
-            doc! { "_id": name },
-            queue_update(key, n, now, plus(now, ttl)),
+            guarded(rate, doc! { "_id": name }),
+            format::mark_update(queue_update(key, n, now, plus(now, ttl)), writes),
         )
         .return_document(ReturnDocument::After)
         .await
-        .map_err(|e| db_error(rate, name, "queue", e))?
-        .ok_or_else(|| unknown(rate, name))?;
-    reading(rate, name, &doc)
+        .map_err(|e| db_error(rate, name, "queue", e))?;
+    match found {
+        Some(doc) => reading(rate, name, &doc),
+        None => Err(absent(rate, name).await),
+    }
 }
 
 /// Takes a caller out of the queues of `names` (best effort: an entry left behind expires).
-async fn leave_queues<'a>(rate: &RateLimits, key: &str, names: impl Iterator<Item = &'a String>) {
+async fn leave_queues<'a>(
+    rate: &RateLimits,
+    writes: i64,
+    key: &str,
+    names: impl Iterator<Item = &'a String>,
+) {
     let path = format!("wait.{key}");
     let removals = names.map(|name| {
         let path = path.clone();
         async move {
             if let Err(e) = rate
                 .coll
-                .update_one(doc! { "_id": name }, doc! { "$unset": { path: "" } })
+                .update_one(
+                    guarded(rate, doc! { "_id": name }),
+                    format::mark_update(doc! { "$unset": { path: "" } }, writes),
+                )
                 .await
             {
                 tracing::debug!(limiter = %name, error = %e, "leaving the queue failed; the entry expires");
@@ -759,13 +844,17 @@ async fn withdraw(
     n: u32,
     priority: Priority,
     grant: Grant,
+    writes: i64,
 ) {
     let result = rate
         .coll
         .update_one(
-            doc! { "_id": name, "slot_ms": { "$exists": true } },
+            guarded(rate, doc! { "_id": name, "slot_ms": { "$exists": true } }),
             // Its only sending: nothing else can apply it.
-            settle_update(key, n, priority, grant, 0, false, None),
+            format::mark_pipeline(
+                settle_update(key, n, priority, grant, 0, false, None),
+                writes,
+            ),
         )
         .await;
     if let Err(e) = result {
@@ -803,6 +892,7 @@ pub(crate) fn reading(
     name: &str,
     doc: &Document,
 ) -> Result<View, RateLimitError> {
+    check_format(rate, doc)?;
     let now = doc
         .get_datetime("read_at")
         .copied()

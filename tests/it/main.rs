@@ -46,6 +46,7 @@ mod durability;
 mod errors;
 mod ferretdb;
 mod format;
+mod format_coordination;
 mod gc_purge;
 mod gc_race;
 #[cfg(feature = "cli")]

@@ -1,6 +1,12 @@
 //! Writing the contention record: the background task a store starts after the first event
 //! since its last flush, which waits for the interval (or for shutdown), takes the counts and
 //! adds them to the collection-and-minute documents of the record.
+//!
+//! The stored format (`repo::format`): a flush reads the format its store writes before it
+//! writes anything (an instance of an older release in a fleet switched to a newer format
+//! writes nothing), marks each document it adds to with it (nothing for format 1), and adds only
+//! to a document of a format it reads; one of a newer format collides with the upsert, and is
+//! refused, by format, in the failure logged.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,6 +18,7 @@ use mongodb::{Collection, IndexModel};
 use crate::collections::CONTENTION_COLLECTION;
 use crate::repo::contention::tally::Counts;
 use crate::repo::error::RepoError;
+use crate::repo::format;
 use crate::repo::open;
 use crate::repo::store::Store;
 use crate::server::{clock, codes};
@@ -116,6 +123,8 @@ pub(crate) fn bucket_of(at: DateTime) -> DateTime {
 
 /// Adds `counts` to the documents of this minute, one upsert per collection, all at once.
 async fn write(store: &Store, counts: &BTreeMap<String, Counts>) -> Result<(), RepoError> {
+    let writes = store.writes_format().await?;
+    let reads = store.reads_format();
     let coll = collection(store).await?;
     let now = store.now().await.map_err(|source| RepoError::Clock {
         collection: CONTENTION_COLLECTION.to_string(),
@@ -138,22 +147,29 @@ async fn write(store: &Store, counts: &BTreeMap<String, Counts>) -> Result<(), R
                 doc! { "ids": { "$each": &n.sample, "$slice": -IDS_PER_BUCKET } },
             );
         }
+        let update = format::mark_update(update, writes);
         let coll = coll.clone();
         async move {
-            let filter = doc! { "_id": { "c": collection, "at": at } };
+            let id = doc! { "c": collection, "at": at };
+            let filter = format::guard(doc! { "_id": id.clone() }, reads);
+            let fail = |e| RepoError::database(CONTENTION_COLLECTION, collection, "flush", e);
             let mut sent = coll
                 .update_one(filter.clone(), update.clone())
                 .upsert(true)
                 .await;
-            // Two instances creating the minute's document at once: the loser adds to it.
+            // Two instances creating the minute's document at once: the loser adds to it. Or
+            // the document is of a newer format, which the guard kept from matching: refused.
             if sent
                 .as_ref()
                 .is_err_and(|e| codes::error_code(e) == Some(codes::DUPLICATE_KEY))
             {
+                let found = coll.find_one(doc! { "_id": id }).await.map_err(fail)?;
+                if let Some(found) = &found {
+                    format::check_doc(found, reads, CONTENTION_COLLECTION)?;
+                }
                 sent = coll.update_one(filter, update).upsert(true).await;
             }
-            sent.map(|_| ())
-                .map_err(|e| RepoError::database(CONTENTION_COLLECTION, collection, "flush", e))
+            sent.map(|_| ()).map_err(fail)
         }
     });
     for written in futures::future::join_all(writes).await {

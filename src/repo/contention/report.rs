@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::collections::CONTENTION_COLLECTION;
 use crate::repo::contention::flush::bucket_of;
 use crate::repo::error::RepoError;
+use crate::repo::format;
 use crate::repo::store::Store;
 use crate::server::clock;
 
@@ -66,7 +67,8 @@ pub struct SampledDocument {
 /// Reads the contention record of `store`'s database over the last `since` (from the start of
 /// the minute that falls in, by the server's clock) and ranks its collections by conflicts and
 /// aborts together, keeping the `top` first. Writes nothing; a database without a record reads
-/// as one without contention.
+/// as one without contention. A document of the record of a stored format newer than this
+/// process reads is refused ([`RepoError::Format`]).
 ///
 /// ```no_run
 /// # async fn demo(store: mongotx::Store) -> Result<(), mongotx::RepoError> {
@@ -101,6 +103,9 @@ pub async fn contention(
     let mut by_collection: BTreeMap<String, (CollectionContention, HashMap<String, u64>)> =
         BTreeMap::new();
     for d in &docs {
+        // A minute of a newer format may count something else: the report is refused rather
+        // than summed wrongly.
+        format::check_doc(d, store.reads_format(), CONTENTION_COLLECTION)?;
         let Ok(name) = d.get_str("collection") else {
             continue;
         };

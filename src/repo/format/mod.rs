@@ -169,7 +169,10 @@ pub(crate) fn readable(known: i64) -> Document {
 }
 
 /// Adds the [`readable`] condition to `filter`.
-#[allow(dead_code)] // the coordination modules take it up next
+///
+/// On an upsert, a document of a newer format under the same `_id` is not matched, so the
+/// server tries to insert and answers with a duplicate key: the caller then reads the document
+/// and refuses it with [`check_doc`], never reporting the collision itself.
 pub(crate) fn guard(mut filter: Document, known: i64) -> Document {
     filter.extend(readable(known));
     filter
@@ -181,6 +184,42 @@ pub(crate) fn mark(stored: &mut Document, writes: i64) {
     if writes > UNMARKED {
         stored.insert(FIELD, writes);
     }
+}
+
+/// What an update's `$set` gains so that the document it rewrites is marked with format
+/// `writes`: nothing for format 1, whose documents stay as the release before `_format` wrote
+/// them. A document of a newer format that a store writing an older one updates keeps its mark
+/// (what was written in the newer format stays so, see `Store::set_format`).
+pub(crate) fn set_mark(writes: i64) -> Document {
+    let mut set = Document::new();
+    mark(&mut set, writes);
+    set
+}
+
+/// `update` (an update document of operators) marking the document it writes with format
+/// `writes`: [`set_mark`] merged into its `$set` (added if it has none).
+pub(crate) fn mark_update(mut update: Document, writes: i64) -> Document {
+    let marks = set_mark(writes);
+    if marks.is_empty() {
+        return update;
+    }
+    match update.get_mut("$set") {
+        Some(Bson::Document(set)) => set.extend(marks),
+        _ => {
+            update.insert("$set", marks);
+        }
+    }
+    update
+}
+
+/// `pipeline` (an update pipeline) marking the document it writes with format `writes`: a last
+/// `$set` stage of [`set_mark`], none for format 1.
+pub(crate) fn mark_pipeline(mut pipeline: Vec<Document>, writes: i64) -> Vec<Document> {
+    let marks = set_mark(writes);
+    if !marks.is_empty() {
+        pipeline.push(doc! { "$set": marks });
+    }
+    pipeline
 }
 
 #[cfg(test)]
@@ -217,5 +256,34 @@ mod tests {
         assert_eq!(stored, doc! { "n": 1 });
         mark(&mut stored, 2);
         assert_eq!(stored, doc! { "n": 1, FIELD: 2_i64 });
+    }
+
+    #[test]
+    fn updates_are_marked_from_format_two_on() {
+        assert_eq!(set_mark(1), doc! {});
+        assert_eq!(set_mark(2), doc! { FIELD: 2_i64 });
+        let update = doc! { "$set": { "a": 1 }, "$unset": { "b": "" } };
+        assert_eq!(mark_update(update.clone(), 1), update);
+        assert_eq!(
+            mark_update(update, 2),
+            doc! { "$set": { "a": 1, FIELD: 2_i64 }, "$unset": { "b": "" } }
+        );
+        assert_eq!(
+            mark_update(doc! { "$unset": { "b": "" } }, 2),
+            doc! { "$unset": { "b": "" }, "$set": { FIELD: 2_i64 } }
+        );
+        let pipeline = vec![doc! { "$set": { "a": 1 } }];
+        assert_eq!(mark_pipeline(pipeline.clone(), 1), pipeline);
+        assert_eq!(
+            mark_pipeline(pipeline, 3),
+            vec![
+                doc! { "$set": { "a": 1 } },
+                doc! { "$set": { FIELD: 3_i64 } }
+            ]
+        );
+        assert_eq!(
+            guard(doc! { "_id": "a" }, 1),
+            doc! { "_id": "a", FIELD: { "$not": { "$gt": 1_i64 } } }
+        );
     }
 }
