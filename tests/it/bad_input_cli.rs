@@ -564,8 +564,9 @@ async fn the_demo_and_the_bench_refuse_bad_command_lines() {
 
 /// `mongotx-torture`: no role at all, counts that would make a role panic (one account, no
 /// processes), a share outside 0..1, durations that are zero or would overflow a deadline, an
-/// opening total past 64 bits, a connection string that does not parse, and a server that
-/// cannot be reached (the roles give up after 5 s, as the run expects of them).
+/// opening total past 64 bits, a previous version's directory without its binaries, a connection
+/// string that does not parse, and a server that cannot be reached (the roles give up after 5 s,
+/// as the run expects of them).
 #[tokio::test]
 async fn the_torture_refuses_bad_command_lines() {
     // No database of its own, but it loads the machine: a latency test waits for it.
@@ -650,6 +651,19 @@ async fn the_torture_refuses_bad_command_lines() {
                     "10",
                 ],
                 "does not fit in 64 bits",
+            )
+        },
+        case(
+            TORTURE,
+            &["run", "--quota-workers", "65"],
+            "65 is not in 0..=64",
+        ),
+        Case {
+            code: Some(1),
+            ..case(
+                TORTURE,
+                &["run", "--previous", "/nonexistent/previous"],
+                "mongotx-torture not found in /nonexistent/previous",
             )
         },
         case(
@@ -742,5 +756,5 @@ async fn the_torture_refuses_bad_command_lines() {
     for c in cases {
         checked += assert_refused(c).await;
     }
-    assert_eq!(checked, 18);
+    assert_eq!(checked, 20);
 }

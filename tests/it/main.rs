@@ -55,6 +55,8 @@ mod holds;
 mod ids_and_inserts;
 mod late_delivery;
 mod metrics;
+#[cfg(feature = "rig-cli")]
+mod mixed_versions;
 mod obt;
 mod obt_http;
 mod obt_late;

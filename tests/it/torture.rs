@@ -10,7 +10,7 @@ use std::process::Command;
 
 use mongotx::testkit::test_server::ServerKind;
 
-fn torture(args: &[&str]) -> String {
+pub(crate) fn torture(args: &[&str]) -> String {
     // The harness's server when it is a real MongoDB (MONGODB_URI, a container): the run starts
     // none of its own. When it is the local test server, a fresh one of the run's own, as when
     // this file was a test binary with a server of its own: the shared one has served the whole
@@ -45,7 +45,7 @@ fn run_torture(args: &[&str], uri: Option<String>) -> String {
 }
 
 /// The number after `label` in the run's report.
-fn number_after(report: &str, label: &str) -> i64 {
+pub(crate) fn number_after(report: &str, label: &str) -> i64 {
     report
         .split(label)
         .nth(1)

@@ -2,7 +2,8 @@
 //! verification at the end.
 //!
 //! (Over 700 lines on purpose: the run is one timeline, from starting the server to checking the
-//! ledger at the end, and reads best in that order; the roles it starts are in `roles`.)
+//! ledger at the end, and reads best in that order; the roles it starts are in `roles`, the
+//! processes and the builds they run from in `children`, its quota consumes in `quota_run`.)
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,7 +21,8 @@ use mongotx::testkit::toxiproxy::Toxiproxy;
 use mongotx::{fields, Query};
 use rand::Rng;
 
-use crate::children::{add, Kind, Recipe, Report, Slot};
+use crate::children::{add, version_summary, Kind, Programs, Recipe, Report, Slot, Version};
+use crate::quota_run::QuotaRun;
 use crate::roles::{account_id, accounts_collection, Account, Bank, TRANSFERS};
 use crate::wire_proxy::{command_name, writes_in, Action, Rules, WireProxy};
 
@@ -77,6 +79,15 @@ pub(crate) struct RunArgs {
     /// each transaction's documents over the shards. Needs a sharded cluster.
     #[arg(long)]
     shard_collections: bool,
+    /// A directory holding the previous version's `mongotx-torture` and `mongotx-gc`
+    /// (`tools/previous-version.sh` prints it): every other process of each kind runs those, so
+    /// that both versions work on the same documents at once, as during a rolling deployment.
+    #[arg(long)]
+    previous: Option<PathBuf>,
+    /// Quota worker processes (consumes and releases across a two-level hierarchy in the bank's
+    /// database, checked at the end; 0 to 64).
+    #[arg(long, default_value_t = 0, value_parser = processes(0))]
+    quota_workers: usize,
 }
 
 /// Clap parser of a process count from `min` to 64 (more would only starve the two cores).
@@ -151,17 +162,6 @@ impl Rules for LateRules {
             return Action::DeliverLate(Duration::from_millis(ms));
         }
         Action::Forward
-    }
-}
-
-/// The binary next to this one (cargo puts every binary of the crate in one directory).
-fn sibling(name: &str) -> Result<PathBuf, String> {
-    let me = std::env::current_exe().map_err(|e| format!("locate this binary: {e}"))?;
-    let path = me.with_file_name(name);
-    if path.exists() {
-        Ok(path)
-    } else {
-        Err(format!("{} not found next to {}", name, me.display()))
     }
 }
 
@@ -241,6 +241,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
                 args.balance, args.accounts
             )
         })?;
+    // Found before anything starts: a wrong --previous is a bad command line, not a failed run.
+    let programs = Programs::find(args.previous.as_deref())?;
     let server = start_server(&args).await?;
     let db_name = format!("mongotx_torture_{}", ObjectId::new().to_hex());
     let direct = crate::cli::connect(
@@ -266,6 +268,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
             format!(", clock skews {:?} ms", args.skews)
         }
     );
+    if let Some(previous) = &args.previous {
+        println!(
+            "torture: odd processes of each kind run the previous version, from {}",
+            previous.display()
+        );
+    }
     if let Some(offsets) = &args.clock_offsets {
         println!(
             "torture: accounts over {} collections, collection clocks {offsets}, transaction timeout {:?}",
@@ -326,8 +334,14 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     } else {
         Some(skew_library().await?)
     };
-    let me = std::env::current_exe().map_err(|e| format!("locate this binary: {e}"))?;
-    let gc_program = sibling("mongotx-gc")?;
+    let quota = match args.quota_workers {
+        0 => None,
+        _ => Some(QuotaRun::create(&store, &db).await?),
+    };
+    // These command lines are the previous version's as much as this build's: with --previous,
+    // its binaries parse them (and children.rs reads what they print). Keep every flag a child
+    // gets here one that the pinned commit of tools/previous-version.sh accepts, with the same
+    // meaning, until that pin moves past the change.
     let bank_args = |role: &str| {
         vec![
             role.to_string(),
@@ -344,18 +358,32 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         ]
     };
     let mut recipes = Vec::new();
-    for _ in 0..args.workers {
-        recipes.push((Kind::Worker, me.clone(), bank_args("worker")));
+    let mut add_recipe = |kind: Kind, n: usize, args: Vec<String>| {
+        let (version, build) = programs.nth(n);
+        let program = match kind {
+            Kind::Gc => build.gc.clone(),
+            _ => build.torture.clone(),
+        };
+        recipes.push(Recipe {
+            kind,
+            version,
+            program,
+            args,
+            skew: None,
+        });
+    };
+    for n in 0..args.workers {
+        add_recipe(Kind::Worker, n, bank_args("worker"));
     }
-    for _ in 0..args.checkers {
+    for n in 0..args.checkers {
         let mut a = bank_args("checker");
         a.extend(["--total".to_string(), total.to_string()]);
-        recipes.push((Kind::Checker, me.clone(), a));
+        add_recipe(Kind::Checker, n, a);
     }
-    for _ in 0..args.gc_runners {
-        recipes.push((
+    for n in 0..args.gc_runners {
+        add_recipe(
             Kind::Gc,
-            gc_program.clone(),
+            n,
             vec![
                 "--uri".into(),
                 uri.clone(),
@@ -366,22 +394,23 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
                 "--connect-timeout".into(),
                 "3s".into(),
             ],
-        ));
+        );
+    }
+    for n in 0..args.quota_workers {
+        add_recipe(
+            Kind::Quota,
+            n,
+            QuotaRun::worker_args(&uri, &db_name, args.txn_timeout),
+        );
     }
     let mut slots: Vec<Slot> = recipes
         .into_iter()
         .enumerate()
-        .map(|(i, (kind, program, args_))| {
-            let skew = match (&skew_lib, args.skews.is_empty()) {
-                (Some(lib), false) => Some((lib.clone(), args.skews[i % args.skews.len()])),
-                _ => None,
-            };
-            Slot::new(Recipe {
-                kind,
-                program,
-                args: args_,
-                skew,
-            })
+        .map(|(i, mut recipe)| {
+            if let (Some(lib), false) = (&skew_lib, args.skews.is_empty()) {
+                recipe.skew = Some((lib.clone(), args.skews[i % args.skews.len()]));
+            }
+            Slot::new(recipe)
         })
         .collect();
     for slot in &mut slots {
@@ -497,7 +526,19 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     }
     // Let every held-back command land before recovering.
     tokio::time::sleep(MAX_LATE + Duration::from_millis(500)).await;
-    let recovery = recover(&store, &db, args.collections.max(1), args.txn_timeout).await?;
+    // Where a killed coordinator may leave a hold: the accounts, the journal, the providers.
+    let mut held_in: Vec<String> = (0..args.collections.max(1))
+        .map(accounts_collection)
+        .chain([TRANSFERS.to_string()])
+        .collect();
+    if quota.is_some() {
+        held_in.push(mongotx::collections::PROVIDERS_COLLECTION.to_string());
+    }
+    let recovery = recover(&store, &db, &held_in, args.txn_timeout).await?;
+    let (quota_lines, quota_problems) = match &quota {
+        Some(quota) => quota.verify(&slots).await?,
+        None => (Vec::new(), Vec::new()),
+    };
 
     // Verify.
     let (workers, _) = summed(&slots, Kind::Worker);
@@ -645,8 +686,18 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     println!(
         "  end state: total {committed_total} (stored {stored_total}, expected {total}), {held} held documents, {records} records left"
     );
+    for line in &quota_lines {
+        println!("{line}");
+    }
+    let mut problems = quota_problems;
+    if args.previous.is_some() {
+        for version in [Version::Current, Version::Previous] {
+            let (summary, trouble) = version_summary(&slots, version);
+            println!("  {} version: {summary}", version.name());
+            problems.extend(trouble);
+        }
+    }
 
-    let mut problems = Vec::new();
     if committed_total != total || stored_total != total {
         problems.push(format!(
             "the total is {committed_total} (stored {stored_total}), not {total}"
@@ -745,7 +796,7 @@ fn failures_of(slots: &[Slot], kind: Kind) -> Vec<String> {
 async fn recover(
     store: &mongotx::Store,
     db: &mongodb::Database,
-    collections: usize,
+    held_in: &[String],
     timeout: Duration,
 ) -> Result<u32, String> {
     let gc = Gc::new(store, GcOptions::default());
@@ -768,12 +819,9 @@ async fn recover(
             .await
             .map_err(|e| e.to_string())?;
         let mut held = 0;
-        let names = (0..collections)
-            .map(accounts_collection)
-            .chain([TRANSFERS.to_string()]);
-        for name in names {
+        for name in held_in {
             held += db
-                .collection::<Document>(&name)
+                .collection::<Document>(name)
                 .count_documents(doc! { fields::ACTIVE_TXN: { "$exists": true } })
                 .await
                 .map_err(|e| e.to_string())?;
@@ -783,7 +831,7 @@ async fn recover(
         }
         last = format!("{records} records, {held} held, last round {summary:?}");
     }
-    let left = leftovers(db, collections)
+    let left = leftovers(db, held_in)
         .await
         .unwrap_or_else(|e| e.to_string());
     Err(format!(
@@ -792,14 +840,14 @@ async fn recover(
 }
 
 /// The records and held accounts still there, for the failure message.
-async fn leftovers(db: &mongodb::Database, collections: usize) -> mongodb::error::Result<String> {
+async fn leftovers(db: &mongodb::Database, held_in: &[String]) -> mongodb::error::Result<String> {
     let mut out = String::new();
     let mut places = vec![(TRANSACTIONS_COLLECTION.to_string(), doc! {})];
-    for name in (0..collections)
-        .map(accounts_collection)
-        .chain([TRANSFERS.to_string()])
-    {
-        places.push((name, doc! { fields::ACTIVE_TXN: { "$exists": true } }));
+    for name in held_in {
+        places.push((
+            name.clone(),
+            doc! { fields::ACTIVE_TXN: { "$exists": true } },
+        ));
     }
     for (name, filter) in places {
         let docs: Vec<Document> = db

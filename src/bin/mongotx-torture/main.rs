@@ -12,7 +12,10 @@
 //! `mongotx-torture run --seconds 600` is the long form (`tools/torture.sh`); `cargo test` runs a
 //! short form (`tests/it/torture.rs`). `--skews` gives processes clocks that run ahead or behind
 //! (an LD_PRELOAD shim from `tools/skew`), and `--no-faults` turns the faults off, which is how the
-//! clock-skew test checks that no live transaction is ever taken for expired.
+//! clock-skew test checks that no live transaction is ever taken for expired. `--previous <DIR>`
+//! runs every other process from the previous version's binaries (`tools/previous-version.sh`;
+//! the mixed-version test, `tests/it/mixed_versions.rs`), and `--quota-workers N` adds quota
+//! consumes to the run, checked at the end (`quota_run`).
 
 mod chaos;
 mod children;
@@ -20,6 +23,7 @@ mod children;
 mod cli;
 mod obt_roles;
 mod queue_worker;
+mod quota_run;
 mod quota_worker;
 mod rate_worker;
 mod roles;
