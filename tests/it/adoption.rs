@@ -290,6 +290,9 @@ async fn raw_writers_keep_writing_plain_documents_past_the_validator() {
 #[tokio::test]
 async fn documents_mongotx_cannot_read_fail_only_the_reads_that_meet_them() {
     let t = TestDb::new().await;
+    // Writes documents with system fields of the wrong type or half of them, past the
+    // validator, to see mongotx refuse to read them: they break the format on purpose.
+    t.keeps_foreign_data();
     plain_accounts(&t, 20).await;
     let accounts = common::open_accounts(&t.store).await;
     let raw = t.db.collection::<Document>("accounts");
