@@ -8,7 +8,7 @@
 pub const TRANSACTIONS_COLLECTION: &str = "mongotx_transactions";
 
 /// The collection registry: one document per collection a [`Store`](crate::Store) opened, with
-/// its schema versions.
+/// its version floor (every kind of document it holds: docs/format.md).
 pub const META_COLLECTION: &str = "mongotx_meta";
 
 /// The quota providers, one document per provider (or several, its stripes).

@@ -184,6 +184,19 @@ impl SystemFields {
                 deleting: false,
             });
         }
+        if let Some(fence) = fenced_plain(doc) {
+            // A plain document under a fence: held (a resolver fenced it for a transaction that
+            // was to rewrite it whole), with no version of its own; it reads as the plain
+            // document under the fence, which its hold describes.
+            return Ok(SystemFields {
+                schema_version: 0,
+                version: 0,
+                plain: false,
+                active_txn: Some(fence),
+                deleted_at: None,
+                deleting: false,
+            });
+        }
         // The holder first: a query's first pass reports a held candidate by `_id` and `_txn`
         // alone, so an unreadable holder must be what such a row is refused for.
         let active_txn = match doc.get(ACTIVE_TXN) {
@@ -217,6 +230,23 @@ impl SystemFields {
     pub(crate) fn is_deleted(&self) -> bool {
         self.deleted_at.is_some()
     }
+}
+
+/// The transaction fencing `doc` if it is a plain document under a fence: `_txn` and a `_hold`
+/// marked `fence` on a document with no other system field. A transaction that rewrites a plain
+/// document keeps it plain until its apply lands, so a resolver that finds the apply missing
+/// fences the document as it is (see `repo::hold::staging`); the fence's undo makes it the same
+/// plain document again.
+fn fenced_plain(doc: &Document) -> Option<ObjectId> {
+    if [SCHEMA_VERSION, VERSION, DELETED, DELETING]
+        .iter()
+        .any(|name| doc.contains_key(*name))
+    {
+        return None;
+    }
+    let txn = doc.get_object_id(ACTIVE_TXN).ok()?;
+    let fence = doc.get_document(HOLD).ok()?.get_bool("fence").ok()?;
+    fence.then_some(txn)
 }
 
 /// The message for system field `name` holding `found` where it must hold `expected`.
@@ -269,6 +299,24 @@ mod tests {
         assert_eq!(found(doc! { "a": { "b.c": 1 } }), Some("a.b.c".into()));
         // An empty name is reported at the path of the document holding it.
         assert_eq!(found(doc! { "a": [0, { "": 1 }] }), Some("a.1".into()));
+    }
+
+    #[test]
+    fn a_plain_document_under_a_fence_reads_as_held() {
+        let txn = ObjectId::new();
+        let fenced =
+            doc! { "_id": "p", "n": "1", "_txn": txn, "_hold": { "op": "check", "fence": true } };
+        let sys = SystemFields::read(&fenced).expect("readable");
+        assert_eq!(
+            (sys.active_txn, sys.plain, sys.version),
+            (Some(txn), false, 0)
+        );
+        // Anything else half-stamped stays unreadable.
+        let unfenced = doc! { "_id": "p", "_txn": txn, "_hold": { "op": "check" } };
+        assert!(SystemFields::read(&unfenced).is_err());
+        let versioned =
+            doc! { "_id": "p", "_version": 2_i64, "_txn": txn, "_hold": { "fence": true } };
+        assert!(SystemFields::read(&versioned).is_err());
     }
 
     #[test]

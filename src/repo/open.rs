@@ -154,8 +154,11 @@ async fn installs_validator(store: &Store) -> bool {
 /// Installs the collection's schema as its server-side validator, for documents of this
 /// code's schema version only.
 ///
-/// Tombstones (user fields cleared) and fence placeholders (never had any) are let through.
-/// So are plain documents (no system field at all): other writers of the collection (a
+/// Tombstones (user fields cleared) and fence placeholders (never had any) are let through,
+/// and so is a plain document under a fence (a transaction that rewrites a plain document whole
+/// keeps it plain until its apply lands, so a resolver that finds the apply missing fences the
+/// document as it is: `_txn` and `_hold` beside content no schema version claims; the abort's
+/// undo makes it the same plain document again). So are plain documents (no system field at all): other writers of the collection (a
 /// service not yet on mongotx, a shell, a restore) keep inserting and updating them as
 /// before, and the validator applies from their first stamp on (see `repo::plain`).
 /// So are documents of *other* schema versions: during a rolling upgrade, processes of the
@@ -192,6 +195,11 @@ async fn install_validator(
         "$or": [
             { fields::DELETED: { "$exists": true } },
             { held::FENCE: true, fields::VERSION: 0_i64 },
+            {
+                held::FENCE: true,
+                fields::SCHEMA_VERSION: { "$exists": false },
+                fields::VERSION: { "$exists": false },
+            },
             plain::plain_filter(),
             { fields::SCHEMA_VERSION: { "$type": "long", "$ne": version } },
             { fields::SCHEMA_VERSION: version, "$jsonSchema": schema },

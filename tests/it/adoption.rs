@@ -290,6 +290,9 @@ async fn raw_writers_keep_writing_plain_documents_past_the_validator() {
 #[tokio::test]
 async fn documents_mongotx_cannot_read_fail_only_the_reads_that_meet_them() {
     let t = TestDb::new().await;
+    // Writes documents with system fields of the wrong type or half of them, past the
+    // validator, to see mongotx refuse to read them: they break the format on purpose.
+    t.keeps_foreign_data();
     plain_accounts(&t, 20).await;
     let accounts = common::open_accounts(&t.store).await;
     let raw = t.db.collection::<Document>("accounts");
@@ -599,4 +602,94 @@ async fn a_plain_document_with_a_dotted_field_name_reads_but_its_first_write_is_
         "{err:?}"
     );
     assert_eq!(raw_snapshot(&t.db, "accounts").await, vec![stored]);
+}
+
+/// A transaction that rewrites a plain document keeps it plain until its apply lands. If the
+/// apply never comes (its coordinator died after writing the record), the resolver that decides
+/// the transaction after its deadline fences the document as it is: `_txn` and `_hold` on a
+/// document with no `_schema` or `_version`. The server's validator refused that write (error 121)
+/// until it let a plain document under a fence through, so the GC could never abort such a
+/// transaction: its record stayed `staging`, skipped by every round.
+#[tokio::test]
+async fn a_plain_document_whose_rewrite_never_landed_is_fenced_and_the_transaction_aborted() {
+    use mongotx::gc::{Gc, GcOptions};
+    use mongotx::testkit::failpoint::{self as fp, Failpoint};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    let t = TestDb::new().await;
+    let raw = t.db.collection::<Document>("accounts");
+    // Content the schema refuses, so that a transaction's update rewrites it whole.
+    let plain = doc! { "_id": "p", "owner": "P", "balance": "100" };
+    raw.insert_one(plain.clone()).await.unwrap();
+    let loose = t
+        .store
+        .repository::<Document>(common::accounts_spec())
+        .await
+        .unwrap();
+    let read = loose.get("p").await.unwrap();
+    assert!(read.is_plain());
+    // What a coordinator that died after its record, before the apply, leaves.
+    let txn = bson::oid::ObjectId::new();
+    let now = t.store.server_time().await.unwrap();
+    let deadline = bson::DateTime::from_millis(now.timestamp_millis() + 300);
+    t.db.collection::<Document>(mongotx::collections::TRANSACTIONS_COLLECTION)
+        .insert_one(doc! {
+            "_id": txn, "state": "staging", "created": bson::DateTime::from_chrono(now),
+            "deadline": deadline,
+            "entries": [{
+                "coll": "accounts", "id": "p", "expected": read.version, "applied": 1_i64,
+                "schema": 1_i64,
+                "op": { "kind": "rewrite", "post": { "owner": "P", "balance": 100_i64 }, "pre": plain.clone() },
+            }],
+        })
+        .await
+        .unwrap();
+    crate::admin::past(&t, deadline).await;
+
+    // A GC that dies right after fencing leaves the plain document under its fence.
+    let crashing = Gc::new(
+        &t.store,
+        GcOptions::default().fault_injector(Arc::new(common::CrashAt(Failpoint {
+            name: fp::GC_FENCE_AFTER,
+            step: 0,
+        }))),
+    );
+    let _ = crashing
+        .run_round_at(chrono::Utc::now(), &AtomicBool::new(false))
+        .await;
+    let fenced = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
+    assert_eq!(
+        fenced.get_object_id(fields::ACTIVE_TXN),
+        Ok(txn),
+        "{fenced}"
+    );
+    assert_eq!(
+        fenced
+            .get_document(fields::HOLD)
+            .and_then(|h| h.get_bool("fence")),
+        Ok(true),
+        "{fenced}"
+    );
+    assert!(!fenced.contains_key(fields::SCHEMA_VERSION), "{fenced}");
+    assert_eq!(loose.get("p").await.unwrap().version, read.version);
+
+    // The next round (past the dead runner's claim) aborts the transaction and takes the fence
+    // away: the same plain document.
+    let summary = Gc::new(&t.store, GcOptions::default())
+        .run_round_at(
+            chrono::Utc::now() + chrono::Duration::minutes(2),
+            &AtomicBool::new(false),
+        )
+        .await
+        .unwrap();
+    assert_eq!(summary.rolled_back, 1, "{summary:?}");
+    assert_eq!(summary.skipped, 0, "{summary:?}");
+    common::assert_settled(&t, &["accounts"], "fence undone").await;
+    let stored = raw.find_one(doc! { "_id": "p" }).await.unwrap().unwrap();
+    assert_eq!(
+        bson::to_vec(&stored).unwrap(),
+        bson::to_vec(&plain).unwrap(),
+        "{stored}"
+    );
 }

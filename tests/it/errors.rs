@@ -88,6 +88,9 @@ fn unusable_schemas_names_and_versions_are_refused() {
 #[tokio::test]
 async fn a_document_with_unreadable_system_fields_is_malformed_and_a_plain_one_is_not() {
     let t = TestDb::new().await;
+    // Writes a string `_version` and a `_version` without `_schema` raw, to see them refused
+    // as malformed: they break the format on purpose.
+    t.keeps_foreign_data();
     let accounts = t
         .store
         .repository::<Account>(common::accounts_spec())

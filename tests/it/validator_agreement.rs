@@ -1,4 +1,4 @@
-//! Differential check of the two validators: for every collection schema in `schemas/`, thousands
+//! Differential check of the two validators: for every schema in `schemas/`, thousands
 //! of documents (valid ones, and valid ones broken in one way) are judged by mongotx's own
 //! validator (`JsonSchema::validate`) and by the server's `$jsonSchema` validator, and the two
 //! must agree on every one.
@@ -36,8 +36,20 @@ const SCHEMAS: &[(&str, &str)] = &[
     ("counters", include_str!("../../schemas/counters.json")),
     ("dlvs", include_str!("../../schemas/dlvs.json")),
     (
+        "managed_system_fields",
+        include_str!("../../schemas/managed_system_fields.json"),
+    ),
+    (
         "mongotx_contention",
         include_str!("../../schemas/mongotx_contention.json"),
+    ),
+    (
+        "mongotx_meta",
+        include_str!("../../schemas/mongotx_meta.json"),
+    ),
+    (
+        "mongotx_transactions",
+        include_str!("../../schemas/mongotx_transactions.json"),
     ),
     ("notes", include_str!("../../schemas/notes.json")),
     ("obt_fences", include_str!("../../schemas/obt_fences.json")),
@@ -85,6 +97,13 @@ fn count(node: &Value, key: &str) -> Option<usize> {
 
 /// A strategy for values that satisfy `node`.
 fn valid(node: &Value, depth: usize) -> BoxedStrategy<Bson> {
+    // A choice of shapes (a record's kinds of change, the registry's kinds of document): a value
+    // of one of them, each described whole by its alternative.
+    if let Some(Value::Array(alternatives)) = node.get("oneOf").or_else(|| node.get("anyOf")) {
+        let strategies: Vec<BoxedStrategy<Bson>> =
+            alternatives.iter().map(|a| valid(a, depth)).collect();
+        return prop::strategy::Union::new(strategies).boxed();
+    }
     if let Some(Value::Array(values)) = node.get("enum") {
         let values: Vec<Bson> = values
             .iter()
@@ -150,8 +169,17 @@ const ALPHABET: &[char] = &[
 fn string(node: &Value) -> BoxedStrategy<Bson> {
     if let Some(pattern) = node.get("pattern").and_then(Value::as_str) {
         // The generator has no anchors; a whole-string match is what they ask for anyway.
-        let body = pattern.trim_start_matches('^').trim_end_matches('$');
-        return proptest::string::string_regex(body)
+        let body = pattern.trim_start_matches('^');
+        // A pattern anchored at the start only (a prefix) matches whatever follows: some letters
+        // do, as many as `minLength` asks for at least.
+        let body = match body.strip_suffix('$') {
+            Some(whole) => whole.to_string(),
+            None => {
+                let lo = count(node, "minLength").unwrap_or(0);
+                format!("{body}[a-z]{{{lo},{}}}", lo + 8)
+            }
+        };
+        return proptest::string::string_regex(&body)
             .expect("a pattern the generator understands")
             .prop_map(Bson::String)
             .boxed();
@@ -174,9 +202,13 @@ fn object(node: &Value, depth: usize) -> BoxedStrategy<Bson> {
         })
         .unwrap_or_default();
     let mut strategies: Vec<BoxedStrategy<Option<(String, Bson)>>> = Vec::new();
+    // A collection schema describes live, free documents; one that says how the system fields go
+    // together (`dependencies`, the system fields' own schema) gets them all.
+    let live_only = depth == 0 && node.get("dependencies").is_none();
+    let needs = dependencies(node);
     if let Some(Value::Object(properties)) = node.get("properties") {
         for (name, sub) in properties {
-            if depth == 0 && matches!(name.as_str(), "_txn" | "_deleted" | "_deleting" | "_hold") {
+            if live_only && matches!(name.as_str(), "_txn" | "_deleted" | "_deleting" | "_hold") {
                 continue;
             }
             let owned = name.clone();
@@ -195,7 +227,7 @@ fn object(node: &Value, depth: usize) -> BoxedStrategy<Bson> {
         _ => Just(Vec::new()).boxed(),
     };
     (strategies, open)
-        .prop_map(|(fields, open)| {
+        .prop_map(move |(fields, open)| {
             let mut doc = Document::new();
             for (name, value) in fields.into_iter().flatten() {
                 doc.insert(name, value);
@@ -205,9 +237,53 @@ fn object(node: &Value, depth: usize) -> BoxedStrategy<Bson> {
                     doc.insert(format!("k_{name}"), value);
                 }
             }
+            // A field whose companions were not drawn goes too, until every one that is left
+            // has them.
+            while let Some(lone) = needs.iter().find_map(|(name, with)| {
+                (doc.contains_key(name) && with.iter().any(|w| !doc.contains_key(w)))
+                    .then(|| name.clone())
+            }) {
+                doc.remove(&lone);
+            }
             Bson::Document(doc)
         })
         .boxed()
+}
+
+/// The field-list `dependencies` of an object schema: each field with the fields it needs.
+fn dependencies(node: &Value) -> Vec<(String, Vec<String>)> {
+    let Some(Value::Object(deps)) = node.get("dependencies") else {
+        return Vec::new();
+    };
+    deps.iter()
+        .filter_map(|(name, with)| {
+            let with = with.as_array()?;
+            Some((
+                name.clone(),
+                with.iter()
+                    .filter_map(|w| w.as_str().map(str::to_string))
+                    .collect(),
+            ))
+        })
+        .collect()
+}
+
+/// The alternative of `node`'s `oneOf` / `anyOf` that `value` satisfies (the one it was drawn
+/// from, for a value not yet broken), or `node` itself when it offers none.
+fn alternative_of(node: &Value, value: &Bson) -> Value {
+    let Some(Value::Array(alternatives)) = node.get("oneOf").or_else(|| node.get("anyOf")) else {
+        return node.clone();
+    };
+    let holder = doc! { "v": value.clone() };
+    alternatives
+        .iter()
+        .find(|a| {
+            let wrapped = serde_json::json!({ "bsonType": "object", "properties": { "v": a } });
+            JsonSchema::from_value("alternative", wrapped)
+                .is_ok_and(|s| s.validate(&holder).is_ok())
+        })
+        .cloned()
+        .unwrap_or_else(|| node.clone())
 }
 
 fn array(node: &Value, depth: usize) -> BoxedStrategy<Bson> {
@@ -290,6 +366,7 @@ fn slots(doc: &Document, node: &Value, prefix: &[Step], out: &mut Vec<Slot>) {
 }
 
 fn descend(value: &Bson, node: &Value, path: &[Step], out: &mut Vec<Slot>) {
+    let node = &alternative_of(node, value);
     match value {
         Bson::Document(inner) => slots(inner, node, path, out),
         Bson::Array(items) => {
@@ -457,14 +534,40 @@ fn break_one(doc: &mut Document, schema: &Value, rng: &mut rand::rngs::StdRng) -
     what
 }
 
-/// A unique `_id` of the type the schema wants (`i` keeps it unique).
-fn unique_id(schema: &Value, i: usize) -> Bson {
-    let node = schema
+/// The `_id` a generated document gets: unique (`i` keeps it so) and of the type the schema
+/// wants, or, where the schema allows one value only (the registry's format document), that
+/// value: such a document is judged alone (`true`).
+fn unique_id(schema: &Value, drawn: &Document, i: usize) -> (Bson, bool) {
+    let node = alternative_of(schema, &Bson::Document(drawn.clone()))
         .get("properties")
         .and_then(|p| p.get("_id"))
         .cloned()
         .unwrap_or(Value::Null);
-    match types_of(&node).first().map(String::as_str) {
+    if let Some(Value::Array(only)) = node.get("enum") {
+        if let [one] = only.as_slice() {
+            return (Bson::try_from(one.clone()).expect("an enum value"), true);
+        }
+    }
+    if let Some(pattern) = node.get("pattern").and_then(Value::as_str) {
+        // The registry's ids: `collection:` and any name after it, or `instance:` and 24 hex
+        // digits, made unique by `i` in either case.
+        let id = match pattern.strip_suffix('$') {
+            None => format!("{}c{i}", pattern.trim_start_matches('^')),
+            Some(_) if pattern.contains("[0-9a-f]{24}") => {
+                format!(
+                    "{}{i:024x}",
+                    pattern
+                        .trim_start_matches('^')
+                        .split('[')
+                        .next()
+                        .unwrap_or("")
+                )
+            }
+            Some(_) => panic!("no unique ids for the pattern {pattern}"),
+        };
+        return (Bson::String(id), false);
+    }
+    let id = match types_of(&node).first().map(String::as_str) {
         Some("objectId") => Bson::ObjectId(ObjectId::new()),
         Some("int") => Bson::Int32(i as i32),
         Some("long") => Bson::Int64(i as i64),
@@ -487,7 +590,8 @@ fn unique_id(schema: &Value, i: usize) -> Bson {
             Bson::Document(id)
         }
         _ => Bson::String(format!("id{i}")),
-    }
+    };
+    (id, false)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -517,15 +621,19 @@ async fn mongotx_and_the_server_judge_every_generated_document_alike() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(n as u64 + 7);
         let mut documents = Vec::with_capacity(PER_SCHEMA);
         let mut broken_kinds = Vec::with_capacity(PER_SCHEMA);
+        let mut judged_alone = Vec::with_capacity(PER_SCHEMA);
         for i in 0..PER_SCHEMA {
             let Bson::Document(mut doc) =
                 strategy.new_tree(&mut runner).expect("generate").current()
             else {
                 panic!("{name}: the root strategy made no document");
             };
-            doc.insert("_id", unique_id(&schema_json, i));
+            let (id, alone) = unique_id(&schema_json, &doc, i);
+            let shape = alternative_of(&schema_json, &Bson::Document(doc.clone()));
+            doc.insert("_id", id);
+            judged_alone.push(alone);
             let kind = if i % 2 == 1 {
-                break_one(&mut doc, &schema_json, &mut rng)
+                break_one(&mut doc, &shape, &mut rng)
             } else {
                 "unbroken"
             };
@@ -544,21 +652,10 @@ async fn mongotx_and_the_server_judge_every_generated_document_alike() {
         let mut refused = 0;
         let mut disagreements = Vec::new();
         for (chunk_no, chunk) in documents.chunks(BATCH).enumerate() {
-            let reply =
-                t.db.run_command(
-                    doc! { "insert": &coll_name, "documents": chunk.to_vec(), "ordered": false },
-                )
+            let alone = &judged_alone[chunk_no * BATCH..chunk_no * BATCH + chunk.len()];
+            let server_refused = server_judges(&t.db, &coll_name, chunk, alone)
                 .await
-                .unwrap_or_else(|e| panic!("{name}: insert: {e}"));
-            let mut server_refused = vec![false; chunk.len()];
-            if let Ok(errors) = reply.get_array("writeErrors") {
-                for error in errors.iter().filter_map(Bson::as_document) {
-                    let index = error.get_i32("index").expect("index") as usize;
-                    let code = error.get_i32("code").expect("code");
-                    assert_eq!(code, 121, "{name}: not a validation failure: {error}");
-                    server_refused[index] = true;
-                }
-            }
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             for (i, doc) in chunk.iter().enumerate() {
                 let ours_refused = ours.validate(doc).is_err();
                 if ours_refused {
@@ -602,6 +699,60 @@ async fn mongotx_and_the_server_judge_every_generated_document_alike() {
     }
     assert_eq!(totals.len(), SCHEMAS.len());
     assert!(totals.values().all(|n| *n >= 2000));
+}
+
+/// Which of `docs` the server's validator on `coll` refuses: inserted together, but for those
+/// `alone` (one value of `_id` for all of them), each inserted by itself and removed again.
+async fn server_judges(
+    db: &mongodb::Database,
+    coll: &str,
+    docs: &[Document],
+    alone: &[bool],
+) -> Result<Vec<bool>, String> {
+    let refusal = |error: &Document| {
+        let code = error.get_i32("code").unwrap_or_default();
+        if code == 121 {
+            Ok(())
+        } else {
+            Err(format!("not a validation failure: {error}"))
+        }
+    };
+    let together: Vec<usize> = (0..docs.len()).filter(|i| !alone[*i]).collect();
+    let mut refused = vec![false; docs.len()];
+    let batch: Vec<Document> = together.iter().map(|i| docs[*i].clone()).collect();
+    if !batch.is_empty() {
+        let reply = db
+            .run_command(doc! { "insert": coll, "documents": batch, "ordered": false })
+            .await
+            .map_err(|e| format!("insert: {e}"))?;
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            for error in errors.iter().filter_map(Bson::as_document) {
+                refusal(error)?;
+                let index = error.get_i32("index").map_err(|e| e.to_string())? as usize;
+                refused[together[index]] = true;
+            }
+        }
+    }
+    for i in (0..docs.len()).filter(|i| alone[*i]) {
+        let reply = db
+            .run_command(doc! { "insert": coll, "documents": [docs[i].clone()] })
+            .await
+            .map_err(|e| format!("insert: {e}"))?;
+        match reply.get_array("writeErrors").ok().and_then(|e| e.first()) {
+            Some(Bson::Document(error)) => {
+                refusal(error)?;
+                refused[i] = true;
+            }
+            _ => {
+                let id = docs[i].get("_id").cloned().unwrap_or(Bson::Null);
+                db.collection::<Document>(coll)
+                    .delete_one(doc! { "_id": id })
+                    .await
+                    .map_err(|e| format!("delete: {e}"))?;
+            }
+        }
+    }
+    Ok(refused)
 }
 
 #[test]

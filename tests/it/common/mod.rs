@@ -14,11 +14,12 @@
 
 pub mod machine;
 pub mod refusals;
+pub mod stored;
 #[path = "../../../src/bin/mongotx-torture/wire_proxy.rs"]
 pub mod wire_proxy;
 pub mod worker;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 
 use bson::oid::ObjectId;
@@ -128,6 +129,8 @@ pub struct TestDb {
     pub client: Client,
     pub db: Database,
     pub store: Store,
+    /// Set by [`TestDb::keeps_foreign_data`]: the stored documents are not checked at the end.
+    foreign: AtomicBool,
     /// Held while the database lives: a latency test waits for it ([`machine::alone`]).
     _share: machine::Sharing,
 }
@@ -148,6 +151,7 @@ impl TestDb {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("mongotx_test_{}_{n}", &ObjectId::new().to_hex()[..16]);
         let db = client.database(&name);
+        stored::install_validators(&db).await;
         // A short version-floor grace keeps tests that purge tombstones fast.
         let store = Store::builder(db.clone())
             .version_floor_grace(std::time::Duration::from_millis(200))
@@ -156,8 +160,16 @@ impl TestDb {
             client,
             db,
             store,
+            foreign: AtomicBool::new(false),
             _share: share,
         }
+    }
+
+    /// Says that this test leaves data behind that breaks mongotx's stored format on purpose
+    /// (garbage written raw, a torn record, a field of the wrong type): its documents are not
+    /// checked against the schemas when it ends ([`stored`]). Every caller says why beside it.
+    pub fn keeps_foreign_data(&self) {
+        self.foreign.store(true, Ordering::Relaxed);
     }
 
     /// Another client on the same database (for many-clients concurrency).
@@ -168,28 +180,51 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        // A failing test keeps its database for inspection; a passing one cleans up. The drop
-        // runs on a thread with its own runtime and client, because the test's runtime may be
-        // blocked right here.
+        // A failing test keeps its database for inspection; a passing one has its stored
+        // documents checked against the schemas (unless it keeps foreign data), and cleans up
+        // if they hold, or fails keeping the database if not. The work runs on a thread with its
+        // own runtime and client, because the test's runtime may be blocked right here.
         if std::thread::panicking() {
             return;
         }
         let name = self.db.name().to_string();
         let uri = server_uri();
-        let _ = std::thread::spawn(move || {
+        let check = !self.foreign.load(Ordering::Relaxed);
+        let found = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             else {
-                return;
+                return Vec::new();
             };
             runtime.block_on(async move {
-                if let Ok(client) = Client::with_uri_str(uri).await {
-                    let _ = client.database(&name).drop().await;
+                let Ok(client) = Client::with_uri_str(uri).await else {
+                    return Vec::new();
+                };
+                let db = client.database(&name);
+                let found = if check {
+                    stored::violations(&db).await
+                } else {
+                    Vec::new()
+                };
+                if found.is_empty() {
+                    let _ = db.drop().await;
                 }
-            });
+                found
+            })
         })
-        .join();
+        .join()
+        .unwrap_or_default();
+        if !found.is_empty() {
+            let shown = found.len().min(20);
+            panic!(
+                "{} stored document(s) of database {} break the stored format (docs/format.md; \
+                 the database is kept), the first {shown}:\n{}",
+                found.len(),
+                self.db.name(),
+                found[..shown].join("\n")
+            );
+        }
     }
 }
 
