@@ -51,7 +51,10 @@ impl Store {
     /// Nothing else changes: reads, writes and commits keep working. A second call waits for
     /// whatever is still running. What the store counted for the contention record (see
     /// [`StoreBuilder::contention_record`]) is written at once too, and waited for within the
-    /// same `limit` (it is not counted in the report, which is about transactions).
+    /// same `limit` (it is not counted in the report, which is about transactions), and so is
+    /// the deletion of the store's announcement of the stored formats it reads (see
+    /// [`set_format`](Store::set_format)), which otherwise lapses within six
+    /// [`format_refresh`](StoreBuilder::format_refresh) intervals.
     ///
     /// ```no_run
     /// # async fn demo(store: mongotx::Store) {
@@ -64,8 +67,11 @@ impl Store {
     /// # }
     /// ```
     pub async fn shutdown(&self, limit: Duration) -> Shutdown {
+        let started = Instant::now();
         let report = self.inner.background.shutdown(limit).await;
-        gate::retract(self).await;
+        // Within what is left of the limit: an announcement not retracted lapses by itself.
+        let left = limit.saturating_sub(started.elapsed());
+        let _ = tokio::time::timeout(left, gate::retract(self)).await;
         report
     }
 
