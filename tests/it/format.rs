@@ -54,6 +54,12 @@ async fn crashed(store: &Store, accounts: &Repository<Account>) -> ObjectId {
     }
 }
 
+/// Waits until the server's clock has passed the deadline in `txn`'s record.
+async fn past_deadline(t: &TestDb, txn: ObjectId) {
+    let record = record(t, txn).await.expect("the record");
+    past(t, *record.get_datetime("deadline").expect("deadline")).await;
+}
+
 async fn bank(t: &TestDb) -> Repository<Account> {
     let accounts = t
         .store
@@ -112,15 +118,7 @@ async fn a_record_of_a_newer_format_is_refused_and_left_alone() {
     assert_eq!(write.kind(), ErrorKind::NewerFormat, "{write}");
 
     // Expired, the GC of this release leaves it to one that reads it.
-    past(
-        &t,
-        *record(&t, txn)
-            .await
-            .expect("record")
-            .get_datetime("deadline")
-            .expect("deadline"),
-    )
-    .await;
+    past_deadline(&t, txn).await;
     let round = Gc::new(&t.store, GcOptions::default())
         .run_round()
         .await
@@ -282,15 +280,7 @@ async fn the_gate_switches_only_once_every_live_instance_reads_the_format() {
         switched(()).await.expect("switched").get_i64("writes"),
         Ok(2)
     );
-    past(
-        &t,
-        *record(&t, txn)
-            .await
-            .expect("record")
-            .get_datetime("deadline")
-            .expect("deadline"),
-    )
-    .await;
+    past_deadline(&t, txn).await;
     Gc::new(&next, GcOptions::default())
         .run_round()
         .await
