@@ -69,7 +69,7 @@ async fn wallets(store: &Store) -> Repository<Account> {
 }
 
 /// An update of `id` at a version it no longer has: a conflict.
-async fn stale_update(repo: &Repository<Account>, id: &str) {
+pub(crate) async fn stale_update(repo: &Repository<Account>, id: &str) {
     let err = repo
         .update(id, 1, &Update::new().set("owner", "late"))
         .await
@@ -78,7 +78,7 @@ async fn stale_update(repo: &Repository<Account>, id: &str) {
 }
 
 /// The accounts of `store`, holding "alice" at version 2 (so an update at version 1 conflicts).
-async fn alice_moved_on(store: &Store) -> Repository<Account> {
+pub(crate) async fn alice_moved_on(store: &Store) -> Repository<Account> {
     let accounts = common::open_accounts(store).await;
     common::seed_accounts(&accounts, &[("alice", 10)]).await;
     accounts

@@ -20,9 +20,10 @@ use mongotx::collections::{
 use mongotx::obt::{Fence, MongoFence, NewObt, Obt, Token};
 use mongotx::queue::{BatchStatus, Batches, NewBatch, Submission, DEFAULT_DELAY};
 use mongotx::ratelimit::{Limit, Priority, RateLimits};
-use mongotx::{ErrorKind, RepoError, Repository, Store, Update};
+use mongotx::{ErrorKind, Store};
 
-use crate::common::{self, Account, TestDb};
+use crate::common::TestDb;
+use crate::contention::{alice_moved_on, stale_update};
 
 /// Asserts that `err` (of kind `kind`) refuses a document of format 2 in a process reading
 /// format 1, naming `collection` and, when given, the document's `id` (as errors show it).
@@ -298,27 +299,6 @@ async fn early_in_a_minute(store: &Store) {
     }
 }
 
-/// The accounts of `store`, with "alice" moved on to version 2 (an update at version 1
-/// conflicts).
-async fn alice_moved_on(store: &Store) -> Repository<Account> {
-    let accounts = common::open_accounts(store).await;
-    common::seed_accounts(&accounts, &[("alice", 10)]).await;
-    accounts
-        .update("alice", 1, &Update::new().set("owner", "moved"))
-        .await
-        .expect("move on");
-    accounts
-}
-
-/// A conflict on "alice" (counted in the contention record of the store of `accounts`).
-async fn conflict(accounts: &Repository<Account>) {
-    let err = accounts
-        .update("alice", 1, &Update::new().set("owner", "late"))
-        .await
-        .expect_err("a stale update");
-    assert!(matches!(err, RepoError::VersionConflict { .. }), "{err}");
-}
-
 /// The contention record's one document, once a flush has written it.
 async fn the_minute(t: &TestDb) -> Document {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -346,7 +326,7 @@ async fn a_newer_minute_of_the_contention_record_is_neither_read_nor_written() {
     let store = counting(Store::builder(t.db.clone()));
     early_in_a_minute(&store).await;
     let accounts = alice_moved_on(&store).await;
-    conflict(&accounts).await;
+    stale_update(&accounts, "alice").await;
     let minute = the_minute(&t).await;
     assert_unmarked(&minute);
     let before = turn_newer(
@@ -356,7 +336,7 @@ async fn a_newer_minute_of_the_contention_record_is_neither_read_nor_written() {
     )
     .await;
     // Counted, and flushed at once by the shutdown: the flush is refused (and logged).
-    conflict(&accounts).await;
+    stale_update(&accounts, "alice").await;
     store.shutdown(Duration::from_secs(10)).await;
     assert_eq!(everything(&t, CONTENTION_COLLECTION).await, vec![before]);
     newer!(
@@ -521,10 +501,10 @@ async fn the_contention_record_is_marked_once_the_database_writes_format_two() {
     let future = counting(Store::builder(t.db.clone()).plays_format(2));
     early_in_a_minute(&future).await;
     let accounts = alice_moved_on(&future).await;
-    conflict(&accounts).await;
+    stale_update(&accounts, "alice").await;
     assert_unmarked(&the_minute(&t).await);
     switch_to_two(&future).await;
-    conflict(&accounts).await;
+    stale_update(&accounts, "alice").await;
     future.shutdown(Duration::from_secs(10)).await;
     let minute = the_minute(&t).await;
     assert_marked(&minute);
