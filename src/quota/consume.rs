@@ -67,12 +67,8 @@ pub(super) async fn take(
     if request.in_flight() {
         refuse_reuse_elsewhere(quota, request).await?;
     }
-    if let [(provider, amount)] = request.claims.as_slice() {
-        if !access::has_parent(quota, provider) {
-            if let Some(done) = take_fast(quota, request, provider, *amount, expires).await? {
-                return Ok(done);
-            }
-        }
+    if let Some(done) = fast_if_served(quota, request, expires).await? {
+        return Ok(done);
     }
     take_checked(quota, request, expires).await
 }
@@ -451,12 +447,36 @@ pub(super) async fn take_checked(
                     expires,
                 ))
             }
-            Step::Retry(reason) => attempts.again(reason).await?,
+            Step::Retry(reason) => {
+                // Nothing was written: others changed the stripe between this path's read and
+                // its write. On a hot provider that happens to nearly every attempt, because
+                // the single-update path of the other consumers needs no read first; going
+                // back to it is what keeps this request from starving behind them.
+                if let Some((mut done, stored)) = fast_if_served(quota, request, expires).await? {
+                    done.retries += attempts.retries();
+                    return Ok((done, stored));
+                }
+                attempts.again(reason).await?
+            }
             Step::Ambiguous(reason) => {
                 request.mark_in_flight();
                 attempts.again(reason).await?
             }
         }
+    }
+}
+
+/// The single-update path again, for a request that it serves (one provider, no parent).
+async fn fast_if_served(
+    quota: &Quota,
+    request: &Request,
+    expires: Option<DateTime>,
+) -> Result<Option<(Consumed, Option<DateTime>)>, QuotaError> {
+    match request.claims.as_slice() {
+        [(provider, amount)] if !access::has_parent(quota, provider) => {
+            take_fast(quota, request, provider, *amount, expires).await
+        }
+        _ => Ok(None),
     }
 }
 

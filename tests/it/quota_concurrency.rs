@@ -22,6 +22,8 @@ struct Tally {
     refused: AtomicU64,
     released: AtomicU64,
     observations: AtomicU64,
+    /// The most re-reads one successful consume needed: how close a consume came to starving.
+    most_retries: AtomicU64,
 }
 
 async fn quotas(t: &TestDb) -> Vec<Quota> {
@@ -107,9 +109,12 @@ async fn one_hot_provider_never_goes_over_its_limit() {
                             .consume(&Request::new(&consumer).take(p.clone(), amount))
                             .await
                         {
-                            Ok(_) => {
+                            Ok(done) => {
                                 mine.push((consumer, amount));
                                 tally.consumed.fetch_add(1, Ordering::Relaxed);
+                                tally
+                                    .most_retries
+                                    .fetch_max(u64::from(done.retries), Ordering::Relaxed);
                             }
                             Err(QuotaError::QuotaExceeded { .. }) => {
                                 tally.refused.fetch_add(1, Ordering::Relaxed);
@@ -142,12 +147,13 @@ async fn one_hot_provider_never_goes_over_its_limit() {
         "the provider records exactly who holds what"
     );
     println!(
-        "consumed={} refused={} released={} observations={} final usage={}",
+        "consumed={} refused={} released={} observations={} final usage={} most retries={}",
         tally.consumed.load(Ordering::Relaxed),
         tally.refused.load(Ordering::Relaxed),
         tally.released.load(Ordering::Relaxed),
         tally.observations.load(Ordering::Relaxed),
-        end.usage
+        end.usage,
+        tally.most_retries.load(Ordering::Relaxed),
     );
     assert!(
         tally.refused.load(Ordering::Relaxed) > 0,
