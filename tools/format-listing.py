@@ -49,7 +49,7 @@ STORED = [
     ("mongotx_contention", "mongotx_contention.json"),
 ]
 # The examples' and tests' own collections: data of a service, not mongotx's format.
-NOT_STORED = {"accounts", "counters", "dlvs", "notes", "profiles", "transfers"}
+NOT_STORED = {"accounts", "counters", "dlvs", "lists", "notes", "profiles", "transfers"}
 
 TYPE_NAMES = {"boolean": "bool", "integer": "int"}
 

@@ -53,6 +53,8 @@ mod gc_race;
 mod gc_runner;
 mod holds;
 mod ids_and_inserts;
+#[cfg(feature = "rig-cli")]
+mod isolation;
 mod late_delivery;
 mod metrics;
 #[cfg(feature = "rig-cli")]

@@ -21,6 +21,7 @@ use mongotx::testkit::toxiproxy::Toxiproxy;
 use mongotx::{fields, Query};
 use rand::Rng;
 
+use crate::append_run::AppendRun;
 use crate::children::{add, version_summary, Kind, Programs, Recipe, Report, Slot, Version};
 use crate::quota_run::QuotaRun;
 use crate::roles::{account_id, accounts_collection, Account, Bank, TRANSFERS};
@@ -88,6 +89,23 @@ pub(crate) struct RunArgs {
     /// database, checked at the end; 0 to 64).
     #[arg(long, default_value_t = 0, value_parser = processes(0))]
     quota_workers: usize,
+    /// List-append worker processes for each of the two workloads, reads unchecked and reads
+    /// checked (`append_run`; 0 to 64 each): their histories go to `--history`.
+    #[arg(long, default_value_t = 0, value_parser = processes(0), requires = "history")]
+    append_workers: usize,
+    /// The directory the list-append workers write their histories in (`unchecked/`,
+    /// `checked/`).
+    #[arg(long)]
+    history: Option<PathBuf>,
+    /// Write the list-append keys as plain documents and adopt them while they are in use.
+    #[arg(long, requires = "append_workers")]
+    adoption: bool,
+    /// No SIGKILLs (the network faults stay, unless `--no-network`).
+    #[arg(long)]
+    no_kills: bool,
+    /// No connection resets, stalls or late deliveries (the kills stay, unless `--no-kills`).
+    #[arg(long)]
+    no_network: bool,
 }
 
 /// Clap parser of a process count from `min` to 64 (more would only starve the two cores).
@@ -261,7 +279,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         args.checkers,
         args.gc_runners,
         args.accounts,
-        if args.no_faults { "off" } else { "on" },
+        match (args.no_faults, args.no_kills, args.no_network) {
+            (true, _, _) | (_, true, true) => "off",
+            (_, true, false) => "network only (no kills)",
+            (_, false, true) => "kills only (no network faults)",
+            _ => "on",
+        },
         if args.skews.is_empty() {
             String::new()
         } else {
@@ -308,15 +331,16 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     }
 
     // The network between the processes and the server.
+    let network = !args.no_faults && !args.no_network;
     let late = Arc::new(LateRules {
         db: db_name.clone(),
-        rate: if args.no_faults { 0.0 } else { args.late_rate },
-        on: AtomicBool::new(!args.no_faults),
+        rate: if network { args.late_rate } else { 0.0 },
+        on: AtomicBool::new(network),
         count: AtomicU64::new(0),
     });
     let proxy =
         WireProxy::try_start(&server.uri(), "127.0.0.1:0", SharedRules(Arc::clone(&late))).await?;
-    let toxiproxy = if args.no_faults {
+    let toxiproxy = if !network {
         None
     } else {
         Some(
@@ -337,6 +361,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     let quota = match args.quota_workers {
         0 => None,
         _ => Some(QuotaRun::create(&store, &db).await?),
+    };
+    let mut append = match (&args.history, args.append_workers) {
+        (Some(history), 1..) => Some(AppendRun::create(&store, &db, history, args.adoption).await?),
+        _ => None,
     };
     // These command lines are the previous version's as much as this build's: with --previous,
     // its binaries parse them (and children.rs reads what they print). Keep every flag a child
@@ -403,6 +431,17 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
             QuotaRun::worker_args(&uri, &db_name, args.txn_timeout),
         );
     }
+    if let Some(append) = &append {
+        for checked in [false, true] {
+            for n in 0..args.append_workers {
+                add_recipe(
+                    Kind::Append,
+                    n,
+                    append.worker_args(&uri, &db_name, checked, args.txn_timeout),
+                );
+            }
+        }
+    }
     let mut slots: Vec<Slot> = recipes
         .into_iter()
         .enumerate()
@@ -439,10 +478,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
                 slot.start()?;
             }
         }
+        if let Some(append) = &mut append {
+            append.tick().await?;
+        }
         if args.no_faults {
             continue;
         }
-        if now >= next_kill {
+        if now >= next_kill && !args.no_kills {
             let i = rand::rng().random_range(0..slots.len());
             slots[i].kill().await;
             slots[i].start()?;
@@ -533,6 +575,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
         .collect();
     if quota.is_some() {
         held_in.push(mongotx::collections::PROVIDERS_COLLECTION.to_string());
+    }
+    if let Some(append) = &append {
+        held_in.extend(append.collections());
     }
     let recovery = recover(&store, &db, &held_in, args.txn_timeout).await?;
     let (quota_lines, quota_problems) = match &quota {
@@ -688,6 +733,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
     );
     for line in &quota_lines {
         println!("{line}");
+    }
+    if let Some(append) = &append {
+        for line in append.summary(&slots) {
+            println!("{line}");
+        }
     }
     let mut problems = quota_problems;
     if args.previous.is_some() {

@@ -21,6 +21,8 @@ pub(crate) enum Kind {
     Checker,
     Gc,
     Quota,
+    /// A list-append worker of the isolation tests (`append`).
+    Append,
 }
 
 impl Kind {
@@ -30,6 +32,7 @@ impl Kind {
             Kind::Checker => "checker",
             Kind::Gc => "gc",
             Kind::Quota => "quota-worker",
+            Kind::Append => "append-worker",
         }
     }
 }
@@ -309,7 +312,7 @@ pub(crate) fn version_summary(slots: &[Slot], version: Version) -> (String, Vec<
             Kind::Worker => (reports.total(), &["committed", "unknown", "failed"][..]),
             Kind::Checker => (reports.total(), &["snapshots", "failed"][..]),
             Kind::Gc => (reports.rounds.clone(), &["rounds", "failed"][..]),
-            Kind::Quota => (Report::new(), &[][..]),
+            Kind::Quota | Kind::Append => (Report::new(), &[][..]),
         };
         for key in keys {
             let name = format!("{}.{key}", slot.recipe.kind.name());

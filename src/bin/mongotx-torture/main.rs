@@ -17,6 +17,8 @@
 //! the mixed-version test, `tests/it/mixed_versions.rs`), and `--quota-workers N` adds quota
 //! consumes to the run, checked at the end (`quota_run`).
 
+mod append;
+mod append_run;
 mod chaos;
 mod children;
 #[path = "../shared/cli.rs"]
@@ -63,6 +65,9 @@ enum Role {
     RateWorker(rate_worker::RateWorkerArgs),
     /// A batch-queue worker: a submitter and a monitor of batches bound for a ledger.
     QueueWorker(queue_worker::QueueWorkerArgs),
+    /// A list-append worker: reads and appends in transactions, each written to a history file
+    /// for the isolation checker, until killed.
+    AppendWorker(append::AppendArgs),
 }
 
 fn main() -> ExitCode {
@@ -95,6 +100,7 @@ fn main() -> ExitCode {
             Role::ObtContender(args) => obt_roles::obt_contender(args).await,
             Role::RateWorker(args) => rate_worker::rate_worker(args).await,
             Role::QueueWorker(args) => queue_worker::queue_worker(args).await,
+            Role::AppendWorker(args) => append::append_worker(args).await,
         }
     });
     match result {

@@ -185,7 +185,7 @@ struct Counters {
 }
 
 /// Stops the process when its stdin closes (the run ends it that way when it does not kill it).
-fn watch_stdin(stop: Arc<AtomicBool>) {
+pub(crate) fn watch_stdin(stop: Arc<AtomicBool>) {
     tokio::spawn(async move {
         let mut stdin = tokio::io::stdin();
         let mut buf = [0u8; 64];
