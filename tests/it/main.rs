@@ -92,6 +92,8 @@ mod server_prefilter;
 mod server_validation;
 mod shutdown;
 #[cfg(feature = "rig-cli")]
+mod soak;
+#[cfg(feature = "rig-cli")]
 mod torture;
 mod transactions;
 mod unique_indexes;

@@ -199,6 +199,8 @@ fn report(pass: &GcPass, metrics: &metrics::Runner) {
         }
         None => {}
     }
+    // Last, on a line of its own: the lines above stay as scripts and older parsers read them.
+    println!("pass: took_ms={}", pass.took.as_millis());
 }
 
 /// Completes on SIGINT or SIGTERM; the runner then finishes its current item and returns.

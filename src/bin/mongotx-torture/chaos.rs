@@ -812,7 +812,7 @@ impl Rules for SharedRules {
 }
 
 /// A pause around `mean` (between half and one and a half of it).
-fn jitter(mean: Duration) -> Duration {
+pub(crate) fn jitter(mean: Duration) -> Duration {
     let ms = mean.as_millis().max(2) as u64;
     Duration::from_millis(rand::rng().random_range(ms / 2..=ms + ms / 2))
 }
@@ -843,7 +843,7 @@ fn failures_of(slots: &[Slot], kind: Kind) -> Vec<String> {
 /// GC rounds as if every deadline had passed, until nothing is left to do; returns the rounds.
 /// Undecided and aborted records are decided and deleted by the server's own clock, so rounds
 /// are spaced out until the last deadline (a transaction timeout at most) has really passed.
-async fn recover(
+pub(crate) async fn recover(
     store: &mongotx::Store,
     db: &mongodb::Database,
     held_in: &[String],

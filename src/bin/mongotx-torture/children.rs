@@ -2,7 +2,8 @@
 //! the last report of every incarnation kept; and the builds they run (`run --previous`: the
 //! previous version's binaries beside this build's).
 //!
-//! What a child prints is read here (`stats`, `round:`, `committed-transfer`, `failed` lines),
+//! What a child prints is read here (`stats`, `round:`, `committed-transfer`, `failed` lines, and
+//! for the soak the durations of `latencies`, `wait` and `pass:` lines),
 //! from the previous version's children as much as from this build's: those lines are
 //! part of what a release must keep, like the children's arguments (see `chaos::run`).
 
@@ -23,6 +24,12 @@ pub(crate) enum Kind {
     Quota,
     /// A list-append worker of the isolation tests (`append`).
     Append,
+    /// The soak's rate-limited worker.
+    Rate,
+    /// The soak's OBT owner.
+    Obt,
+    /// The soak's batch-queue worker.
+    Queue,
 }
 
 impl Kind {
@@ -33,6 +40,9 @@ impl Kind {
             Kind::Gc => "gc",
             Kind::Quota => "quota-worker",
             Kind::Append => "append-worker",
+            Kind::Rate => "rate-worker",
+            Kind::Obt => "obt-owner",
+            Kind::Queue => "queue-worker",
         }
     }
 }
@@ -140,6 +150,9 @@ pub(crate) struct Reports {
     pub(crate) committed: Vec<String>,
     /// Why transactions failed (`failed ` lines: a checker's, each one line), for the results.
     pub(crate) failures: Vec<String>,
+    /// Durations in µs per operation since the soak last took them (`latencies` lines, a rate
+    /// worker's `wait` lines, a GC runner's `pass:` lines).
+    pub(crate) latencies: BTreeMap<String, Vec<u64>>,
 }
 
 impl Reports {
@@ -162,6 +175,25 @@ fn parse(line: &str) -> Report {
         .filter_map(|pair| pair.split_once('='))
         .filter_map(|(k, v)| v.parse::<i64>().ok().map(|v| (k.to_string(), v)))
         .collect()
+}
+
+/// The durations a line reports, by operation: a `latencies` line's; a rate worker's
+/// `wait <µs> <unix ms> <bulk|high>` (how long a reservation took to be granted); a GC runner's
+/// `pass: took_ms=<ms>` (a whole pass: round and sweeps; `gc.pass.purge` when its round purged
+/// tombstones).
+fn timed(line: &str, purged: bool) -> Option<(String, Vec<u64>)> {
+    if let Some(found) = crate::latency::parse_line(line) {
+        return Some(found);
+    }
+    if let Some(rest) = line.strip_prefix("wait ") {
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        if let [us, _, kind] = words[..] {
+            return Some((format!("ratelimit.reserve.{kind}"), vec![us.parse().ok()?]));
+        }
+    }
+    let ms: u64 = line.strip_prefix("pass: took_ms=")?.trim().parse().ok()?;
+    let op = if purged { "gc.pass.purge" } else { "gc.pass" };
+    Some((op.to_string(), vec![ms.saturating_mul(1_000)]))
 }
 
 /// One process slot: the recipe, the running child, and the reports.
@@ -206,7 +238,13 @@ impl Slot {
             let reports = Arc::clone(&self.reports);
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
+                // Whether the GC round before the next `pass:` line purged tombstones: such a
+                // pass waits out the version floor's grace, so its duration is a series apart.
+                let mut purged = false;
                 while let Ok(Some(line)) = lines.next_line().await {
+                    if line.starts_with("round:") {
+                        purged = parse(&line).get("purged").is_some_and(|n| *n > 0);
+                    }
                     let Ok(mut reports) = reports.lock() else {
                         break;
                     };
@@ -227,6 +265,8 @@ impl Slot {
                         reports.committed.push(id.trim().to_string());
                     } else if let Some(cause) = line.strip_prefix("failed ") {
                         reports.failures.push(cause.trim().to_string());
+                    } else if let Some((op, values)) = timed(&line, purged) {
+                        reports.latencies.entry(op).or_default().extend(values);
                     }
                 }
             });
@@ -235,6 +275,11 @@ impl Slot {
         self.child = Some(child);
         self.starts += 1;
         Ok(())
+    }
+
+    /// The process id of the running incarnation.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
     }
 
     /// Kills the running incarnation with SIGKILL and waits for it.
@@ -312,7 +357,9 @@ pub(crate) fn version_summary(slots: &[Slot], version: Version) -> (String, Vec<
             Kind::Worker => (reports.total(), &["committed", "unknown", "failed"][..]),
             Kind::Checker => (reports.total(), &["snapshots", "failed"][..]),
             Kind::Gc => (reports.rounds.clone(), &["rounds", "failed"][..]),
-            Kind::Quota | Kind::Append => (Report::new(), &[][..]),
+            Kind::Quota | Kind::Append | Kind::Rate | Kind::Obt | Kind::Queue => {
+                (Report::new(), &[][..])
+            }
         };
         for key in keys {
             let name = format!("{}.{key}", slot.recipe.kind.name());

@@ -23,12 +23,14 @@ mod chaos;
 mod children;
 #[path = "../shared/cli.rs"]
 mod cli;
+mod latency;
 mod obt_roles;
 mod queue_worker;
 mod quota_run;
 mod quota_worker;
 mod rate_worker;
 mod roles;
+mod soak;
 #[allow(dead_code)] // The integration tests use the rest of the proxy.
 mod wire_proxy;
 
@@ -51,6 +53,28 @@ struct Args {
 enum Role {
     /// Runs the whole torture: server, proxies, processes, faults, verification.
     Run(chaos::RunArgs),
+    /// Runs every system at once for `--minutes`, sampling memory, latencies and collection
+    /// sizes every `--interval`, and fails on a trend.
+    ///
+    /// Bank transfers (workers killed at random), check transactions, quota consumes and
+    /// releases, a rate limiter with reservations, OBTs with preemption (owners killed at
+    /// random), batches through the ledger simulator, two GC runners and the adoption of new
+    /// plain documents. Samples go to `<out>/samples.jsonl`, charts beside them.
+    ///
+    /// It fails when, besides the torture run's end checks (exact total, nothing held, no
+    /// record, the quota invariants): the resident memory of a long-lived process (not the
+    /// killed ones, not the soak itself) grows through the second half of the run by more than
+    /// max(20 % of its level there, 16 MiB), the least-squares slope over the second half's
+    /// samples times the half's length; a system collection series (records, held documents,
+    /// tombstones, providers, limiters, OBTs, tokens, the registry, batches, unadopted
+    /// documents; not the instances' announcements, kept a day, nor the journal) grows likewise
+    /// by more than max(20 %, 100 documents); or the p99 of an operation rises by more than 50 % from
+    /// the first third of the run to the last (median of the windows' p99s, windows of 5
+    /// operations or more, at least 3 windows in each third), unless it stays under 20 ms.
+    #[command(verbatim_doc_comment)]
+    Soak(soak::SoakArgs),
+    /// Draws a soak run's charts from its samples file.
+    SoakCharts(soak::charts::ChartArgs),
     /// A worker process: random transfers until killed.
     Worker(roles::WorkerArgs),
     /// A checker process: read-only check transactions over every account until killed.
@@ -93,6 +117,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.role {
             Role::Run(args) => chaos::run(args).await,
+            Role::Soak(args) => soak::run(args).await,
+            Role::SoakCharts(args) => soak::charts::run(args),
             Role::Worker(args) => roles::worker(args).await,
             Role::Checker(args) => roles::checker(args).await,
             Role::QuotaWorker(args) => quota_worker::quota_worker(args).await,

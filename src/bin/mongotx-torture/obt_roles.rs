@@ -34,6 +34,10 @@ pub(crate) struct ObtOwnerArgs {
     /// The lease it holds.
     #[arg(long, value_parser = crate::duration)]
     lease: Duration,
+    /// Print the durations of its preemption and heartbeats this often (`latencies` lines, for
+    /// the soak).
+    #[arg(long, value_parser = crate::duration)]
+    latency_every: Option<Duration>,
 }
 
 /// Arguments of an OBT contender.
@@ -70,22 +74,31 @@ async fn open(uri: &str, db: &str) -> Result<Obt, String> {
 /// every quarter lease until killed; exits with an error once it learns it lost the OBT.
 pub(crate) async fn obt_owner(args: ObtOwnerArgs) -> Result<(), String> {
     let obt = open(&args.uri, &args.db).await?;
+    let latencies = crate::latency::Latencies::every(args.latency_every);
     let created = obt
         .create(NewObt::new(&args.id, &args.owner).lease(args.lease))
         .await;
     let mut owned = match created {
         Ok(owned) => owned,
-        Err(ObtError::Exists { owner, .. }) => obt
-            .preempt(&args.id, &owner, &args.owner)
-            .await
-            .map_err(|e| format!("preempt: {e}"))?,
+        Err(ObtError::Exists { owner, .. }) => {
+            let started = Instant::now();
+            let taken = obt
+                .preempt(&args.id, &owner, &args.owner)
+                .await
+                .map_err(|e| format!("preempt: {e}"))?;
+            latencies.since("obt.preempt", started);
+            // Out now: the soak kills owners, often before a window would end.
+            latencies.flush();
+            taken
+        }
         Err(e) => return Err(format!("create: {e}")),
     };
     println!("owned {}", owned.token);
     loop {
         tokio::time::sleep(args.lease / 4).await;
+        let started = Instant::now();
         match obt.heartbeat(&mut owned).await {
-            Ok(()) => {}
+            Ok(()) => latencies.since("obt.heartbeat", started),
             Err(e) if e.is_retryable() => eprintln!("heartbeat failed, trying again: {e}"),
             Err(e) => {
                 println!("lost {e}");

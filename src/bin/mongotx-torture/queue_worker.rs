@@ -42,6 +42,9 @@ pub(crate) struct QueueWorkerArgs {
     /// How long to run (killed processes stop sooner).
     #[arg(long = "for", value_parser = crate::duration, default_value = "1h")]
     run_for: Duration,
+    /// Print the durations of submissions this often (`latencies` lines, for the soak).
+    #[arg(long, value_parser = crate::duration)]
+    latency_every: Option<Duration>,
 }
 
 /// Runs a submitter and a monitor until `--for` has passed.
@@ -57,9 +60,10 @@ pub(crate) async fn queue_worker(args: QueueWorkerArgs) -> Result<(), String> {
     let submitter = Submitter::new(batches.clone(), ledger.clone(), &args.name, args.claim_ttl);
     let monitor = Monitor::new(batches.clone(), ledger);
     let poll = args.poll;
+    let latencies = crate::latency::Latencies::every(args.latency_every);
     let submitting = tokio::spawn(async move {
         while Instant::now() < until {
-            match submit_round(&batches, &submitter).await {
+            match submit_round(&batches, &submitter, &latencies).await {
                 Ok(0) => tokio::time::sleep(poll).await,
                 Ok(_) => {}
                 Err(e) if e.is_retryable() => eprintln!("queue worker: {e}; going on"),
@@ -94,6 +98,7 @@ pub(crate) async fn queue_worker(args: QueueWorkerArgs) -> Result<(), String> {
 async fn submit_round(
     batches: &Batches,
     submitter: &Submitter<HttpLedger>,
+    latencies: &crate::latency::Latencies,
 ) -> Result<usize, QueueError> {
     let mut sent = 0;
     for batch in batches.round().await? {
@@ -101,7 +106,9 @@ async fn submit_round(
             continue;
         };
         say(&format!("claimed {}", claim.batch.header));
+        let started = Instant::now();
         if let Some(b) = submitter.send(&claim).await? {
+            latencies.since("queue.submit", started);
             let word = match b.status {
                 Some(BatchStatus::Delayed) => "delayed",
                 _ => "accepted",

@@ -28,6 +28,9 @@ pub(crate) struct QuotaWorkerArgs {
     /// Deadline of the transactions spanning several providers.
     #[arg(long, default_value = "1s", value_parser = crate::duration)]
     txn_timeout: Duration,
+    /// Print the durations of consumes and releases this often (`latencies` lines, for the soak).
+    #[arg(long, value_parser = crate::duration)]
+    latency_every: Option<Duration>,
 }
 
 /// Consumes and releases until killed; prints one line per hundred requests.
@@ -40,6 +43,7 @@ pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("open quota: {e}"))?;
+    let latencies = crate::latency::Latencies::every(args.latency_every);
     let me = std::process::id();
     let mut held: Vec<Consumed> = Vec::new();
     for n in 0_u64.. {
@@ -56,11 +60,15 @@ pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
         if release && !held.is_empty() {
             // Half by consumer name, half by what the consume returned.
             let taken = held.remove(0);
+            let started = std::time::Instant::now();
             let released = if n % 2 == 0 {
                 quota.release(&taken.consumer).await
             } else {
                 quota.release_consumed(&taken).await
             };
+            if released.is_ok() {
+                latencies.since("quota.release", started);
+            }
             match released {
                 Ok(_)
                 | Err(QuotaError::UnknownConsumer { .. } | QuotaError::UnknownRequest { .. }) => {}
@@ -73,8 +81,12 @@ pub(crate) async fn quota_worker(args: QuotaWorkerArgs) -> Result<(), String> {
         for (resource, amount) in args.resources.iter().zip(amounts) {
             request = request.take((project.as_str(), resource.as_str()), amount);
         }
+        let started = std::time::Instant::now();
         match quota.consume(&request).await {
-            Ok(taken) => held.push(taken),
+            Ok(taken) => {
+                latencies.since("quota.consume", started);
+                held.push(taken);
+            }
             Err(e) => tracing::debug!(%consumer, error = %e, "consume refused"),
         }
         if n % 100 == 99 {

@@ -160,6 +160,9 @@ pub(crate) fn accounts_spec(name: &str) -> Result<CollectionSpec, String> {
 pub(crate) struct WorkerArgs {
     #[command(flatten)]
     bank: Bank,
+    /// Print the durations of committed transfers this often (`latencies` lines, for the soak).
+    #[arg(long, value_parser = crate::duration)]
+    latency_every: Option<Duration>,
 }
 
 /// Arguments of a checker process.
@@ -277,6 +280,7 @@ impl Process {
 pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
     let process = Process::start(&args.bank).await?;
     let (accounts, txns, counters) = (&process.accounts, &process.txns, &process.counters);
+    let latencies = crate::latency::Latencies::every(args.latency_every);
     let n = args.bank.accounts;
     while process.running() {
         let (from_i, to_i, amount, plain) = {
@@ -311,6 +315,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
             }
             continue;
         }
+        let started = std::time::Instant::now();
         let result = txns
             .run(|tx| {
                 let (from_repo, to_repo) = (from_repo.clone(), to_repo.clone());
@@ -338,6 +343,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<(), String> {
             })
             .await;
         if result.is_ok() {
+            latencies.since("transfer.commit", started);
             // The run checks that every transfer reported here is in the journal at the end.
             println!("committed-transfer {}", transfer.id);
         }
