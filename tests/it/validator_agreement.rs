@@ -35,6 +35,7 @@ const SCHEMAS: &[(&str, &str)] = &[
     ("batches", include_str!("../../schemas/batches.json")),
     ("counters", include_str!("../../schemas/counters.json")),
     ("dlvs", include_str!("../../schemas/dlvs.json")),
+    ("lists", include_str!("../../schemas/lists.json")),
     (
         "managed_system_fields",
         include_str!("../../schemas/managed_system_fields.json"),
