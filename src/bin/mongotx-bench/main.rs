@@ -3,6 +3,8 @@
 mod adoption;
 #[path = "../shared/cli.rs"]
 mod cli;
+#[path = "../shared/font.rs"]
+mod font;
 mod gc;
 mod network;
 mod obt;

@@ -7,37 +7,12 @@ use std::path::{Path, PathBuf};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use plotters::style::{register_font, FontStyle};
 
 use crate::network::{AtLatency, CLIENTS, KS, MODES};
 
-/// Where a TrueType font for the charts' text is usually found.
-const FONTS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-];
-
-/// Registers the font (`font`, or the first of [`FONTS`] found) for the charts' text.
-fn load_font(font: Option<&Path>) -> Result<(), String> {
-    let path = match font {
-        Some(path) => path.to_path_buf(),
-        None => FONTS
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-            .ok_or_else(|| format!("no TrueType font found (looked for {FONTS:?}; pass --font)"))?,
-    };
-    let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-    // plotters keeps the font for the life of the process.
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| format!("{} is not a usable TrueType font", path.display()))
-}
-
 /// Gets ready to draw charts into `dir`: the font registered, the directory made.
 fn prepare(dir: &Path, font: Option<&Path>) -> Result<(), String> {
-    load_font(font)?;
+    crate::font::load_font(font)?;
     std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))
 }
 

@@ -23,6 +23,8 @@ mod chaos;
 mod children;
 #[path = "../shared/cli.rs"]
 mod cli;
+#[path = "../shared/font.rs"]
+mod font;
 mod latency;
 mod obt_roles;
 mod queue_worker;

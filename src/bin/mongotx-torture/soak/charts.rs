@@ -10,7 +10,6 @@ use clap::Args;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use plotters::style::{register_font, FontStyle};
 
 use super::sample::{self, Sample};
 
@@ -37,29 +36,6 @@ pub(crate) fn run(args: ChartArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Where a TrueType font for the charts' text is usually found.
-const FONTS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-];
-
-fn load_font(font: Option<&Path>) -> Result<(), String> {
-    let path = match font {
-        Some(path) => path.to_path_buf(),
-        None => FONTS
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.exists())
-            .ok_or_else(|| format!("no TrueType font found (looked for {FONTS:?}; pass --font)"))?,
-    };
-    let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-    // plotters keeps the font for the life of the process.
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    register_font("sans-serif", FontStyle::Normal, bytes)
-        .map_err(|_| format!("{} is not a usable TrueType font", path.display()))
-}
-
 /// One line of a chart.
 struct Line {
     label: String,
@@ -72,7 +48,7 @@ pub(crate) fn write(
     dir: &Path,
     font: Option<&Path>,
 ) -> Result<Vec<PathBuf>, String> {
-    load_font(font)?;
+    crate::font::load_font(font)?;
     std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let minutes = |s: &Sample| s.t / 60.0;
     let lines = |names: BTreeSet<String>, value: &dyn Fn(&Sample, &str) -> Option<f64>| {
