@@ -55,7 +55,7 @@ use bson::{doc, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use crate::queue::error::QueueError;
-use crate::queue::model::{Batch, BatchStatus, Place, Service};
+use crate::queue::model::{Batch, BatchStatus, Place, Service, Strategy};
 use crate::queue::store;
 use crate::queue::store::{guarded, name_problem, parse_status, shown};
 use crate::queue::Batches;
@@ -71,7 +71,7 @@ pub(crate) const DONE: [&str; 2] = ["committed", "invalid"];
 
 /// Statuses a submission can no longer change: settled, or pending (accepted by the ledger, to be
 /// decided there). A claim and the record of an answer both need a status outside these.
-const DECIDED: [&str; 4] = ["pending", "committed", "valid", "invalid"];
+pub(crate) const DECIDED: [&str; 4] = ["pending", "committed", "valid", "invalid"];
 
 /// The longest claim: a longer one would keep a batch whose submitter died, and with it every
 /// later batch of its service, from the ledger for days.
@@ -113,7 +113,7 @@ pub enum Submission {
 }
 
 /// Filter: batches of `service` strictly before `place`.
-fn before(service: &str, place: &Place) -> Document {
+pub(crate) fn before(service: &str, place: &Place) -> Document {
     let at = DateTime::from_millis(place.at);
     doc! {
         "service_id": service,
@@ -174,12 +174,26 @@ impl Claimed {
 }
 
 /// The body of [`Batches::claim`].
-pub(crate) async fn claim(
+/// A claim's terms, the same for either strategy: its token, its claimant, its expiry by the
+/// server's clock, the estimate of that clock it was made at, the deadline for sending (an
+/// instant of this process's clock) and the format its writes are in.
+pub(crate) struct Terms<'a> {
+    pub token: ObjectId,
+    pub claimant: &'a str,
+    pub until: DateTime,
+    pub now: DateTime,
+    pub deadline: Instant,
+    pub writes: i64,
+}
+
+/// The terms of a claim of `batch` by `claimant` for `ttl`, after checking them (a refusal
+/// writes nothing).
+pub(crate) async fn terms<'a>(
     queue: &Batches,
     batch: &Batch,
-    claimant: &str,
+    claimant: &'a str,
     ttl: Duration,
-) -> Result<Claimed, QueueError> {
+) -> Result<Terms<'a>, QueueError> {
     let header = batch.header.as_str();
     store::check_header(queue, header)?;
     if let Some(problem) = name_problem(claimant) {
@@ -213,6 +227,31 @@ pub(crate) async fn claim(
     let (now, error) = store::now_within(queue).await?;
     let until = plus(now, ttl);
     let deadline = began + ttl.saturating_sub(error);
+    Ok(Terms {
+        token,
+        claimant,
+        until,
+        now,
+        deadline,
+        writes,
+    })
+}
+
+/// The body of [`Batches::claim`] for a batch of a serial service.
+pub(crate) async fn claim(
+    queue: &Batches,
+    batch: &Batch,
+    terms: &Terms<'_>,
+) -> Result<Claimed, QueueError> {
+    let header = batch.header.as_str();
+    let Terms {
+        token,
+        claimant,
+        until,
+        now,
+        deadline,
+        writes,
+    } = *terms;
     let place = Place::of(batch);
     let service = batch.service_id.as_str();
     // Round 1: the slot, which is also the claim's fence (see the module's doc).
@@ -241,6 +280,8 @@ pub(crate) async fn claim(
             doc! {
                 "_id": header,
                 "created_at": batch.created_at,
+                // A batch of a parallel service (its `Batch` said otherwise) takes no slot.
+                "strategy": { "$exists": false },
                 "submitted": false,
                 "status": { "$nin": DECIDED.to_vec() },
                 "$or": [
@@ -693,15 +734,15 @@ async fn give_slot_back(
 
 /// The batch as a claim found it: its last submission and status, and whether giving the
 /// claim back also takes back what the ledger last said of it.
-struct Previous {
-    at: Option<DateTime>,
-    status: Option<BatchStatus>,
-    reset: bool,
+pub(crate) struct Previous {
+    pub at: Option<DateTime>,
+    pub status: Option<BatchStatus>,
+    pub reset: bool,
 }
 
 /// Gives back a claim that marked the batch submitted, before anything was sent (and takes
 /// back what the ledger last said of it, when `reset`).
-async fn unclaim_submitted(
+pub(crate) async fn unclaim_submitted(
     queue: &Batches,
     header: &str,
     token: ObjectId,
@@ -796,7 +837,7 @@ pub(crate) async fn record(
         .map_err(|e| store::db_error(queue, header, "record", e))?;
     if let Some(doc) = recorded {
         let batch = store::parse(queue, &doc)?;
-        if outcome == Submission::Delayed {
+        if outcome == Submission::Delayed && batch.strategy == Strategy::Serial {
             // Sent again after the delay window, by whoever takes it then.
             slot_runs_out(queue, &batch.service_id, header, writes).await?;
         }
@@ -923,7 +964,9 @@ pub(crate) async fn record_status(
         });
     };
     let batch = store::parse(queue, &written)?;
-    if DONE.contains(&status.as_str()) {
+    if batch.strategy == Strategy::Parallel {
+        // No slot: its younger batches look at its status.
+    } else if DONE.contains(&status.as_str()) {
         slot_done(queue, &batch.service_id, &Place::of(&batch), None, writes).await?;
     } else if status == BatchStatus::Unknown {
         // To be sent again: its slot may be taken again at once.

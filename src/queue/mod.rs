@@ -17,6 +17,7 @@
 mod claim;
 mod error;
 mod model;
+mod parallel;
 mod queuer;
 mod report;
 mod roles;
@@ -24,7 +25,7 @@ mod store;
 
 pub use claim::{Claim, Submission, MAX_CLAIM};
 pub use error::QueueError;
-pub use model::{Batch, BatchStatus, DEFAULT_DELAY};
+pub use model::{conflicts, Batch, BatchStatus, Keys, Strategy, DEFAULT_DELAY, MAX_KEYS};
 pub use report::{inspect, BatchReport, BatchState, QueueReport, SlotReport};
 pub use roles::{Answer, LedgerApi, LedgerStatus, Monitor, Submitter};
 pub use store::{NewBatch, BATCHES_SCHEMA, MAX_CONTENT, MAX_DELAY, SERVICES_SCHEMA};
@@ -125,7 +126,12 @@ impl Batches {
     /// ```
     #[tracing::instrument(name = "mongotx.queue.add", skip_all, fields(service = %batch.service_id, batch = %batch.header))]
     pub async fn add(&self, batch: &NewBatch) -> Result<Batch, QueueError> {
-        store::add(self, batch).await
+        match store::add(self, batch).await? {
+            store::Added::Placed(batch) => Ok(batch),
+            store::Added::ToPlace { at, writes } => {
+                parallel::place_after_went(self, batch, at, writes).await
+            }
+        }
     }
 
     /// One queuer round: the batches to submit now, by the one-round serial strategy (batches
@@ -135,6 +141,21 @@ impl Batches {
     #[tracing::instrument(name = "mongotx.queue.round", skip_all)]
     pub async fn round(&self) -> Result<Vec<Batch>, QueueError> {
         store::round(self).await
+    }
+
+    /// Chooses how `service`'s batches go to the ledger: one at a time in creation order
+    /// ([`Strategy::Serial`], what a service has unless told otherwise), or
+    /// [`Strategy::Parallel`]: batches whose declared [`Keys`] do not conflict go together,
+    /// and of two that conflict the older is committed or found invalid at the ledger before the
+    /// younger is sent (see [`conflicts`]; a batch that declares no keys conflicts with every
+    /// batch of its service).
+    ///
+    /// A service's strategy is chosen before its first batch: once a batch of the service was
+    /// added, choosing the strategy it has changes nothing, and choosing another is
+    /// [`QueueError::Invalid`], with nothing written; so is an unusable service id.
+    #[tracing::instrument(name = "mongotx.queue.set_strategy", skip_all, fields(service = service, strategy = %strategy))]
+    pub async fn set_strategy(&self, service: &str, strategy: Strategy) -> Result<(), QueueError> {
+        parallel::set_strategy(self, service, strategy).await
     }
 
     /// The stored batch `header`.
@@ -163,7 +184,13 @@ impl Batches {
         claimant: &str,
         ttl: Duration,
     ) -> Result<Option<Claim>, QueueError> {
-        let claimed = claim::claim(self, batch, claimant, ttl).await;
+        let claimed = match claim::terms(self, batch, claimant, ttl).await {
+            Ok(terms) if batch.strategy == Strategy::Parallel => {
+                parallel::claim(self, batch, &terms).await
+            }
+            Ok(terms) => claim::claim(self, batch, &terms).await,
+            Err(e) => Err(e),
+        };
         metrics::queue_claim(claimed.as_ref().map_or("error", Claimed::label));
         claimed.map(Claimed::into_claim)
     }

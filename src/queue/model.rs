@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use bson::{oid::ObjectId, Document};
+use bson::{doc, oid::ObjectId, Document};
+
+use crate::repo::names::{name_problem, shown};
 
 /// What the ledger last said about a batch (`None` on a [`Batch`]: nothing yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,6 +74,11 @@ pub struct Batch {
     pub status: Option<BatchStatus>,
     /// When a submitter last tried to submit it (server time).
     pub last_submitted_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The keys it declared it reads and writes; `None`: it declared none, and conflicts with
+    /// every batch of its service.
+    pub keys: Option<Keys>,
+    /// How its service sends batches (chosen before the service's first batch).
+    pub strategy: Strategy,
 }
 
 /// The default delay window, 15 s as in the queuer's reference design: a delayed batch is
@@ -84,6 +91,113 @@ impl Batch {
     pub fn needs(&self, status: BatchStatus) -> bool {
         self.status != Some(status) || (status == BatchStatus::Unknown && self.submitted)
     }
+}
+
+/// The most keys a batch may declare it reads, and the most it may declare it writes: each is
+/// matched against the other batches of its service at every claim.
+pub const MAX_KEYS: usize = 256;
+
+/// How a service's batches go to the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Strategy {
+    /// One batch at a time, in creation order (the one-round serial strategy).
+    #[default]
+    Serial,
+    /// Batches whose declared keys do not conflict go together; of two that conflict, the
+    /// older is final at the ledger (committed or invalid) before the younger is sent.
+    Parallel,
+}
+
+impl Strategy {
+    /// The strategy's name as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Serial => "serial",
+            Strategy::Parallel => "parallel",
+        }
+    }
+
+    /// The strategy stored as `name` (a missing field is serial).
+    pub(crate) fn parse(name: Option<&str>) -> Option<Strategy> {
+        match name {
+            None | Some("serial") => Some(Strategy::Serial),
+            Some("parallel") => Some(Strategy::Parallel),
+            Some(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a batch declares it reads and writes: the keys (names the service chooses: accounts,
+/// assets, documents) its transactions touch on the ledger. Under the parallel strategy two
+/// batches conflict when one writes a key the other reads or writes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Keys {
+    // Sorted and without repeats (kept so by `new`, the only way to make one), so that
+    // `conflicts` can search them.
+    reads: Vec<String>,
+    writes: Vec<String>,
+}
+
+impl Keys {
+    /// Keys read and written; sorted, repeats dropped (a key both read and written is kept in
+    /// both lists).
+    pub fn new<R, W>(reads: R, writes: W) -> Keys
+    where
+        R: IntoIterator,
+        R::Item: Into<String>,
+        W: IntoIterator,
+        W::Item: Into<String>,
+    {
+        let tidy = |keys: Vec<String>| {
+            let mut keys = keys;
+            keys.sort();
+            keys.dedup();
+            keys
+        };
+        Keys {
+            reads: tidy(reads.into_iter().map(Into::into).collect()),
+            writes: tidy(writes.into_iter().map(Into::into).collect()),
+        }
+    }
+
+    /// The keys it reads, sorted.
+    pub fn reads(&self) -> &[String] {
+        &self.reads
+    }
+
+    /// The keys it writes, sorted.
+    pub fn writes(&self) -> &[String] {
+        &self.writes
+    }
+
+    /// Every key it touches, read or written.
+    pub(crate) fn touched(&self) -> Vec<&str> {
+        let mut all: Vec<&str> = self
+            .reads
+            .iter()
+            .chain(&self.writes)
+            .map(String::as_str)
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+}
+
+/// Whether two batches of one service must keep their order: one of them declared nothing, or
+/// one writes a key the other reads or writes.
+pub fn conflicts(a: Option<&Keys>, b: Option<&Keys>) -> bool {
+    let (Some(a), Some(b)) = (a, b) else {
+        return true;
+    };
+    let meets = |w: &[String], other: &[String]| w.iter().any(|k| other.binary_search(k).is_ok());
+    meets(&a.writes, &b.writes) || meets(&a.writes, &b.reads) || meets(&b.writes, &a.reads)
 }
 
 /// A batch's place in its service's order.
@@ -139,4 +253,47 @@ impl Service {
         let holder = self.holder.clone().filter(|h| h.header != header);
         holder.max(self.mark.clone())
     }
+}
+
+/// The stored form of declared keys.
+pub(crate) fn keys_doc(keys: &Keys) -> Document {
+    doc! { "reads": keys.reads(), "writes": keys.writes() }
+}
+
+/// What is wrong with the keys a batch declares, if anything.
+pub(crate) fn keys_problem(keys: &Keys) -> Option<String> {
+    for (what, list) in [("reads", keys.reads()), ("writes", keys.writes())] {
+        if list.len() > MAX_KEYS {
+            return Some(format!(
+                "it declares {} keys it {what}, over the {MAX_KEYS} allowed",
+                list.len()
+            ));
+        }
+        if let Some((key, problem)) = list.iter().find_map(|k| name_problem(k).map(|p| (k, p))) {
+            return Some(format!(
+                "the key {} it {what} is unusable: {problem}",
+                shown(key)
+            ));
+        }
+    }
+    None
+}
+
+/// The keys stored batch `d` declares.
+pub(crate) fn parse_keys(d: &Document) -> Result<Option<Keys>, String> {
+    let Ok(keys) = d.get_document("keys") else {
+        return Ok(None);
+    };
+    let list = |field: &str| -> Result<Vec<String>, String> {
+        keys.get_array(field)
+            .map_err(|_| format!("no list of keys it {field}"))?
+            .iter()
+            .map(|k| {
+                k.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("a key it {field} is not a string"))
+            })
+            .collect()
+    };
+    Ok(Some(Keys::new(list("reads")?, list("writes")?)))
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use bson::DateTime;
 
-use crate::queue::model::{Batch, BatchStatus};
+use crate::queue::model::{self, conflicts, Batch, BatchStatus};
 
 /// Where a batch stands for the queuer (the three categories of the reference design's table):
 /// the table written out, which the unit tests hold [`one_round_serial`] to.
@@ -113,6 +113,70 @@ pub fn one_round_serial(batches: &[Batch], now: DateTime, delay: Duration) -> Ve
     queue
 }
 
+/// This round's queue over batches of services of either strategy: each service's batches by
+/// its own (a service's batches all have its strategy).
+pub fn one_round(batches: &[Batch], now: DateTime, delay: Duration) -> Vec<&Batch> {
+    if batches
+        .iter()
+        .all(|b| b.strategy == model::Strategy::Serial)
+    {
+        return one_round_serial(batches, now, delay);
+    }
+    let (parallel, serial): (Vec<Batch>, Vec<Batch>) = batches
+        .iter()
+        .cloned()
+        .partition(|b| b.strategy == model::Strategy::Parallel);
+    let by_header: BTreeMap<&str, &Batch> =
+        batches.iter().map(|b| (b.header.as_str(), b)).collect();
+    let serial = one_round_serial(&serial, now, delay);
+    let parallel = one_round_parallel(&parallel, now, delay);
+    serial
+        .into_iter()
+        .chain(parallel)
+        .filter_map(|b| by_header.get(b.header.as_str()).copied())
+        .collect()
+}
+
+/// This round's queue for services of the parallel strategy: every batch no submitter has
+/// whose older conflicting batches the ledger is done with (committed or invalid) that is new,
+/// or delayed past its window; and every unknown batch, and delayed one past its window, whose
+/// older conflicting batches are not all done (its claimant finds it out of order and makes it
+/// new again, to wait its turn). Services in id order, each oldest first.
+pub fn one_round_parallel(batches: &[Batch], now: DateTime, delay: Duration) -> Vec<&Batch> {
+    let mut services: BTreeMap<&str, Vec<&Batch>> = BTreeMap::new();
+    for b in batches {
+        services.entry(b.service_id.as_str()).or_default().push(b);
+    }
+    let mut queue = Vec::new();
+    for (_, mut list) in services {
+        list.sort_by(by_age);
+        let mut open: Vec<&Batch> = Vec::new();
+        for b in list {
+            if matches!(
+                b.status,
+                Some(BatchStatus::Committed | BatchStatus::Invalid)
+            ) {
+                continue;
+            }
+            let blocked = open
+                .iter()
+                .any(|o| conflicts(o.keys.as_ref(), b.keys.as_ref()));
+            let ready = !b.submitted
+                && match b.status {
+                    None => !blocked,
+                    Some(BatchStatus::Unknown) => true,
+                    Some(BatchStatus::Delayed) => delay_passed(b, now, delay),
+                    Some(_) => false,
+                };
+            if ready {
+                queue.push(b);
+            }
+            open.push(b);
+        }
+    }
+    queue
+}
+
 /// The category of `batch` among `batches` at `now`, consistent with [`one_round_serial`].
 #[cfg(test)]
 pub fn category(batch: &Batch, batches: &[Batch], now: DateTime, delay: Duration) -> Category {
@@ -154,6 +218,8 @@ mod tests {
             submitted: false,
             status: None,
             last_submitted_at: None,
+            keys: None,
+            strategy: model::Strategy::Serial,
         }
     }
 
@@ -433,6 +499,8 @@ mod tests {
                             })
                             .to_chrono()
                         }),
+                        keys: None,
+                        strategy: model::Strategy::Serial,
                     })
                     .collect()
             })
@@ -527,5 +595,81 @@ mod tests {
                 }
             }
         }
+    }
+
+    // The parallel round.
+
+    fn par(header: &str, created: i64, reads: &[&str], writes: &[&str]) -> Batch {
+        let mut b = batch(header, "p", created);
+        b.strategy = model::Strategy::Parallel;
+        b.keys = Some(crate::queue::model::Keys::new(
+            reads.to_vec(),
+            writes.to_vec(),
+        ));
+        b
+    }
+
+    fn queued_parallel(batches: &[Batch]) -> Vec<String> {
+        one_round(batches, DateTime::from_millis(NOW), DEFAULT_DELAY)
+            .into_iter()
+            .map(|b| b.header.clone())
+            .collect()
+    }
+
+    #[test]
+    fn the_parallel_round_queues_every_batch_whose_older_conflicting_batches_are_done() {
+        let a = par("a", 1, &[], &["x"]);
+        let b = par("b", 2, &[], &["y"]);
+        let c = par("c", 3, &["x"], &[]);
+        let d = par("d", 4, &["y"], &["x"]);
+        let mut e = par("e", 5, &[], &[]);
+        e.keys = None;
+        assert_eq!(
+            queued_parallel(&[a.clone(), b.clone(), c.clone(), d.clone(), e.clone()]),
+            ["a", "b"]
+        );
+        // a committed, b valid (not final): c goes, d waits for b (and c's read of x).
+        let a_done = with(a.clone(), false, Some(BatchStatus::Committed));
+        let b_valid = with(b.clone(), true, Some(BatchStatus::Valid));
+        assert_eq!(
+            queued_parallel(&[a_done.clone(), b_valid, c.clone(), d.clone(), e.clone()]),
+            ["c"]
+        );
+        // A batch with a submitter is not queued, and keeps its chain waiting.
+        let c_taken = with(c.clone(), true, None);
+        let b_done = with(b.clone(), false, Some(BatchStatus::Invalid));
+        assert_eq!(
+            queued_parallel(&[a_done.clone(), b_done.clone(), c_taken, d.clone()]),
+            Vec::<String>::new()
+        );
+        let c_done = with(c, false, Some(BatchStatus::Committed));
+        assert_eq!(queued_parallel(&[a_done, b_done, c_done, d, e]), ["d"]);
+    }
+
+    #[test]
+    fn the_parallel_round_queues_unknown_at_once_and_delayed_after_their_window() {
+        let a = with(par("a", 1, &[], &["x"]), false, Some(BatchStatus::Unknown));
+        let b = last_submitted(
+            with(par("b", 2, &[], &["y"]), false, Some(BatchStatus::Delayed)),
+            1_000,
+        );
+        let c = par("c", 3, &["x", "y"], &[]);
+        let d = par("d", 4, &[], &["z"]);
+        assert_eq!(
+            queued_parallel(&[a.clone(), b.clone(), c.clone(), d.clone()]),
+            ["a", "d"],
+            "b waits out its window, c its chain"
+        );
+        let b_old = last_submitted(b, 20_000);
+        assert_eq!(queued_parallel(&[a, b_old, c, d]), ["a", "b", "d"]);
+    }
+
+    #[test]
+    fn a_round_over_both_strategies_sends_each_service_by_its_own() {
+        let s1 = batch("s1", "s", 1);
+        let s2 = batch("s2", "s", 2);
+        let p1 = par("p1", 1, &[], &["x"]);
+        let p2 = par("p2", 2, &[], &["y"]);
+        assert_eq!(queued_parallel(&[s1, s2, p1, p2]), ["s1", "p1", "p2"]);
     }
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::queue::claim::DONE;
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Service};
-use crate::queue::queuer::one_round_serial;
+use crate::queue::queuer::one_round;
 use crate::queue::store;
 use crate::queue::Batches;
 use crate::repo::store::Store;
@@ -175,7 +175,7 @@ pub(crate) async fn report(queue: &Batches, service: &str) -> Result<QueueReport
         .iter()
         .map(|d| store::parse(queue, d))
         .collect::<Result<Vec<Batch>, _>>()?;
-    let queued: Vec<&str> = one_round_serial(&batches, now, queue.delay)
+    let queued: Vec<&str> = one_round(&batches, now, queue.delay)
         .into_iter()
         .map(|b| b.header.as_str())
         .collect();

@@ -21,8 +21,11 @@ use mongodb::IndexModel;
 use crate::server::codes;
 
 use crate::queue::error::QueueError;
-use crate::queue::model::{Batch, BatchStatus, Place, Service, DEFAULT_DELAY};
-use crate::queue::queuer::one_round_serial;
+use crate::queue::model::{
+    keys_doc, keys_problem, parse_keys, Batch, BatchStatus, Keys, Place, Service, Strategy,
+    DEFAULT_DELAY,
+};
+use crate::queue::queuer::one_round;
 use crate::queue::Batches;
 use crate::repo::format;
 use crate::repo::store::Store;
@@ -70,6 +73,9 @@ pub struct NewBatch {
     pub header: String,
     /// What is submitted to the ledger.
     pub content: String,
+    /// The keys it reads and writes, if it declares them (see [`Keys`]); without them it
+    /// conflicts with every batch of its service. Only the parallel strategy looks at them.
+    pub keys: Option<Keys>,
 }
 
 impl NewBatch {
@@ -83,7 +89,20 @@ impl NewBatch {
             service_id: service_id.into(),
             header: header.into(),
             content: content.into(),
+            keys: None,
         }
+    }
+
+    /// The same batch, declaring the keys it reads and writes (at most [`MAX_KEYS`](crate::queue::MAX_KEYS) of each).
+    pub fn with_keys<R, W>(mut self, reads: R, writes: W) -> NewBatch
+    where
+        R: IntoIterator,
+        R::Item: Into<String>,
+        W: IntoIterator,
+        W::Item: Into<String>,
+    {
+        self.keys = Some(Keys::new(reads, writes));
+        self
     }
 }
 
@@ -149,8 +168,16 @@ pub(crate) async fn with_collection(
     })
 }
 
-/// The body of [`Batches::add`].
-pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, QueueError> {
+/// What `add` did: the batch is in its place, or it is a batch of a parallel service, inserted
+/// or found never sent, that its adder's check must still place (`parallel::place_after_went`,
+/// which `Batches::add` calls: the parallel strategy builds on this module).
+pub(crate) enum Added {
+    Placed(Batch),
+    ToPlace { at: DateTime, writes: i64 },
+}
+
+/// The body of [`Batches::add`], but for a parallel service's check.
+pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Added, QueueError> {
     check_header(queue, &batch.header)?;
     if let Some(problem) = name_problem(&batch.service_id) {
         return Err(invalid_batch(
@@ -163,13 +190,31 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
         ));
     }
     // An empty batch has nothing to submit (most likely its content was lost on the way);
-    // one over the limit would fail at the server as a database error.
+    // one over the limit would fail at the server as a database error (its declared keys
+    // count towards the limit: they are stored beside it).
     let size = batch.content.len();
-    if size == 0 || size > MAX_CONTENT {
+    let keys: usize = batch.keys.as_ref().map_or(0, |k| {
+        k.reads()
+            .iter()
+            .chain(k.writes())
+            .map(|key| key.len() + 8)
+            .sum()
+    });
+    if size == 0 || size + keys > MAX_CONTENT {
         return Err(invalid_batch(
             queue,
             format!(
-                "batch {} of {}: its content has {size} bytes, not 1 to {MAX_CONTENT}",
+                "batch {} of {}: its content has {size} bytes and its keys {keys}, not 1 to {MAX_CONTENT} in all",
+                shown(&batch.header),
+                shown(&batch.service_id)
+            ),
+        ));
+    }
+    if let Some(problem) = batch.keys.as_ref().and_then(keys_problem) {
+        return Err(invalid_batch(
+            queue,
+            format!(
+                "batch {} of {}: {problem}",
                 shown(&batch.header),
                 shown(&batch.service_id)
             ),
@@ -183,13 +228,25 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
         .await
         .map_err(|e| db_error(queue, &batch.header, "add", e))?;
     if let Some(stored) = found {
-        return added_before(queue, batch, &stored);
+        return added_before(queue, batch, &stored).await;
     }
     let writes = writes(queue).await?;
+    if batch.keys.is_some() && writes < PARALLEL_FORMAT {
+        return Err(before_parallel_format(queue, "declared keys", writes));
+    }
     // The stamp comes from the service's counter, after every stamp given to a batch of the
     // service, its slot and its mark: the batch is inserted in its place, so no submitter can
     // find it anywhere else.
-    let created_at = draw_stamp(queue, &batch.service_id, &batch.header, writes).await?;
+    let drawn = draw(queue, &batch.service_id, &batch.header, writes).await?;
+    if drawn.strategy == Strategy::Parallel && writes < PARALLEL_FORMAT {
+        // Switched back to an older format since the service chose the parallel strategy.
+        return Err(before_parallel_format(
+            queue,
+            "the batches of a parallel service",
+            writes,
+        ));
+    }
+    let created_at = drawn.at;
     let mut doc = doc! {
         "_id": &batch.header,
         "service_id": &batch.service_id,
@@ -197,23 +254,45 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Batch, Queu
         "created_at": created_at,
         "submitted": false,
     };
+    if let Some(keys) = &batch.keys {
+        doc.insert("keys", keys_doc(keys));
+    }
+    // The service's strategy goes with each batch: it never changes once a batch of the
+    // service has drawn a stamp, and rounds and claims then need not read the service.
+    if drawn.strategy == Strategy::Parallel {
+        doc.insert("strategy", Strategy::Parallel.as_str());
+    }
     format::mark(&mut doc, writes);
     match queue.coll.insert_one(&doc).await {
-        Ok(_) => place_after_the_service(queue, batch, created_at, writes).await,
+        Ok(_) if drawn.strategy == Strategy::Parallel => Ok(Added::ToPlace {
+            at: created_at,
+            writes,
+        }),
+        Ok(_) => Ok(Added::Placed(
+            place_after_the_service(queue, batch, created_at, writes).await?,
+        )),
         // Added by someone else meanwhile (the stamp drawn is left unused).
         Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
-            added_before(queue, batch, &stored(queue, &batch.header).await?)
+            added_before(queue, batch, &stored(queue, &batch.header).await?).await
         }
         Err(e) => Err(db_error(queue, &batch.header, "add", e)),
     }
 }
 
-/// `batch` found stored: the same batch (the stored one is returned), or its header reused.
-fn added_before(queue: &Batches, batch: &NewBatch, stored: &Document) -> Result<Batch, QueueError> {
+/// `batch` found stored: the same batch (the stored one is returned), or its header reused. A
+/// batch of a parallel service that never went is looked at as its adder would have (its adder
+/// may have died, or failed, before it did), so that it is not stamped again after this add
+/// returned.
+async fn added_before(
+    queue: &Batches,
+    batch: &NewBatch,
+    stored: &Document,
+) -> Result<Added, QueueError> {
     // Of a newer format, it is not compared: its fields may mean something else there.
     check_batch(queue, stored)?;
     let same = stored.get_str("service_id") == Ok(batch.service_id.as_str())
-        && stored.get_str("content") == Ok(batch.content.as_str());
+        && stored.get_str("content") == Ok(batch.content.as_str())
+        && parse_keys(stored).ok() == Some(batch.keys.clone());
     if !same {
         return Err(QueueError::HeaderReused {
             collection: queue.name.clone(),
@@ -221,20 +300,61 @@ fn added_before(queue: &Batches, batch: &NewBatch, stored: &Document) -> Result<
             service_id: stored.get_str("service_id").unwrap_or("?").to_string(),
         });
     }
-    parse(queue, stored)
+    let found = parse(queue, stored)?;
+    let never_went =
+        found.status.is_none() && !found.submitted && !stored.get_bool("sent").unwrap_or(false);
+    if found.strategy == Strategy::Parallel && never_went {
+        let writes = writes(queue).await?;
+        let at = DateTime::from_chrono(found.created_at);
+        return Ok(Added::ToPlace { at, writes });
+    }
+    Ok(Added::Placed(found))
 }
 
-/// Draws a stamp for batch `header` of `service` from the service's counter (`newest`, which
-/// it raises to the stamp), in one write: one millisecond after the newest stamp given so far,
-/// after the batch in the slot (unless it is this one) and after the mark, and no earlier than
-/// the server's time as estimated here. Stamps of a service are unique and rise in the order
-/// they are drawn.
+/// The stored format that keeps declared keys and the parallel strategy: a release before it
+/// would take a parallel service's batches for serial ones, and its validators refuse the fields.
+pub(crate) const PARALLEL_FORMAT: i64 = 2;
+
+/// The refusal of `what` while the database writes format `writes`.
+pub(crate) fn before_parallel_format(queue: &Batches, what: &str, writes: i64) -> QueueError {
+    QueueError::Invalid {
+        collection: queue.name.clone(),
+        reason: format!(
+            "{what} need stored format {PARALLEL_FORMAT}, and the database writes format \
+             {writes}: switch it once every instance runs a release that reads it (`mongotx \
+             format set {PARALLEL_FORMAT}`, `Store::set_format`)"
+        ),
+    }
+}
+
+/// A stamp drawn from a service's counter, and the service's strategy.
+pub(crate) struct Drawn {
+    pub at: DateTime,
+    pub strategy: Strategy,
+}
+
+/// Draws a stamp for batch `header` of `service` (see [`draw`]).
 pub(crate) async fn draw_stamp(
     queue: &Batches,
     service: &str,
     header: &str,
     writes: i64,
 ) -> Result<DateTime, QueueError> {
+    Ok(draw(queue, service, header, writes).await?.at)
+}
+
+/// Draws a stamp for batch `header` of `service` from the service's counter (`newest`, which
+/// it raises to the stamp), in one write: one millisecond after the newest stamp given so far,
+/// after the batch in the slot (unless it is this one) and after the mark, and no earlier than
+/// the server's time as estimated here. Stamps of a service are unique and rise in the order
+/// they are drawn. The service's strategy is read in the same write (it is fixed from the
+/// first draw on).
+pub(crate) async fn draw(
+    queue: &Batches,
+    service: &str,
+    header: &str,
+    writes: i64,
+) -> Result<Drawn, QueueError> {
     let now = now(queue).await?;
     // A missing field adds up to null, which `$max` leaves out.
     let stamp = doc! { "$max": [
@@ -276,17 +396,30 @@ pub(crate) async fn draw_stamp(
             Err(e) => return Err(db_error(queue, header, "draw a stamp", e)),
         }
     };
-    drawn
-        .as_ref()
-        .and_then(|d| d.get_datetime("newest").ok().copied())
-        .ok_or_else(|| QueueError::Malformed {
-            collection: queue.name.clone(),
-            header: header.to_string(),
-            reason: format!(
-                "the service {} has no newest stamp after drawing one",
-                shown(service)
-            ),
-        })
+    let malformed = |reason: String| QueueError::Malformed {
+        collection: queue.name.clone(),
+        header: header.to_string(),
+        reason,
+    };
+    let drawn = drawn.ok_or_else(|| {
+        malformed(format!(
+            "the service {} vanished while drawing a stamp",
+            shown(service)
+        ))
+    })?;
+    let at = drawn.get_datetime("newest").ok().copied().ok_or_else(|| {
+        malformed(format!(
+            "the service {} has no newest stamp after drawing one",
+            shown(service)
+        ))
+    })?;
+    let strategy = Strategy::parse(drawn.get_str("strategy").ok()).ok_or_else(|| {
+        malformed(format!(
+            "the service {} has an unknown strategy",
+            shown(service)
+        ))
+    })?;
+    Ok(Drawn { at, strategy })
 }
 
 /// The adder's half of the ordering, once the batch is inserted: a batch taken meanwhile
@@ -316,6 +449,8 @@ async fn place_after_the_service(
                 submitted: false,
                 status: None,
                 last_submitted_at: None,
+                keys: batch.keys.clone(),
+                strategy: Strategy::Serial,
             });
         }
         let again = draw_stamp(queue, &batch.service_id, header, writes).await?;
@@ -361,7 +496,9 @@ async fn place_after_the_service(
 
 /// The body of [`Batches::round`].
 pub(crate) async fn round(queue: &Batches) -> Result<Vec<Batch>, QueueError> {
-    let open = doc! { "status": { "$nin": ["committed", "valid", "invalid"] } };
+    // Valid batches too: under the parallel strategy they keep the younger batches they
+    // conflict with waiting (the ledger may still forget them).
+    let open = doc! { "status": { "$nin": ["committed", "invalid"] } };
     let docs: Vec<Document> = queue
         .coll
         .find(open)
@@ -380,7 +517,7 @@ pub(crate) async fn round(queue: &Batches) -> Result<Vec<Batch>, QueueError> {
         .now()
         .await
         .map_err(|e| QueueError::Clock(Box::new(e)))?;
-    Ok(one_round_serial(&batches, now, queue.delay)
+    Ok(one_round(&batches, now, queue.delay)
         .into_iter()
         .cloned()
         .collect())
@@ -526,6 +663,9 @@ pub(crate) fn parse(queue: &Batches, d: &Document) -> Result<Batch, QueueError> 
             .get_datetime("last_submitted_at")
             .ok()
             .map(|at| at.to_chrono()),
+        keys: parse_keys(d).map_err(|reason| malformed(&reason))?,
+        strategy: Strategy::parse(d.get_str("strategy").ok())
+            .ok_or_else(|| malformed("unknown strategy"))?,
     })
 }
 

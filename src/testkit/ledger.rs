@@ -4,7 +4,10 @@
 //! through), or to lose a submission while answering that it was accepted. It records the order
 //! in which each service's batches were committed, and every breach of the rules a submitter
 //! must keep: a second batch of a service accepted while another is in flight, a batch submitted
-//! again after it was found invalid, and one batch header submitted with two contents. It also
+//! again after it was found invalid, and one batch header submitted with two contents. Batches of
+//! parallel services that the test [declares](Ledger::declare) are held to the parallel rule
+//! instead: a batch sent while an older batch it conflicts with is not final here (committed or
+//! invalid), or after a younger one it conflicts with was taken, is a breach. It also
 //! records each submission of a batch it already had (pending or committed): harmless to it, as
 //! to any ledger that deduplicates by header, but a sign that two submitters had one batch.
 
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::queue::LedgerApi;
+use crate::queue::{conflicts, Batch, Keys, LedgerApi, Strategy};
 pub use crate::queue::{Answer, LedgerStatus};
 
 /// What the ledger does with a submission.
@@ -64,8 +67,18 @@ struct Entry {
     accepted_at: Instant,
 }
 
+/// A batch of a parallel service as the test declared it: its place in its service's order
+/// and its keys.
+#[derive(Debug)]
+struct Declared {
+    service: String,
+    place: (i64, String),
+    keys: Option<Keys>,
+}
+
 #[derive(Debug)]
 struct State {
+    declared: HashMap<String, Declared>,
     rng: StdRng,
     entries: HashMap<String, Entry>,
     /// Fates chosen for one batch's next submission.
@@ -93,6 +106,7 @@ impl Ledger {
             faults,
             state: Arc::new(Mutex::new(State {
                 rng: StdRng::seed_from_u64(seed),
+                declared: HashMap::new(),
                 entries: HashMap::new(),
                 forced: HashMap::new(),
                 committed: BTreeMap::new(),
@@ -110,6 +124,57 @@ impl Ledger {
     /// Decides what happens to `header`'s next submission.
     pub fn force(&self, header: &str, fate: Fate) {
         self.state().forced.insert(header.to_string(), fate);
+    }
+
+    /// Tells the ledger a batch of a parallel service (as `add` returned it): its submissions
+    /// are then checked against the parallel rule. A batch of a serial service is left to the
+    /// serial check.
+    pub fn declare(&self, batch: &Batch) {
+        if batch.strategy != Strategy::Parallel {
+            return;
+        }
+        self.state().declared.insert(
+            batch.header.clone(),
+            Declared {
+                service: batch.service_id.clone(),
+                place: (batch.created_at.timestamp_millis(), batch.header.clone()),
+                keys: batch.keys.clone(),
+            },
+        );
+    }
+
+    /// The parallel rule at the sending of declared batch `header`: every older batch of its
+    /// service that it conflicts with is final here, and no younger one is taken.
+    fn check_parallel(state: &mut State, header: &str) {
+        let Some(sent) = state.declared.get(header) else {
+            return;
+        };
+        let mut breaches = Vec::new();
+        for (other, d) in &state.declared {
+            if other == header
+                || d.service != sent.service
+                || !conflicts(d.keys.as_ref(), sent.keys.as_ref())
+            {
+                continue;
+            }
+            let status = state.entries.get(other).map(|e| e.status);
+            let final_here = matches!(
+                status,
+                Some(LedgerStatus::Committed | LedgerStatus::Invalid)
+            );
+            if d.place < sent.place && !final_here {
+                breaches.push(format!(
+                    "{header} of {} sent while the older {other} it conflicts with is {status:?}",
+                    sent.service
+                ));
+            } else if d.place > sent.place && status.is_some_and(|s| s != LedgerStatus::Unknown) {
+                breaches.push(format!(
+                    "{header} of {} sent after the younger {other} it conflicts with was taken ({status:?})",
+                    sent.service
+                ));
+            }
+        }
+        state.breaches.extend(breaches);
     }
 
     /// Brings pending batches whose time has come to their end.
@@ -136,6 +201,10 @@ impl Ledger {
         let mut state = self.state();
         self.settle(&mut state);
         state.submissions += 1;
+        let parallel = state.declared.contains_key(header);
+        if parallel {
+            Self::check_parallel(&mut state, header);
+        }
         let known = state
             .entries
             .get(header)
@@ -188,7 +257,7 @@ impl Ledger {
             Fate::Invalid => LedgerStatus::Invalid,
             Fate::Forget => LedgerStatus::Unknown,
         };
-        if status == LedgerStatus::Pending {
+        if status == LedgerStatus::Pending && !parallel {
             let in_flight = state.entries.iter().find(|(h, e)| {
                 e.service == service && e.status == LedgerStatus::Pending && h.as_str() != header
             });

@@ -11,8 +11,8 @@
 //!   `GcOptions::fault_injector` and `QuotaOptions::fault_injector`, which exist only with
 //!   this feature).
 //! - [`explore`]: the exhaustive state explorer the protocol models run on: the commit
-//!   protocol's (`commit_model`, a unit test run by CI with `--ignored`) and the rate limiter's
-//!   ([`ratelimit_model`]).
+//!   protocol's (`commit_model`, a unit test run by CI with `--ignored`), the batch queue's
+//!   parallel strategy's (`queue_model`, unit tests) and the rate limiter's ([`ratelimit_model`]).
 //! - [`api_simulator`]: a third-party API with a rate limit, for the rate limiter's tests;
 //!   [`ledger`] and [`ledger_http`]: the external ledger the batch queue submits to, in process
 //!   and over HTTP.
@@ -31,6 +31,8 @@ pub(crate) mod http;
 pub mod ledger;
 pub mod ledger_http;
 pub mod local_server;
+#[cfg(test)]
+mod queue_model;
 pub mod ratelimit_model;
 pub mod test_server;
 pub mod toxiproxy;

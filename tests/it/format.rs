@@ -80,11 +80,11 @@ async fn set_raw(t: &TestDb, collection: &str, id: impl Into<bson::Bson>, field:
     assert_eq!(set.matched_count, 1, "{collection}: no such document");
 }
 
-/// Checks that `error` is a refusal of a format-2 thing by a reader of format 1, named.
+/// Checks that `error` is a refusal of a format-3 thing by a reader of formats up to 2, named.
 fn refused_as_newer(error: &dyn std::fmt::Display, kind: ErrorKind, names: &[&str]) {
     let message = error.to_string();
     assert_eq!(kind, ErrorKind::NewerFormat, "{message}");
-    for name in ["format 2", "format 1"].iter().chain(names) {
+    for name in ["format 3", "format 2"].iter().chain(names) {
         assert!(message.contains(name), "{name:?} missing from: {message}");
     }
 }
@@ -99,7 +99,7 @@ async fn a_record_of_a_newer_format_is_refused_and_left_alone() {
         Ok(1),
         "this release writes format 1 in its records"
     );
-    set_raw(&t, TRANSACTIONS_COLLECTION, txn, "_format", 2).await;
+    set_raw(&t, TRANSACTIONS_COLLECTION, txn, "_format", 3).await;
     let before = snapshot(&t.db).await;
 
     let read = accounts
@@ -158,7 +158,7 @@ async fn a_hold_of_a_newer_format_is_refused_and_left_alone() {
         "format 1 leaves holds unmarked"
     );
     // A hold of a newer release whose record is gone: only the hold says what undoes it.
-    set_raw(&t, "accounts", "a", "_hold._format", 2).await;
+    set_raw(&t, "accounts", "a", "_hold._format", 3).await;
     t.db.collection::<Document>(TRANSACTIONS_COLLECTION)
         .delete_one(doc! { "_id": txn })
         .await
@@ -196,7 +196,7 @@ async fn a_collection_registered_in_a_newer_format_is_refused_at_open() {
             .expect("registered")
     };
     assert_eq!(registry().await.get_i64("_format"), Ok(1));
-    set_raw(&t, META_COLLECTION, "collection:accounts", "_format", 2).await;
+    set_raw(&t, META_COLLECTION, "collection:accounts", "_format", 3).await;
     let entry = registry().await;
     let other = Store::new(t.db.clone());
     let refused = other
@@ -207,13 +207,13 @@ async fn a_collection_registered_in_a_newer_format_is_refused_at_open() {
     assert_eq!(registry().await, entry, "the registry entry is as it was");
 }
 
-/// A store of this release and one playing the next (reads formats 1 and 2), both announced by
+/// A store of this release and one playing the next (reads formats 1 to 3), both announced by
 /// opening the accounts.
 async fn two_releases(t: &TestDb, refresh: Duration) -> (Store, Store) {
     let this = Store::builder(t.db.clone()).format_refresh(refresh).build();
     let next = Store::builder(t.db.clone())
         .format_refresh(refresh)
-        .plays_format(2)
+        .plays_format(3)
         .build();
     for store in [&this, &next] {
         store
@@ -228,16 +228,16 @@ async fn two_releases(t: &TestDb, refresh: Duration) -> (Store, Store) {
 async fn the_gate_switches_only_once_every_live_instance_reads_the_format() {
     let t = TestDb::new().await;
     let accounts = bank(&t).await;
-    // The harness's store announced itself (reading format 1) by opening the accounts.
+    // The harness's store announced itself (reading formats up to 2) by opening the accounts.
     t.store.shutdown(Duration::from_secs(5)).await;
     let (this, next) = two_releases(&t, Duration::from_secs(10)).await;
     let this_id = this.format_status().await.expect("status").instance;
 
-    let refused = next.set_format(2).await.expect_err("this release is live");
+    let refused = next.set_format(3).await.expect_err("this release is live");
     assert_eq!(refused.kind(), ErrorKind::Refused, "{refused}");
     match &refused {
         RepoError::FormatRefused {
-            requested: 2,
+            requested: 3,
             behind,
         } => {
             assert_eq!(behind.len(), 1, "{refused}");
@@ -269,16 +269,16 @@ async fn the_gate_switches_only_once_every_live_instance_reads_the_format() {
         "this release reads what the next wrote unswitched: {a:?}"
     );
 
-    // This release stops; the switch goes through, and the next release writes format 2.
+    // This release stops; the switch goes through, and the next release writes format 3.
     this.shutdown(Duration::from_secs(5)).await;
     let status = next
-        .set_format(2)
+        .set_format(3)
         .await
-        .expect("every live instance reads 2");
-    assert_eq!((status.writes, status.reads), (2, 2));
+        .expect("every live instance reads 3");
+    assert_eq!((status.writes, status.reads), (3, 3));
     assert_eq!(
         switched(()).await.expect("switched").get_i64("writes"),
-        Ok(2)
+        Ok(3)
     );
     past_deadline(&t, txn).await;
     Gc::new(&next, GcOptions::default())
@@ -288,7 +288,7 @@ async fn the_gate_switches_only_once_every_live_instance_reads_the_format() {
     let txn = crashed(&next, &next_accounts).await;
     assert_eq!(
         record(&t, txn).await.expect("record").get_i64("_format"),
-        Ok(2)
+        Ok(3)
     );
     let stored_a =
         t.db.collection::<Document>("accounts")
@@ -301,7 +301,7 @@ async fn the_gate_switches_only_once_every_live_instance_reads_the_format() {
             .get_document("_hold")
             .expect("held")
             .get_i64("_format"),
-        Ok(2)
+        Ok(3)
     );
 
     // A store of this release started now refuses to write, and writes nothing.
@@ -312,12 +312,12 @@ async fn the_gate_switches_only_once_every_live_instance_reads_the_format() {
         .await
         .expect_err("the database writes a format this release does not read");
     refused_as_newer(&opened, opened.kind(), &[META_COLLECTION]);
-    let read = accounts.get("a").await.expect_err("a format-2 record");
+    let read = accounts.get("a").await.expect_err("a format-3 record");
     assert_eq!(read.kind(), ErrorKind::NewerFormat, "{read}");
     assert_eq!(snapshot(&t.db).await, before, "nothing was written");
 
     // Formats this release does not read cannot be switched on; going back is allowed.
-    for asked in [0, 3] {
+    for asked in [0, 4] {
         let unknown = next
             .set_format(asked)
             .await
@@ -336,13 +336,13 @@ async fn an_announcement_lapses_once_its_store_stops_renewing_it() {
     let (this, next) = two_releases(&t, refresh).await;
     let this_id = this.format_status().await.expect("status").instance;
     assert!(
-        next.set_format(2).await.is_err(),
+        next.set_format(3).await.is_err(),
         "live right after it announced"
     );
     // Six intervals without a renewal, and a margin for the server's clock.
     tokio::time::sleep(refresh * 6 + Duration::from_millis(400)).await;
     let status = next
-        .set_format(2)
+        .set_format(3)
         .await
         .expect("the idle store's announcement lapsed");
     let listed = status
@@ -350,8 +350,8 @@ async fn an_announcement_lapses_once_its_store_stops_renewing_it() {
         .iter()
         .find(|i| i.id == this_id)
         .expect("a lapsed announcement is still listed");
-    assert!(!listed.live && listed.reads == 1, "{listed:?}");
-    assert!(status.instances.iter().any(|i| i.live && i.reads == 2));
+    assert!(!listed.live && listed.reads == 2, "{listed:?}");
+    assert!(status.instances.iter().any(|i| i.live && i.reads == 3));
 }
 
 #[tokio::test]
@@ -365,7 +365,7 @@ async fn the_admin_command_shows_the_format_and_switches_it_through_the_gate() {
     assert!(shown.contains("writes: format 1"), "{shown}");
     assert!(shown.contains("instances: 1 live, 0 lapsed"), "{shown}");
     assert!(
-        shown.contains(&format!("live   {me}: reads 1 to 1, writes 1")),
+        shown.contains(&format!("live   {me}: reads 1 to 2, writes 1")),
         "{shown}"
     );
     let json = mongotx_json(&t, &["format"]).await;
@@ -373,10 +373,10 @@ async fn the_admin_command_shows_the_format_and_switches_it_through_the_gate() {
     assert_eq!(json["instances"][0]["id"], me.as_str(), "{json}");
 
     // Not a format this release reads: refused, exit status 1, nothing switched.
-    let refused = run(MONGOTX, &t, &["format", "set", "2"]).await;
+    let refused = run(MONGOTX, &t, &["format", "set", "3"]).await;
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("reads formats 1 to 1"), "{stderr}");
+    assert!(stderr.contains("reads formats 1 to 2"), "{stderr}");
     let bad = run(MONGOTX, &t, &["format", "set", "0"]).await;
     assert_eq!(bad.status.code(), Some(2), "a bad argument");
     let format =

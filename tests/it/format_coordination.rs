@@ -1,13 +1,13 @@
 //! The stored format on the coordination collections' documents: a rate limiter, a batch, a
 //! batch service, an OBT token counter, a fence and a minute of the contention record.
 //!
-//! Each kind is tested twice. Turned newer by hand (`_format: 2` set with the driver on a stored
+//! Each kind is tested twice. Turned newer by hand (`_format: 3` set with the driver on a stored
 //! document, in a database that writes format 1), every operation of this release that reads it
 //! or writes it is refused with `ErrorKind::NewerFormat`, naming the collection, the id and both
 //! formats, and the document is left byte for byte as it was, with nothing else written beside
-//! it. Written by a store that plays a future release reading formats up to 2, it is unmarked
-//! until that store switches the database to format 2 and marked `_format: 2` from then on, and
-//! a store of this release refuses it.
+//! it. Written by a store that plays a future release reading formats up to 3, it is unmarked
+//! until that store switches the database to format 3 and marked `_format: 3` from then on, and
+//! a store of this release (reading formats up to 2) refuses it.
 
 use std::time::{Duration, Instant};
 
@@ -25,12 +25,12 @@ use mongotx::{ErrorKind, Store};
 use crate::common::TestDb;
 use crate::contention::{alice_moved_on, stale_update};
 
-/// Asserts that `err` (of kind `kind`) refuses a document of format 2 in a process reading
-/// format 1, naming `collection` and, when given, the document's `id` (as errors show it).
+/// Asserts that `err` (of kind `kind`) refuses a document of format 3 in a process reading
+/// formats up to 2, naming `collection` and, when given, the document's `id` (as errors show it).
 fn refused(kind: ErrorKind, err: &dyn std::fmt::Display, collection: &str, id: Option<&str>) {
     let message = err.to_string();
     assert_eq!(kind, ErrorKind::NewerFormat, "{message}");
-    let parts = [collection, id.unwrap_or(collection), "format 2", "format 1"];
+    let parts = [collection, id.unwrap_or(collection), "format 3", "format 2"];
     for part in parts {
         assert!(message.contains(part), "{part:?} is not in: {message}");
     }
@@ -69,7 +69,7 @@ async fn stored(t: &TestDb, collection: &str, id: impl Into<Bson>) -> Document {
         .unwrap_or_else(|| panic!("{collection} {id} is not stored"))
 }
 
-/// Marks document `id` of `collection` as written in format 2, by hand (the validator this
+/// Marks document `id` of `collection` as written in format 3, by hand (the validator this
 /// release installs lets `_format` through); returns it as it now is.
 async fn turn_newer(t: &TestDb, collection: &str, id: impl Into<Bson>) -> Document {
     let id = id.into();
@@ -77,7 +77,7 @@ async fn turn_newer(t: &TestDb, collection: &str, id: impl Into<Bson>) -> Docume
         t.db.collection::<Document>(collection)
             .update_one(
                 doc! { "_id": id.clone() },
-                doc! { "$set": { "_format": 2_i64 } },
+                doc! { "$set": { "_format": 3_i64 } },
             )
             .await
             .expect("mark the document");
@@ -101,25 +101,25 @@ fn assert_unmarked(stored: &Document) {
 fn assert_marked(stored: &Document) {
     assert_eq!(
         format_of(stored),
-        Some(&Bson::Int64(2)),
-        "marked with format 2: {stored}"
+        Some(&Bson::Int64(3)),
+        "marked with format 3: {stored}"
     );
 }
 
-/// A store of a future release, reading stored formats up to 2.
+/// A store of a future release, reading stored formats up to 3.
 fn future(t: &TestDb) -> Store {
-    Store::builder(t.db.clone()).plays_format(2).build()
+    Store::builder(t.db.clone()).plays_format(3).build()
 }
 
-/// A store of this release (reading format 1), that has announced nothing yet.
+/// A store of this release (reading formats up to 2), that has announced nothing yet.
 fn this_release(t: &TestDb) -> Store {
     Store::builder(t.db.clone()).build()
 }
 
-/// Switches the database to format 2 through `future` (no live instance reads less).
+/// Switches the database to format 3 through `future` (no live instance reads less).
 async fn switch_to_two(future: &Store) {
-    let status = future.set_format(2).await.expect("switch to format 2");
-    assert_eq!(status.writes, 2);
+    let status = future.set_format(3).await.expect("switch to format 3");
+    assert_eq!(status.writes, 3);
 }
 
 fn limit() -> Limit {
@@ -466,7 +466,7 @@ async fn token_counters_are_marked_once_the_database_writes_format_two() {
     // A new instance of this release is refused by the database's format before anything.
     let err = Obt::open(&this_release(&t))
         .await
-        .expect_err("opened in a database of format 2");
+        .expect_err("opened in a database of format 3");
     refused(err.kind(), &err, META_COLLECTION, None);
 }
 
@@ -498,7 +498,7 @@ async fn fences_are_marked_once_the_database_writes_format_two() {
 #[tokio::test]
 async fn the_contention_record_is_marked_once_the_database_writes_format_two() {
     let t = TestDb::new().await;
-    let future = counting(Store::builder(t.db.clone()).plays_format(2));
+    let future = counting(Store::builder(t.db.clone()).plays_format(3));
     early_in_a_minute(&future).await;
     let accounts = alice_moved_on(&future).await;
     stale_update(&accounts, "alice").await;

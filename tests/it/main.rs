@@ -70,6 +70,7 @@ mod queries;
 mod query_equivalence;
 mod queue;
 mod queue_claim;
+mod queue_parallel;
 #[cfg(feature = "rig-cli")]
 mod queue_processes;
 mod quota;

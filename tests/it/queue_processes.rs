@@ -6,7 +6,10 @@
 //! test's own and on a slow one (20 ms for each reply about the services) whose estimate of the
 //! server's clock is 1 s behind. Afterwards: every batch is committed or invalid, every valid
 //! batch was committed exactly once and in the order of its service's adds, the ledger never saw
-//! two batches of one service in flight, and no invalid batch was submitted again.
+//! two batches of one service in flight, and no invalid batch was submitted again. The same fleet
+//! then moves 5 services × 200 batches under the parallel strategy, each batch declaring keys
+//! (one in ten none) over four keys: every conflicting pair committed in the order of its stamps,
+//! and the ledger never saw a batch sent while an older one it conflicts with was not final.
 
 use crate::common;
 
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::common::TestDb;
 use bson::{doc, Document};
 use mongotx::collections::BATCHES_COLLECTION;
-use mongotx::queue::{Batches, NewBatch};
+use mongotx::queue::{Batch, Batches, NewBatch, Strategy};
 use mongotx::testkit::ledger::{Faults, Ledger};
 use mongotx::testkit::ledger_http::LedgerServer;
 
@@ -75,9 +78,38 @@ fn start_worker(t: &TestDb, ledger: &str, name: &str) -> Worker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
+    fleet(false, PER_SERVICE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_with_kills_keep_every_conflict_chain_in_order_under_the_parallel_strategy()
+{
+    fleet(true, PER_SERVICE).await;
+}
+
+/// The keys batch `i` of service `s` declares under the parallel strategy (one in ten none).
+fn keys_of(batch: NewBatch, i: usize, s: usize) -> NewBatch {
+    if i % 10 == 3 {
+        return batch;
+    }
+    let key = |n: usize| format!("k{}", n % 4);
+    batch.with_keys([key(i * 3 + s)], [key(i * 7 + s * 5 + 1)])
+}
+
+/// The fleet, serial or parallel, with `per_service` batches of each service.
+async fn fleet(parallel: bool, per_service: usize) {
     let _turn = common::fleet_turn(module_path!());
     let t = TestDb::new().await;
     let batches = Batches::open(&t.store).await.unwrap();
+    if parallel {
+        crate::queue_parallel::format_two(&t).await;
+        for s in 0..SERVICES {
+            batches
+                .set_strategy(&format!("svc{s}"), Strategy::Parallel)
+                .await
+                .unwrap();
+        }
+    }
     let faults = Faults {
         invalid: 0.05,
         unknown: 0.05,
@@ -95,29 +127,31 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
     lagging.link.hello_behind(1_000);
     lagging.link.slow_services(20);
     let handles = [batches.clone(), lagging.batches().await];
+    let declare = ledger.clone();
     let adds = move |from: usize, to: usize| {
-        let handles = handles.clone();
+        let (handles, declare) = (handles.clone(), declare.clone());
         async move {
             let mut created: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            let mut added: Vec<Batch> = Vec::new();
             for i in from..to {
                 for s in 0..SERVICES {
                     let service = format!("svc{s}");
-                    let header = format!("{service}-{:03}", PER_SERVICE - i);
-                    handles[(i + s) % 2]
-                        .add(&NewBatch::new(
-                            &service,
-                            &header,
-                            format!("content of {header}"),
-                        ))
-                        .await
-                        .unwrap();
+                    let header = format!("{service}-{:03}", per_service - i);
+                    let mut batch =
+                        NewBatch::new(&service, &header, format!("content of {header}"));
+                    if parallel {
+                        batch = keys_of(batch, i, s);
+                    }
+                    let b = handles[(i + s) % 2].add(&batch).await.unwrap();
+                    declare.declare(&b);
+                    added.push(b);
                     created.entry(service).or_default().push(header);
                 }
             }
-            created
+            (created, added)
         }
     };
-    let mut created = adds(0, PER_SERVICE / 2).await;
+    let (mut created, mut added) = adds(0, per_service / 2).await;
 
     let started = Instant::now();
     let mut names = 0usize;
@@ -126,7 +160,7 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
         start_worker(t, &server.url(), &format!("worker-{names}"))
     };
     let mut workers: Vec<Worker> = (0..WORKERS).map(|_| start(&t)).collect();
-    let adding = tokio::spawn(adds(PER_SERVICE / 2, PER_SERVICE));
+    let adding = tokio::spawn(adds(per_service / 2, per_service));
     let mut killed_at_claim = Vec::new();
     let mut kills = 0usize;
     let mut next_kill = Duration::from_secs(2);
@@ -135,9 +169,11 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
     let mut adding = Some(adding);
     loop {
         if adding.as_ref().is_some_and(|a| a.is_finished()) {
-            for (service, headers) in adding.take().unwrap().await.unwrap() {
+            let (more, batches) = adding.take().unwrap().await.unwrap();
+            for (service, headers) in more {
                 created.entry(service).or_default().extend(headers);
             }
+            added.extend(batches);
         }
         let left = coll.count_documents(open.clone()).await.unwrap();
         if left == 0 && adding.is_none() {
@@ -209,8 +245,8 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
         "{} batches of {SERVICES} services in {took:?} ({:.0} per s); {kills} kills, {} of them \
          between a claim and its submission; {} submissions; {committed_count} committed, {} \
          invalid; breaches: {}; batches sent again while the ledger had them: {}",
-        SERVICES * PER_SERVICE,
-        (SERVICES * PER_SERVICE) as f64 / took.as_secs_f64(),
+        SERVICES * per_service,
+        (SERVICES * per_service) as f64 / took.as_secs_f64(),
         killed_at_claim.len(),
         ledger.submissions(),
         invalid.len(),
@@ -224,7 +260,11 @@ async fn four_processes_with_kills_commit_every_valid_batch_once_in_order() {
         "some worker was killed holding a claim it had not sent"
     );
     assert!(!invalid.is_empty(), "the ledger found some batches invalid");
-    for (service, headers) in &created {
+    if parallel {
+        let invalid: Vec<String> = invalid.iter().cloned().collect();
+        crate::queue_parallel::check_order(&ledger, &added, &invalid);
+    }
+    for (service, headers) in created.iter().filter(|_| !parallel) {
         let expected: Vec<&String> = headers.iter().filter(|h| !invalid.contains(*h)).collect();
         let got: Vec<&String> = committed
             .get(service)

@@ -36,7 +36,7 @@ pub use gate::{FormatStatus, Instance};
 /// The newest stored format this version of mongotx reads and can write. A database writes it
 /// once it is switched on ([`Store::set_format`](crate::Store::set_format)); until then it writes
 /// the one switched on before (format 1 on a database that never switched).
-pub const FORMAT: i64 = 1;
+pub const FORMAT: i64 = 2;
 
 /// The format of anything stored without the field: what every release wrote before it.
 pub const UNMARKED: i64 = 1;
