@@ -186,6 +186,41 @@ pub(crate) struct Terms<'a> {
     pub writes: i64,
 }
 
+impl Terms<'_> {
+    /// The claim's write on the batch: claimed under these terms and marked submitted. The
+    /// estimate of the server's time rather than `$currentDate`: it is matched exactly later,
+    /// and some servers keep more than milliseconds of the latter.
+    pub(crate) fn claiming(&self) -> Document {
+        let mut claiming = doc! {
+            "claim": { "token": self.token, "by": self.claimant, "until": self.until },
+            "submitted": true,
+            "last_submitted_at": self.now,
+        };
+        claiming.extend(set_mark(self.writes));
+        doc! { "$set": claiming }
+    }
+
+    /// Filter: `batch` as read, still free to claim under these terms (not at or done with the
+    /// ledger, not with a submitter, unclaimed or its claim expired, and only before `until` by
+    /// the server's clock: a taker judges a taking abandoned only once it has passed), and
+    /// `more`.
+    pub(crate) fn claimable(&self, batch: &Batch, more: Document) -> Document {
+        let mut filter = doc! {
+            "_id": &batch.header,
+            "created_at": batch.created_at,
+            "submitted": false,
+            "status": { "$nin": DECIDED.to_vec() },
+            "$or": [
+                { "claim": { "$exists": false } },
+                { "claim.until": { "$lt": self.now } },
+            ],
+            "$expr": { "$lt": ["$$NOW", self.until] },
+        };
+        filter.extend(more);
+        filter
+    }
+}
+
 /// The terms of a claim of `batch` by `claimant` for `ttl`, after checking them (a refusal
 /// writes nothing).
 pub(crate) async fn terms<'a>(
@@ -268,38 +303,22 @@ pub(crate) async fn claim(
     // Round 2: the batch, claimed and marked submitted, while the service's older batches
     // are counted. The count must come after the slot was taken (it is the taker's half of
     // the ordering), not after the claim, so both go together.
-    let mut claiming = doc! {
-        "claim": { "token": token, "by": claimant, "until": until },
-        "submitted": true,
-        "last_submitted_at": now,
-    };
-    claiming.extend(set_mark(writes));
     let claim = queue.coll.find_one_and_update(
         guarded(
             queue,
-            doc! {
-                "_id": header,
-                "created_at": batch.created_at,
-                // A batch of a parallel service (its `Batch` said otherwise) takes no slot.
-                "strategy": { "$exists": false },
-                "submitted": false,
-                "status": { "$nin": DECIDED.to_vec() },
-                "$or": [
-                    { "claim": { "$exists": false } },
-                    { "claim.until": { "$lt": now } },
-                ],
-                // Not fenced: a taker that judged this taking of the slot abandoned wrote an
-                // expired claim under its token before freeing the slot (see `fence`), whatever
-                // the clocks say.
-                "claim.token": { "$ne": token },
-                // And only before `until` by the server's clock: a taker judges a taking
-                // abandoned only once it has passed.
-                "$expr": { "$lt": ["$$NOW", until] },
-            },
+            terms.claimable(
+                batch,
+                doc! {
+                    // A batch of a parallel service (its `Batch` said otherwise) takes no slot.
+                    "strategy": { "$exists": false },
+                    // Not fenced: a taker that judged this taking of the slot abandoned wrote an
+                    // expired claim under its token before freeing the slot (see `fence`),
+                    // whatever the clocks say.
+                    "claim.token": { "$ne": token },
+                },
+            ),
         ),
-        // The estimate of the server's time rather than `$currentDate`: it is matched
-        // exactly later, and some servers keep more than milliseconds of the latter.
-        doc! { "$set": claiming },
+        terms.claiming(),
     );
     let mut older = before(service, &place);
     older.insert("status", doc! { "$nin": DONE.to_vec() });

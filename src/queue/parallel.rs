@@ -42,9 +42,7 @@ use std::time::Duration;
 use bson::{doc, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
-use crate::queue::claim::{
-    before, unclaim_submitted, Claim, Claimed, Previous, Terms, DECIDED, DONE,
-};
+use crate::queue::claim::{before, unclaim_submitted, Claim, Claimed, Previous, Terms, DONE};
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Keys, Place, Strategy};
 use crate::queue::store::{
@@ -52,7 +50,7 @@ use crate::queue::store::{
     PARALLEL_FORMAT,
 };
 use crate::queue::Batches;
-use crate::repo::format::{self, mark_update, set_mark};
+use crate::repo::format::{self, mark_update};
 use crate::repo::names::{name_problem, shown};
 use crate::server::codes;
 
@@ -147,38 +145,19 @@ pub(crate) async fn claim(
     let header = batch.header.as_str();
     let Terms {
         token,
-        claimant,
         until,
         now,
         deadline,
         writes,
+        ..
     } = *terms;
-    let mut claiming = doc! {
-        "claim": { "token": token, "by": claimant, "until": until },
-        "submitted": true,
-        "last_submitted_at": now,
-    };
-    claiming.extend(set_mark(writes));
     // Round 1: the claim, which also tells the others this batch may be going.
+    let parallel = doc! { "strategy": Strategy::Parallel.as_str() };
     let found = queue
         .coll
         .find_one_and_update(
-            guarded(
-                queue,
-                doc! {
-                    "_id": header,
-                    "created_at": batch.created_at,
-                    "strategy": Strategy::Parallel.as_str(),
-                    "submitted": false,
-                    "status": { "$nin": DECIDED.to_vec() },
-                    "$or": [
-                        { "claim": { "$exists": false } },
-                        { "claim.until": { "$lt": now } },
-                    ],
-                    "$expr": { "$lt": ["$$NOW", until] },
-                },
-            ),
-            doc! { "$set": claiming },
+            guarded(queue, terms.claimable(batch, parallel)),
+            terms.claiming(),
         )
         .return_document(ReturnDocument::Before)
         .await

@@ -373,28 +373,16 @@ async fn sequential_adds_are_stamped_in_order_and_a_late_stamp_goes_after_what_w
 /// Every valid batch is committed once, in the
 /// order of its service's adds; the ledger never has two batches of a service in flight, and is
 /// never sent a batch it already has.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submitters_and_monitors_commit_every_valid_batch_once_in_order() {
-    let t = TestDb::new().await;
-    let batches = Batches::with_collection(&t.store, "batches", Duration::from_millis(100))
-        .await
-        .unwrap();
-    let lagging = crate::queue_claim::Tampered::start(&t).await;
-    lagging.link.hello_behind(1_000);
-    lagging.link.slow_services(30);
-    let lagging_batches =
-        Batches::with_collection(&lagging.store, "batches", Duration::from_millis(100))
-            .await
-            .unwrap();
-    let faults = Faults {
-        invalid: 0.05,
-        unknown: 0.05,
-        delayed: 0.05,
-        lost: 0.05,
-    };
-    let ledger = Ledger::new(Duration::from_millis(5), faults, 11);
-    let stop = Arc::new(AtomicBool::new(false));
-    let ran_out = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+/// Three submitters and two monitors on `batches` and `ledger` until `stop`: one submitter runs
+/// whole rounds with claims of 5 s; two hold claims of 40 ms and pause up to 60 ms before
+/// sending, so that claims run out around their sends while the monitors ask (`ran_out` counts
+/// the claims that ran out before their batch was sent).
+pub(crate) fn crew(
+    batches: &Batches,
+    ledger: &Ledger,
+    stop: &Arc<AtomicBool>,
+    ran_out: &Arc<std::sync::atomic::AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for (i, claim) in [5_000, 40, 40].into_iter().enumerate() {
         let submitter = Submitter::new(
@@ -434,6 +422,32 @@ async fn submitters_and_monitors_commit_every_valid_batch_once_in_order() {
             }
         }));
     }
+    tasks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submitters_and_monitors_commit_every_valid_batch_once_in_order() {
+    let t = TestDb::new().await;
+    let batches = Batches::with_collection(&t.store, "batches", Duration::from_millis(100))
+        .await
+        .unwrap();
+    let lagging = crate::queue_claim::Tampered::start(&t).await;
+    lagging.link.hello_behind(1_000);
+    lagging.link.slow_services(30);
+    let lagging_batches =
+        Batches::with_collection(&lagging.store, "batches", Duration::from_millis(100))
+            .await
+            .unwrap();
+    let faults = Faults {
+        invalid: 0.05,
+        unknown: 0.05,
+        delayed: 0.05,
+        lost: 0.05,
+    };
+    let ledger = Ledger::new(Duration::from_millis(5), faults, 11);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ran_out = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks = crew(&batches, &ledger, &stop, &ran_out);
     // The adds, while the submitters and monitors run.
     let adders: Vec<_> = ["s1", "s2", "s3"]
         .into_iter()

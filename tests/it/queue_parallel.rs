@@ -381,43 +381,8 @@ async fn submitters_and_monitors_keep_every_conflict_chain_in_order_under_faults
     };
     let ledger = Ledger::new(Duration::from_millis(5), faults, 23);
     let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for (i, claim) in [5_000_u64, 40, 40].into_iter().enumerate() {
-        let submitter = Submitter::new(
-            batches.clone(),
-            ledger.clone(),
-            format!("sub{i}"),
-            Duration::from_millis(claim),
-        );
-        let (stop, batches) = (stop.clone(), batches.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                if claim == 5_000 {
-                    submitter.run_once().await.unwrap();
-                } else {
-                    // Claims that run out around their sends while monitors ask.
-                    for batch in batches.round().await.unwrap() {
-                        if let Some(claim) = submitter.take(&batch).await.unwrap() {
-                            let pause = rand::random::<u64>() % 60;
-                            tokio::time::sleep(Duration::from_millis(pause)).await;
-                            submitter.send(&claim).await.unwrap();
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }));
-    }
-    for _ in 0..2 {
-        let monitor = Monitor::new(batches.clone(), ledger.clone());
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                monitor.run_once().await.unwrap();
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }));
-    }
+    let ran_out = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks = crate::queue::crew(&batches, &ledger, &stop, &ran_out);
     // Adds while they run: keys from a small set, so chains form and cross.
     let keys = ["k0", "k1", "k2", "k3", "k4", "k5"];
     let adders: Vec<_> = ["s1", "s2"]
@@ -456,11 +421,13 @@ async fn submitters_and_monitors_keep_every_conflict_chain_in_order_under_faults
     assert!(!invalid.is_empty(), "the ledger found some batches invalid");
     check_order(&ledger, &added, &invalid);
     println!(
-        "{} submissions for {} batches ({} invalid, {} repeats)",
+        "{} submissions for {} batches ({} invalid, {} repeats); {} claims ran out before their \
+         batch was sent",
         ledger.submissions(),
         added.len(),
         invalid.len(),
-        ledger.repeats().len()
+        ledger.repeats().len(),
+        ran_out.load(Ordering::Relaxed),
     );
 }
 

@@ -41,59 +41,15 @@ pub(crate) async fn rows(db: &Database) -> Result<(), Error> {
         }
         let delay = Duration::from_millis(delay_ms);
         let ledger = Ledger::new(delay, Faults::NONE, 1);
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for i in 0..SUBMITTERS {
-            let submitter = Submitter::new(
-                batches.clone(),
-                ledger.clone(),
-                format!("bench-{i}"),
-                Duration::from_secs(10),
-            );
-            let stop = stop.clone();
+        let total = per_service * SERVICES;
+        let crew = Crew {
+            submitters: SUBMITTERS,
             // An idle submitter looks again after 50 to 150 ms: with 64 of them, one looks
             // every 1.5 ms on average, without 64 rounds per few milliseconds loading the server.
-            let idle = Duration::from_millis(50 + (i as u64 * 37) % 101);
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    match submitter.run_once().await {
-                        Ok(sent) if sent.is_empty() => tokio::time::sleep(idle).await,
-                        Ok(_) => {}
-                        Err(e) => eprintln!("bench submitter: {e}"),
-                    }
-                }
-            }));
-        }
-        for _ in 0..MONITORS {
-            let monitor = Monitor::new(batches.clone(), ledger.clone());
-            let stop = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Err(e) = monitor.run_once().await {
-                        eprintln!("bench monitor: {e}");
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }));
-        }
-        let started = Instant::now();
-        let total = per_service * SERVICES;
-        let raw = db.collection::<bson::Document>(&coll);
-        loop {
-            let done = raw.count_documents(doc! { "status": "committed" }).await?;
-            if done as usize >= total {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(300) {
-                return Err(format!("only {done} of {total} batches committed in 300 s").into());
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let took = started.elapsed();
-        stop.store(true, Ordering::Relaxed);
-        for task in tasks {
-            task.await?;
-        }
+            idle: |i| Duration::from_millis(50 + (i as u64 * 37) % 101),
+            monitors: MONITORS,
+        };
+        let took = crew.drive(db, &coll, &batches, &ledger, total).await?;
         let rate = total as f64 / took.as_secs_f64();
         let bound = SERVICES as f64 / delay.as_secs_f64();
         println!(
@@ -178,59 +134,89 @@ async fn one_service(db: &Database, groups: Option<usize>, total: usize) -> Resu
         // The ledger checks the parallel rule on what it is told.
         ledger.declare(&batches.add(&batch).await?);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for i in 0..PARALLEL_SUBMITTERS {
-        let submitter = Submitter::new(
-            batches.clone(),
-            ledger.clone(),
-            format!("bench-{i}"),
-            Duration::from_secs(10),
-        );
-        let stop = stop.clone();
-        let idle = Duration::from_millis(5 + (i as u64 * 7) % 11);
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                match submitter.run_once().await {
-                    Ok(sent) if sent.is_empty() => tokio::time::sleep(idle).await,
-                    Ok(_) => {}
-                    Err(e) => eprintln!("bench submitter: {e}"),
-                }
-            }
-        }));
-    }
-    for _ in 0..PARALLEL_MONITORS {
-        let monitor = Monitor::new(batches.clone(), ledger.clone());
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                if let Err(e) = monitor.run_once().await {
-                    eprintln!("bench monitor: {e}");
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }));
-    }
-    let started = Instant::now();
-    let raw = db.collection::<bson::Document>(&coll);
-    loop {
-        let done = raw.count_documents(doc! { "status": "committed" }).await?;
-        if done as usize >= total {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(300) {
-            return Err(format!("only {done} of {total} batches committed in 300 s").into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let took = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await?;
-    }
+    let crew = Crew {
+        submitters: PARALLEL_SUBMITTERS,
+        idle: |i| Duration::from_millis(5 + (i as u64 * 7) % 11),
+        monitors: PARALLEL_MONITORS,
+    };
+    let took = crew.drive(db, &coll, &batches, &ledger, total).await?;
     let breaches = ledger.breaches();
     if !breaches.is_empty() {
         return Err(format!("the ledger saw breaches: {breaches:?}").into());
     }
     Ok(total as f64 / took.as_secs_f64())
+}
+
+/// The submitter and monitor tasks of a row: `submitters` submitters, the `i`-th looking again
+/// `idle(i)` after a round that sent nothing, and `monitors` monitors, a pass every 5 ms.
+struct Crew<F> {
+    submitters: usize,
+    idle: F,
+    monitors: usize,
+}
+
+impl<F: Fn(usize) -> Duration> Crew<F> {
+    /// Runs the crew on `batches` (collection `coll` of `db`) and `ledger` until `total` batches
+    /// are committed; answers how long that took.
+    async fn drive(
+        &self,
+        db: &Database,
+        coll: &str,
+        batches: &Batches,
+        ledger: &Ledger,
+        total: usize,
+    ) -> Result<Duration, Error> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for i in 0..self.submitters {
+            let submitter = Submitter::new(
+                batches.clone(),
+                ledger.clone(),
+                format!("bench-{i}"),
+                Duration::from_secs(10),
+            );
+            let stop = stop.clone();
+            let idle = (self.idle)(i);
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match submitter.run_once().await {
+                        Ok(sent) if sent.is_empty() => tokio::time::sleep(idle).await,
+                        Ok(_) => {}
+                        Err(e) => eprintln!("bench submitter: {e}"),
+                    }
+                }
+            }));
+        }
+        for _ in 0..self.monitors {
+            let monitor = Monitor::new(batches.clone(), ledger.clone());
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Err(e) = monitor.run_once().await {
+                        eprintln!("bench monitor: {e}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+        let started = Instant::now();
+        let raw = db.collection::<bson::Document>(coll);
+        loop {
+            let done = raw.count_documents(doc! { "status": "committed" }).await?;
+            if done as usize >= total {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(300) {
+                stop.store(true, Ordering::Relaxed);
+                return Err(format!("only {done} of {total} batches committed in 300 s").into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let took = started.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await?;
+        }
+        Ok(took)
+    }
 }
