@@ -9,8 +9,8 @@
 //!
 //! The tours, in order: `probe`, `documents`, `ids`, `soft_delete`, `schema_upgrade`,
 //! `bad_input`, `adopt`, `raw_writers`, `transfer`, `holds`, `crash_recovery`, `orphan_hold`,
-//! `quota`, `obt_fence`, `ratelimit`, `ratelimit_multi`, `queue` and `queue_faults` (each also
-//! runs on its own: `cargo run --example NAME`). Any surprise ends the run with one line
+//! `quota`, `obt_fence`, `ratelimit`, `ratelimit_multi`, `queue`, `queue_faults` and
+//! `queue_parallel` (each also runs on its own: `cargo run --example NAME`). Any surprise ends the run with one line
 //! `EXAMPLE FAILED: ...` on stderr and exit code 1 (`harness.rs`).
 
 // Every included example declares its own `mod local_server;` (it is a program of its own too),
@@ -55,6 +55,9 @@ mod queue;
 #[path = "../queue_faults.rs"]
 #[allow(dead_code)]
 mod queue_faults;
+#[path = "../queue_parallel.rs"]
+#[allow(dead_code)]
+mod queue_parallel;
 #[path = "../quota.rs"]
 #[allow(dead_code)]
 mod quota;
@@ -99,7 +102,9 @@ async fn main() {
         ratelimit::run(store).await?;
         ratelimit_multi::run(store).await?;
         queue::run(store).await?;
-        queue_faults::run(store).await
+        queue_faults::run(store).await?;
+        // Last: it switches the database to stored format 2.
+        queue_parallel::run(store).await
     })
     .await;
 }

@@ -54,10 +54,12 @@ use bson::oid::ObjectId;
 use bson::{doc, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
+use crate::queue::db::{self, guarded, parse_status};
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Place, Service, Strategy};
+use crate::queue::stamp;
 use crate::queue::store;
-use crate::queue::store::{guarded, name_problem, parse_status, shown};
+use crate::queue::store::{name_problem, shown};
 use crate::queue::Batches;
 use crate::repo::format::{mark_update, set_mark};
 use crate::server::clock::{minus, plus};
@@ -254,12 +256,12 @@ pub(crate) async fn terms<'a>(
             ),
         });
     }
-    let writes = store::writes(queue).await?;
+    let writes = db::writes(queue).await?;
     let token = ObjectId::new();
     // The deadline is an instant of this process's clock by which the server's clock has surely
     // not reached `until`: the estimate of the server's time may be behind by `error`.
     let began = Instant::now();
-    let (now, error) = store::now_within(queue).await?;
+    let (now, error) = db::now_within(queue).await?;
     let until = plus(now, ttl);
     let deadline = began + ttl.saturating_sub(error);
     Ok(Terms {
@@ -326,11 +328,11 @@ pub(crate) async fn claim(
         async { claim.return_document(ReturnDocument::Before).await },
         async { queue.coll.count_documents(older).await }
     );
-    let claimed = claimed.map_err(|e| store::db_error(queue, header, "claim", e));
-    let waiting = waiting.map_err(|e| store::db_error(queue, header, "claim", e));
+    let claimed = claimed.map_err(|e| db::db_error(queue, header, "claim", e));
+    let waiting = waiting.map_err(|e| db::db_error(queue, header, "claim", e));
     match (claimed, waiting) {
         (Ok(Some(before)), Ok(0)) => {
-            let mut batch = store::parse(queue, &before)?;
+            let mut batch = db::parse(queue, &before)?;
             let content = before.get_str("content").unwrap_or_default().to_string();
             batch.submitted = true;
             batch.last_submitted_at = Some(now.to_chrono());
@@ -384,7 +386,7 @@ pub(crate) async fn claim(
                 // Not claimable after all: only a batch that is not there, or of a newer
                 // format (which the claim's guard did not match), is an error.
                 (None, _) => {
-                    store::check_batch(queue, &store::stored(queue, header).await?)?;
+                    db::check_batch(queue, &db::stored(queue, header).await?)?;
                     Ok(Claimed::Unavailable)
                 }
                 _ => Ok(Claimed::OlderFirst),
@@ -452,7 +454,7 @@ async fn take_slot(
             )
             .projection(doc! { "holder": 1 })
             .await
-            .map_err(|e| store::db_error(queue, header, "take the slot", e))?;
+            .map_err(|e| db::db_error(queue, header, "take the slot", e))?;
         if let Some(before) = taken {
             return Ok(Some(before.get_document("holder").ok().cloned()));
         }
@@ -460,7 +462,7 @@ async fn take_slot(
             .services
             .find_one(doc! { "_id": service })
             .await
-            .map_err(|e| store::db_error(queue, header, "take the slot", e))?
+            .map_err(|e| db::db_error(queue, header, "take the slot", e))?
         else {
             // The batch's adder died between its insert and the service's first write:
             // make that write for it (the newest stamp is at least this batch's).
@@ -477,10 +479,10 @@ async fn take_slot(
                 // Made by someone else meanwhile (the next look refuses it if it is of a newer
                 // format).
                 Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => continue,
-                Err(e) => return Err(store::db_error(queue, header, "take the slot", e)),
+                Err(e) => return Err(db::db_error(queue, header, "take the slot", e)),
             }
         };
-        store::check_service(queue, &current)?;
+        db::check_service(queue, &current)?;
         let holding = current.get_document("holder").ok().cloned();
         let current = Service::parse(&current);
         let Some(holder) = current.holder.filter(|h| h.header != header) else {
@@ -503,18 +505,18 @@ async fn take_slot(
             .find_one(taking)
             .projection(doc! { "_id": 1 })
             .await
-            .map_err(|e| store::db_error(queue, header, "take the slot", e))?
+            .map_err(|e| db::db_error(queue, header, "take the slot", e))?
             .is_some();
         let stored = queue
             .coll
             .find_one(doc! { "_id": &holder.header })
             .projection(doc! { "content": 0 })
             .await
-            .map_err(|e| store::db_error(queue, header, "take the slot", e))?;
+            .map_err(|e| db::db_error(queue, header, "take the slot", e))?;
         if let Some(stored) = &stored {
-            store::check_batch(queue, stored)?;
+            db::check_batch(queue, stored)?;
         }
-        let now = store::now(queue).await?;
+        let now = db::now(queue).await?;
         let settled = stored
             .as_ref()
             .is_some_and(|d| d.get_str("status").is_ok_and(|s| DONE.contains(&s)));
@@ -583,7 +585,7 @@ async fn fence(
             ),
         )
         .await
-        .map_err(|e| store::db_error(queue, header, "fence an abandoned taking", e))?;
+        .map_err(|e| db::db_error(queue, header, "fence an abandoned taking", e))?;
     if fenced.matched_count == 1 {
         return Ok(true);
     }
@@ -593,7 +595,7 @@ async fn fence(
         .find_one(doc! { "_id": header })
         .projection(doc! { "_id": 1 })
         .await
-        .map_err(|e| store::db_error(queue, header, "fence an abandoned taking", e))?
+        .map_err(|e| db::db_error(queue, header, "fence an abandoned taking", e))?
         .is_none())
 }
 
@@ -606,12 +608,12 @@ async fn fence(
 /// batch, after the mark, rather than keep its service busy for ever. A batch that is not there
 /// is [`QueueError::UnknownBatch`].
 async fn after_refused_slot(queue: &Batches, header: &str, writes: i64) -> Result<(), QueueError> {
-    let batch = store::parse(queue, &store::stored(queue, header).await?)?;
+    let batch = db::parse(queue, &db::stored(queue, header).await?)?;
     if batch.submitted {
         return Ok(());
     }
     let place = Place::of(&batch);
-    let service = store::service(queue, &batch.service_id).await?;
+    let service = db::service(queue, &batch.service_id).await?;
     let Some(mark) = service.mark else {
         return Ok(());
     };
@@ -623,27 +625,11 @@ async fn after_refused_slot(queue: &Batches, header: &str, writes: i64) -> Resul
     if !passed {
         return Ok(());
     }
-    let at = store::draw_stamp(queue, &batch.service_id, header, writes).await?;
-    let now = store::now(queue).await?;
-    let mut filter = doc! {
-        "_id": header,
-        "created_at": batch.created_at,
-        "submitted": false,
-        "$nor": [{ "claim.until": { "$gte": now } }],
+    let condition = match batch.status {
+        None => doc! { "status": { "$exists": false } },
+        Some(status) => doc! { "status": status.as_str() },
     };
-    let mut update = doc! { "$set": { "created_at": at } };
-    match batch.status {
-        None => filter.insert("status", doc! { "$exists": false }),
-        Some(status) => {
-            update.insert("$unset", doc! { "status": "" });
-            filter.insert("status", status.as_str())
-        }
-    };
-    queue
-        .coll
-        .update_one(guarded(queue, filter), mark_update(update, writes))
-        .await
-        .map_err(|e| store::db_error(queue, header, "stamp", e))?;
+    stamp::stamp_again(queue, &batch.service_id, &place, condition, writes).await?;
     if batch.status.is_some() {
         tracing::warn!(
             header,
@@ -679,7 +665,7 @@ pub(crate) async fn slot_done(
             ),
         )
         .await
-        .map_err(|e| store::db_error(queue, &holder.header, "free the slot", e))?;
+        .map_err(|e| db::db_error(queue, &holder.header, "free the slot", e))?;
     Ok(())
 }
 
@@ -701,7 +687,7 @@ async fn slot_abandoned(
             mark_update(doc! { "$unset": { "holder": "" } }, writes),
         )
         .await
-        .map_err(|e| store::db_error(queue, header, "free the slot", e))?;
+        .map_err(|e| db::db_error(queue, header, "free the slot", e))?;
     Ok(())
 }
 
@@ -723,7 +709,7 @@ async fn slot_runs_out(
             ),
         )
         .await
-        .map_err(|e| store::db_error(queue, header, "free the slot", e))?;
+        .map_err(|e| db::db_error(queue, header, "free the slot", e))?;
     Ok(())
 }
 
@@ -747,7 +733,7 @@ async fn give_slot_back(
         .services
         .update_one(filter, mark_update(update, writes))
         .await
-        .map_err(|e| store::db_error(queue, header, "give the slot back", e))?;
+        .map_err(|e| db::db_error(queue, header, "give the slot back", e))?;
     Ok(())
 }
 
@@ -795,7 +781,7 @@ pub(crate) async fn unclaim_submitted(
         .coll
         .update_one(guarded(queue, filter), update)
         .await
-        .map_err(|e| store::db_error(queue, header, "give the claim back", e))?;
+        .map_err(|e| db::db_error(queue, header, "give the claim back", e))?;
     Ok(())
 }
 
@@ -813,7 +799,7 @@ async fn unclaim(
             mark_update(doc! { "$unset": { "claim": "" } }, writes),
         )
         .await
-        .map_err(|e| store::db_error(queue, header, "give the claim back", e))?;
+        .map_err(|e| db::db_error(queue, header, "give the claim back", e))?;
     Ok(())
 }
 
@@ -825,7 +811,7 @@ pub(crate) async fn record(
 ) -> Result<Batch, QueueError> {
     let header = claim.batch.header.as_str();
     store::check_header(queue, header)?;
-    let writes = store::writes(queue).await?;
+    let writes = db::writes(queue).await?;
     let update = match outcome {
         Submission::Accepted => doc! {
             "$set": { "status": "pending", "submitted": true },
@@ -853,18 +839,18 @@ pub(crate) async fn record(
         )
         .return_document(ReturnDocument::After)
         .await
-        .map_err(|e| store::db_error(queue, header, "record", e))?;
+        .map_err(|e| db::db_error(queue, header, "record", e))?;
     if let Some(doc) = recorded {
-        let batch = store::parse(queue, &doc)?;
+        let batch = db::parse(queue, &doc)?;
         if outcome == Submission::Delayed && batch.strategy == Strategy::Serial {
             // Sent again after the delay window, by whoever takes it then.
             slot_runs_out(queue, &batch.service_id, header, writes).await?;
         }
         return Ok(batch);
     }
-    let stored = store::stored(queue, header).await?;
+    let stored = db::stored(queue, header).await?;
     // Not matched because it is of a newer format: its claim is not this version's to read.
-    store::check_batch(queue, &stored)?;
+    db::check_batch(queue, &stored)?;
     let held = stored
         .get_document("claim")
         .ok()
@@ -879,7 +865,7 @@ pub(crate) async fn record(
     }
     // Ours, and the monitor has recorded the ledger's word already: only give it back.
     unclaim(queue, header, claim.token, writes).await?;
-    store::parse(queue, &store::stored(queue, header).await?)
+    db::parse(queue, &db::stored(queue, header).await?)
 }
 
 /// The body of [`Batches::record_status`] (`asked` unset: the time of the call) and of
@@ -921,7 +907,7 @@ pub(crate) async fn record_status(
             to: status.as_str().to_string(),
         });
     }
-    let writes = store::writes(queue).await?;
+    let writes = db::writes(queue).await?;
     let mut filter = doc! {
         "_id": header,
         "submitted": seen.submitted,
@@ -939,7 +925,7 @@ pub(crate) async fn record_status(
         let asked = match asked {
             Some(asked) => asked,
             None => {
-                let (now, error) = store::now_within(queue).await?;
+                let (now, error) = db::now_within(queue).await?;
                 minus(now, error)
             }
         };
@@ -970,11 +956,11 @@ pub(crate) async fn record_status(
         .find_one_and_update(guarded(queue, filter), update)
         .return_document(ReturnDocument::After)
         .await
-        .map_err(|e| store::db_error(queue, header, "record the status", e))?;
+        .map_err(|e| db::db_error(queue, header, "record the status", e))?;
     let Some(written) = written else {
         // Unknown header, a batch of a newer format (the guard did not match it), or the batch
         // moved on since it was read.
-        store::check_batch(queue, &store::stored(queue, header).await?)?;
+        db::check_batch(queue, &db::stored(queue, header).await?)?;
         return Err(QueueError::Contended {
             collection: queue.name.clone(),
             header: header.to_string(),
@@ -982,7 +968,7 @@ pub(crate) async fn record_status(
             tries: 1,
         });
     };
-    let batch = store::parse(queue, &written)?;
+    let batch = db::parse(queue, &written)?;
     if batch.strategy == Strategy::Parallel {
         // No slot: its younger batches look at its status.
     } else if DONE.contains(&status.as_str()) {

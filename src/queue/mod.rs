@@ -10,17 +10,21 @@
 //! feature `testkit`).
 //!
 //! Every method of [`Batches`] is declared in this file and delegates: adding batches and queuer
-//! rounds to `store`, claiming and recording to `claim`, the roles' conveniences to `roles`, the
-//! operator's view of a service to `report` (also read without opening the collection by
-//! [`inspect`]).
+//! rounds to `store` (stamps drawn and drawn again in `stamp`), claiming and recording to
+//! `claim`, the parallel strategy's claim and adder's check to `parallel`, the roles'
+//! conveniences to `roles`, the operator's view of a service to `report` (also read without
+//! opening the collection by [`inspect`]); `db` reads and guards the stored documents for all
+//! of them.
 
 mod claim;
+mod db;
 mod error;
 mod model;
 mod parallel;
 mod queuer;
 mod report;
 mod roles;
+mod stamp;
 mod store;
 
 pub use claim::{Claim, Submission, MAX_CLAIM};
@@ -251,7 +255,7 @@ impl Batches {
         status: BatchStatus,
         asked_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Batch, QueueError> {
-        let (_, error) = store::now_within(self).await?;
+        let (_, error) = db::now_within(self).await?;
         let asked = crate::server::clock::minus(bson::DateTime::from_chrono(asked_at), error);
         claim::record_status(self, seen, status, Some(asked)).await
     }

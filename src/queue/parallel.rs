@@ -43,12 +43,11 @@ use bson::{doc, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
 use crate::queue::claim::{before, unclaim_submitted, Claim, Claimed, Previous, Terms, DONE};
+use crate::queue::db::{self, check_service, db_error, guarded, writes};
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Keys, Place, Strategy};
-use crate::queue::store::{
-    self, before_parallel_format, check_service, db_error, guarded, writes, NewBatch,
-    PARALLEL_FORMAT,
-};
+use crate::queue::stamp;
+use crate::queue::store::{before_parallel_format, NewBatch, PARALLEL_FORMAT};
 use crate::queue::Batches;
 use crate::repo::format::{self, mark_update};
 use crate::repo::names::{name_problem, shown};
@@ -132,7 +131,7 @@ async fn count(queue: &Batches, header: &str, filter: Document) -> Result<u64, Q
         .coll
         .count_documents(filter)
         .await
-        .map_err(|e| store::db_error(queue, header, "claim", e))
+        .map_err(|e| db::db_error(queue, header, "claim", e))
 }
 
 /// The body of [`Batches::claim`](crate::queue::Batches::claim) for a batch of a parallel
@@ -161,13 +160,13 @@ pub(crate) async fn claim(
         )
         .return_document(ReturnDocument::Before)
         .await
-        .map_err(|e| store::db_error(queue, header, "claim", e))?;
+        .map_err(|e| db::db_error(queue, header, "claim", e))?;
     let Some(found) = found else {
         // Only a batch that is not there, or of a newer format, is an error.
-        store::check_batch(queue, &store::stored(queue, header).await?)?;
+        db::check_batch(queue, &db::stored(queue, header).await?)?;
         return Ok(Claimed::Unavailable);
     };
-    let stored = store::parse(queue, &found)?;
+    let stored = db::parse(queue, &found)?;
     let place = Place::of(&stored);
     let service = stored.service_id.as_str();
     let keys = stored.keys.as_ref();
@@ -194,7 +193,7 @@ pub(crate) async fn claim(
                 mark_update(doc! { "$set": { "sent": true } }, writes),
             )
             .await
-            .map_err(|e| store::db_error(queue, header, "claim", e))?;
+            .map_err(|e| db::db_error(queue, header, "claim", e))?;
         if marked.matched_count == 0 {
             // The claim ran out (or was taken over) meanwhile: nothing is sent under it, and
             // the monitor asks the ledger about the batch once it has expired.
@@ -248,41 +247,20 @@ pub(crate) async fn claim(
     Ok(Claimed::OlderFirst)
 }
 
-/// Stamps the batch at `place` again, after every stamp of its service, only while it was never
-/// marked sent (so never sent: an unknown it carries is a monitor's answer about a claim that
-/// died before it was clear to send, and is dropped) and nobody has a live claim on it. Whether
-/// it was.
+/// Stamps the batch at `place` again (see [`stamp::stamp_again`]), only while it was never marked
+/// sent (so never sent: an unknown it carries is a monitor's answer about a claim that died
+/// before it was clear to send, and is dropped) and the ledger never had it.
 async fn stamp_again(
     queue: &Batches,
     service: &str,
     place: &Place,
     writes: i64,
 ) -> Result<Option<DateTime>, QueueError> {
-    let header = place.header.as_str();
-    let again = store::draw_stamp(queue, service, header, writes).await?;
-    let now = store::now(queue).await?;
-    let stamped = queue
-        .coll
-        .update_one(
-            guarded(
-                queue,
-                doc! {
-                    "_id": header,
-                    "created_at": DateTime::from_millis(place.at),
-                    "submitted": false,
-                    "sent": { "$exists": false },
-                    "status": { "$nin": AT_LEDGER.to_vec() },
-                    "$nor": [{ "claim.until": { "$gte": now } }],
-                },
-            ),
-            mark_update(
-                doc! { "$set": { "created_at": again }, "$unset": { "status": "" } },
-                writes,
-            ),
-        )
-        .await
-        .map_err(|e| store::db_error(queue, header, "stamp", e))?;
-    Ok((stamped.matched_count == 1).then_some(again))
+    let condition = doc! {
+        "sent": { "$exists": false },
+        "status": { "$nin": AT_LEDGER.to_vec() },
+    };
+    stamp::stamp_again(queue, service, place, condition, writes).await
 }
 
 /// The adder's half of the ordering, once a batch of a parallel service is inserted: a younger
@@ -305,24 +283,15 @@ pub(crate) async fn place_after_went(
     while stamps < STAMPS && waits < CLAIM_WAITS {
         let went = count(queue, header, younger_went(service, &place, keys, false)).await?;
         if went == 0 {
-            return Ok(Batch {
-                header: header.to_string(),
-                service_id: service.to_string(),
-                created_at: DateTime::from_millis(place.at).to_chrono(),
-                submitted: false,
-                status: None,
-                last_submitted_at: None,
-                keys: batch.keys.clone(),
-                strategy: Strategy::Parallel,
-            });
+            return Ok(batch.unsent(place.at, Strategy::Parallel));
         }
         if let Some(again) = stamp_again(queue, service, &place, writes).await? {
             place.at = again.timestamp_millis();
             stamps += 1;
             continue;
         }
-        let found = store::stored(queue, header).await?;
-        let stored = store::parse(queue, &found)?;
+        let found = db::stored(queue, header).await?;
+        let stored = db::parse(queue, &found)?;
         // Sent, or at the ledger: its claimant found its place right.
         let at_ledger = stored
             .status

@@ -59,10 +59,14 @@ fn by_age(a: &&Batch, b: &&Batch) -> std::cmp::Ordering {
 
 /// This round's queue: unknown batches, then delayed ones whose window has passed, then the
 /// oldest new batch of every service that has nothing in flight, services in id order.
-pub fn one_round_serial(batches: &[Batch], now: DateTime, delay: Duration) -> Vec<&Batch> {
+pub fn one_round_serial<'a>(
+    batches: impl IntoIterator<Item = &'a Batch>,
+    now: DateTime,
+    delay: Duration,
+) -> Vec<&'a Batch> {
     // Step 1.
     let list: Vec<&Batch> = batches
-        .iter()
+        .into_iter()
         .filter(|b| !b.status.is_some_and(BatchStatus::is_final))
         .collect();
     // Step 2.
@@ -116,25 +120,13 @@ pub fn one_round_serial(batches: &[Batch], now: DateTime, delay: Duration) -> Ve
 /// This round's queue over batches of services of either strategy: each service's batches by
 /// its own (a service's batches all have its strategy).
 pub fn one_round(batches: &[Batch], now: DateTime, delay: Duration) -> Vec<&Batch> {
-    if batches
+    // By reference: this runs on every round of every submitter.
+    let (parallel, serial): (Vec<&Batch>, Vec<&Batch>) = batches
         .iter()
-        .all(|b| b.strategy == model::Strategy::Serial)
-    {
-        return one_round_serial(batches, now, delay);
-    }
-    let (parallel, serial): (Vec<Batch>, Vec<Batch>) = batches
-        .iter()
-        .cloned()
         .partition(|b| b.strategy == model::Strategy::Parallel);
-    let by_header: BTreeMap<&str, &Batch> =
-        batches.iter().map(|b| (b.header.as_str(), b)).collect();
-    let serial = one_round_serial(&serial, now, delay);
-    let parallel = one_round_parallel(&parallel, now, delay);
-    serial
-        .into_iter()
-        .chain(parallel)
-        .filter_map(|b| by_header.get(b.header.as_str()).copied())
-        .collect()
+    let mut queue = one_round_serial(serial, now, delay);
+    queue.extend(one_round_parallel(parallel, now, delay));
+    queue
 }
 
 /// This round's queue for services of the parallel strategy: every batch no submitter has
@@ -142,7 +134,11 @@ pub fn one_round(batches: &[Batch], now: DateTime, delay: Duration) -> Vec<&Batc
 /// or delayed past its window; and every unknown batch, and delayed one past its window, whose
 /// older conflicting batches are not all done (its claimant finds it out of order and makes it
 /// new again, to wait its turn). Services in id order, each oldest first.
-pub fn one_round_parallel(batches: &[Batch], now: DateTime, delay: Duration) -> Vec<&Batch> {
+pub fn one_round_parallel<'a>(
+    batches: impl IntoIterator<Item = &'a Batch>,
+    now: DateTime,
+    delay: Duration,
+) -> Vec<&'a Batch> {
     let mut services: BTreeMap<&str, Vec<&Batch>> = BTreeMap::new();
     for b in batches {
         services.entry(b.service_id.as_str()).or_default().push(b);

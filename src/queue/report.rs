@@ -10,6 +10,7 @@ use futures::TryStreamExt;
 use serde::Serialize;
 
 use crate::queue::claim::DONE;
+use crate::queue::db;
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus, Service};
 use crate::queue::queuer::one_round;
@@ -140,7 +141,7 @@ pub(crate) async fn report(queue: &Batches, service: &str) -> Result<QueueReport
             ),
         });
     }
-    let fail = |e| store::db_error(queue, "*", "read the service's batches", e);
+    let fail = |e| db::db_error(queue, "*", "read the service's batches", e);
     let docs: Vec<Document> = queue
         .coll
         .find(doc! { "service_id": service, "status": { "$nin": DONE.to_vec() } })
@@ -160,9 +161,9 @@ pub(crate) async fn report(queue: &Batches, service: &str) -> Result<QueueReport
         .services
         .find_one(doc! { "_id": service })
         .await
-        .map_err(|e| store::db_error(queue, "*", "read the service", e))?;
+        .map_err(|e| db::db_error(queue, "*", "read the service", e))?;
     if let Some(slot_doc) = &slot_doc {
-        store::check_service(queue, slot_doc)?;
+        db::check_service(queue, slot_doc)?;
     }
     if docs.is_empty() && done == 0 && slot_doc.is_none() {
         return Err(QueueError::UnknownService {
@@ -170,10 +171,10 @@ pub(crate) async fn report(queue: &Batches, service: &str) -> Result<QueueReport
             service: service.to_string(),
         });
     }
-    let now = store::now(queue).await?;
+    let now = db::now(queue).await?;
     let batches = docs
         .iter()
-        .map(|d| store::parse(queue, d))
+        .map(|d| db::parse(queue, d))
         .collect::<Result<Vec<Batch>, _>>()?;
     let queued: Vec<&str> = one_round(&batches, now, queue.delay)
         .into_iter()

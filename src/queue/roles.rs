@@ -9,9 +9,9 @@ use bson::doc;
 use futures::TryStreamExt;
 
 use crate::queue::claim::{self, Claim, Submission};
+use crate::queue::db;
 use crate::queue::error::QueueError;
 use crate::queue::model::{Batch, BatchStatus};
-use crate::queue::store;
 use crate::queue::Batches;
 use crate::server::clock::minus;
 
@@ -151,7 +151,7 @@ impl<L: LedgerApi> Monitor<L> {
         for batch in watched {
             // The time of the question, read before it is asked and taken at its earliest: an
             // unknown is recorded only for a claim that had expired by then.
-            let (now, error) = store::now_within(&self.batches).await?;
+            let (now, error) = db::now_within(&self.batches).await?;
             let asked = minus(now, error);
             let said = match self.ledger.status(&batch.header).await {
                 Ok(s) => s,
@@ -191,9 +191,9 @@ pub(crate) async fn watched(queue: &Batches) -> Result<Vec<Batch>, QueueError> {
         ] })
         .projection(doc! { "content": 0 })
         .await
-        .map_err(|e| store::db_error(queue, "*", "watch", e))?
+        .map_err(|e| db::db_error(queue, "*", "watch", e))?
         .try_collect()
         .await
-        .map_err(|e| store::db_error(queue, "*", "watch", e))?;
-    docs.iter().map(|d| store::parse(queue, d)).collect()
+        .map_err(|e| db::db_error(queue, "*", "watch", e))?;
+    docs.iter().map(|d| db::parse(queue, d)).collect()
 }

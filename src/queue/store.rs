@@ -1,31 +1,31 @@
-//! Batches in the database: adding them (idempotent per header, refused if the header is reused
-//! for another content, stamped from their service's counter before they are inserted, after
-//! everything of their service already added or taken) and one queuer round over what is
-//! stored.
+//! Batches in the database: opening the collections, adding batches (idempotent per header,
+//! refused if the header is reused for another content, stamped from their service's counter
+//! before they are inserted, after everything of their service already added or taken; the
+//! serial adder's check) and one queuer round over what is stored.
 //!
-//! Every write of the queue (here and in `claim`) follows the stored format's rule
-//! (`repo::format`): the operation reads the format its store writes before its first write
-//! ([`writes`]), marks the batch or service it rewrites with it (nothing for format 1), and
-//! matches the document only while it is of a format this store reads ([`guarded`]); every
-//! reading of a batch ([`parse`]) or a service ([`service`]) refuses one of a newer format, so a
-//! write the guard kept from matching ends in that typed refusal when the caller reads the
-//! document to learn why.
+//! Every write of the queue (here, in `stamp`, `claim` and `parallel`) follows the stored
+//! format's rule (`repo::format`): the operation reads the format its store writes before its
+//! first write (`db::writes`), marks the batch or service it rewrites with it (nothing for format
+//! 1), and matches the document only while it is of a format this store reads (`db::guarded`);
+//! every reading of a batch (`db::parse`) or a service (`db::service`) refuses one of a newer
+//! format, so a write the guard kept from matching ends in that typed refusal when the caller
+//! reads the document to learn why.
 
 use std::time::Duration;
 
 use bson::{doc, DateTime, Document};
 use futures::TryStreamExt;
-use mongodb::options::ReturnDocument;
 use mongodb::IndexModel;
 
 use crate::server::codes;
 
+use crate::queue::db::{check_batch, db_error, parse, service, stored, writes};
 use crate::queue::error::QueueError;
 use crate::queue::model::{
-    keys_doc, keys_problem, parse_keys, Batch, BatchStatus, Keys, Place, Service, Strategy,
-    DEFAULT_DELAY,
+    keys_doc, keys_problem, parse_keys, Batch, Keys, Place, Strategy, DEFAULT_DELAY,
 };
 use crate::queue::queuer::one_round;
+use crate::queue::stamp::{draw, stamp_again};
 use crate::queue::Batches;
 use crate::repo::format;
 use crate::repo::store::Store;
@@ -103,6 +103,20 @@ impl NewBatch {
     {
         self.keys = Some(Keys::new(reads, writes));
         self
+    }
+
+    /// This batch as stored once its adder has placed it at `at`, before anyone took it.
+    pub(crate) fn unsent(&self, at: i64, strategy: Strategy) -> Batch {
+        Batch {
+            header: self.header.clone(),
+            service_id: self.service_id.clone(),
+            created_at: DateTime::from_millis(at).to_chrono(),
+            submitted: false,
+            status: None,
+            last_submitted_at: None,
+            keys: self.keys.clone(),
+            strategy,
+        }
     }
 }
 
@@ -280,9 +294,9 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Added, Queu
 }
 
 /// `batch` found stored: the same batch (the stored one is returned), or its header reused. A
-/// batch of a parallel service that never went is looked at as its adder would have (its adder
-/// may have died, or failed, before it did), so that it is not stamped again after this add
-/// returned.
+/// batch that never went is looked at as its adder would have (its adder may have died, or
+/// failed, before it did), so that it is not stamped again after this add returned, behind
+/// batches added later.
 async fn added_before(
     queue: &Batches,
     batch: &NewBatch,
@@ -303,12 +317,15 @@ async fn added_before(
     let found = parse(queue, stored)?;
     let never_went =
         found.status.is_none() && !found.submitted && !stored.get_bool("sent").unwrap_or(false);
-    if found.strategy == Strategy::Parallel && never_went {
-        let writes = writes(queue).await?;
-        let at = DateTime::from_chrono(found.created_at);
-        return Ok(Added::ToPlace { at, writes });
+    if !never_went {
+        return Ok(Added::Placed(found));
     }
-    Ok(Added::Placed(found))
+    let writes = writes(queue).await?;
+    let at = DateTime::from_chrono(found.created_at);
+    Ok(match found.strategy {
+        Strategy::Parallel => Added::ToPlace { at, writes },
+        Strategy::Serial => Added::Placed(place_after_the_service(queue, batch, at, writes).await?),
+    })
 }
 
 /// The stored format that keeps declared keys and the parallel strategy: a release before it
@@ -325,101 +342,6 @@ pub(crate) fn before_parallel_format(queue: &Batches, what: &str, writes: i64) -
              format set {PARALLEL_FORMAT}`, `Store::set_format`)"
         ),
     }
-}
-
-/// A stamp drawn from a service's counter, and the service's strategy.
-pub(crate) struct Drawn {
-    pub at: DateTime,
-    pub strategy: Strategy,
-}
-
-/// Draws a stamp for batch `header` of `service` (see [`draw`]).
-pub(crate) async fn draw_stamp(
-    queue: &Batches,
-    service: &str,
-    header: &str,
-    writes: i64,
-) -> Result<DateTime, QueueError> {
-    Ok(draw(queue, service, header, writes).await?.at)
-}
-
-/// Draws a stamp for batch `header` of `service` from the service's counter (`newest`, which
-/// it raises to the stamp), in one write: one millisecond after the newest stamp given so far,
-/// after the batch in the slot (unless it is this one) and after the mark, and no earlier than
-/// the server's time as estimated here. Stamps of a service are unique and rise in the order
-/// they are drawn. The service's strategy is read in the same write (it is fixed from the
-/// first draw on).
-pub(crate) async fn draw(
-    queue: &Batches,
-    service: &str,
-    header: &str,
-    writes: i64,
-) -> Result<Drawn, QueueError> {
-    let now = now(queue).await?;
-    // A missing field adds up to null, which `$max` leaves out.
-    let stamp = doc! { "$max": [
-        { "$add": ["$newest", 1] },
-        now,
-        { "$add": ["$mark_at", 1] },
-        { "$cond": [{ "$ne": ["$holder.header", header] }, { "$add": ["$holder.at", 1] }, null] },
-    ] };
-    let mut tries = 0;
-    let drawn = loop {
-        tries += 1;
-        let drawn = queue
-            .services
-            .find_one_and_update(
-                guarded(queue, doc! { "_id": service }),
-                format::mark_pipeline(vec![doc! { "$set": { "newest": stamp.clone() } }], writes),
-            )
-            .upsert(true)
-            .return_document(ReturnDocument::After)
-            .await;
-        match drawn {
-            Ok(drawn) => break drawn,
-            // Two first draws of a service at once: the loser's upsert finds the document
-            // made when it draws again. Or the service is of a newer format (the guard did not
-            // match it, so the upsert tried to make it): refused.
-            Err(e) if codes::error_code(&e) == Some(codes::DUPLICATE_KEY) => {
-                let found = queue
-                    .services
-                    .find_one(doc! { "_id": service })
-                    .await
-                    .map_err(|e| db_error(queue, header, "draw a stamp", e))?;
-                if let Some(found) = &found {
-                    check_service(queue, found)?;
-                }
-                if tries >= 2 {
-                    return Err(db_error(queue, header, "draw a stamp", e));
-                }
-            }
-            Err(e) => return Err(db_error(queue, header, "draw a stamp", e)),
-        }
-    };
-    let malformed = |reason: String| QueueError::Malformed {
-        collection: queue.name.clone(),
-        header: header.to_string(),
-        reason,
-    };
-    let drawn = drawn.ok_or_else(|| {
-        malformed(format!(
-            "the service {} vanished while drawing a stamp",
-            shown(service)
-        ))
-    })?;
-    let at = drawn.get_datetime("newest").ok().copied().ok_or_else(|| {
-        malformed(format!(
-            "the service {} has no newest stamp after drawing one",
-            shown(service)
-        ))
-    })?;
-    let strategy = Strategy::parse(drawn.get_str("strategy").ok()).ok_or_else(|| {
-        malformed(format!(
-            "the service {} has an unknown strategy",
-            shown(service)
-        ))
-    })?;
-    Ok(Drawn { at, strategy })
 }
 
 /// The adder's half of the ordering, once the batch is inserted: a batch taken meanwhile
@@ -442,37 +364,12 @@ async fn place_after_the_service(
     for _ in 0..STAMPS {
         let service = service(queue, &batch.service_id).await?;
         if service.bound(header).is_none_or(|b| b < place) {
-            return Ok(Batch {
-                header: header.to_string(),
-                service_id: batch.service_id.clone(),
-                created_at: DateTime::from_millis(place.at).to_chrono(),
-                submitted: false,
-                status: None,
-                last_submitted_at: None,
-                keys: batch.keys.clone(),
-                strategy: Strategy::Serial,
-            });
+            return Ok(batch.unsent(place.at, Strategy::Serial));
         }
-        let again = draw_stamp(queue, &batch.service_id, header, writes).await?;
-        let now = now(queue).await?;
-        let stamped = queue
-            .coll
-            .update_one(
-                guarded(
-                    queue,
-                    doc! {
-                        "_id": header,
-                        "created_at": DateTime::from_millis(place.at),
-                        "submitted": false,
-                        "status": { "$exists": false },
-                        "$nor": [{ "claim.until": { "$gte": now } }],
-                    },
-                ),
-                format::mark_update(doc! { "$set": { "created_at": again } }, writes),
-            )
-            .await
-            .map_err(|e| db_error(queue, header, "add", e))?;
-        if stamped.matched_count == 1 {
+        let condition = doc! { "status": { "$exists": false } };
+        if let Some(again) =
+            stamp_again(queue, &batch.service_id, &place, condition, writes).await?
+        {
             place.at = again.timestamp_millis();
             continue;
         }
@@ -545,139 +442,4 @@ pub(crate) fn invalid_batch(queue: &Batches, reason: String) -> QueueError {
         collection: queue.name.clone(),
         reason,
     }
-}
-
-/// The server's time, as this process estimates it.
-pub(crate) async fn now(queue: &Batches) -> Result<DateTime, QueueError> {
-    queue
-        .store
-        .now()
-        .await
-        .map_err(|e| QueueError::Clock(Box::new(e)))
-}
-
-/// The server's time as this process estimates it, and how far off the estimate may be.
-pub(crate) async fn now_within(queue: &Batches) -> Result<(DateTime, Duration), QueueError> {
-    queue
-        .store
-        .now_within()
-        .await
-        .map_err(|e| QueueError::Clock(Box::new(e)))
-}
-
-pub(crate) fn db_error(
-    queue: &Batches,
-    header: &str,
-    op: &'static str,
-    e: mongodb::error::Error,
-) -> QueueError {
-    QueueError::database(&queue.name, header, op, e)
-}
-
-/// The stored batch `header`.
-pub(crate) async fn stored(queue: &Batches, header: &str) -> Result<Document, QueueError> {
-    queue
-        .coll
-        .find_one(doc! { "_id": header })
-        .await
-        .map_err(|e| db_error(queue, header, "read", e))?
-        .ok_or_else(|| QueueError::UnknownBatch {
-            collection: queue.name.clone(),
-            header: header.to_string(),
-        })
-}
-
-/// `service`'s document (empty if it has none yet).
-pub(crate) async fn service(queue: &Batches, service: &str) -> Result<Service, QueueError> {
-    let found = queue
-        .services
-        .find_one(doc! { "_id": service })
-        .await
-        .map_err(|e| db_error(queue, "*", "read the service", e))?;
-    match found {
-        Some(found) => {
-            check_service(queue, &found)?;
-            Ok(Service::parse(&found))
-        }
-        None => Ok(Service::default()),
-    }
-}
-
-/// The format this store writes batches and services in, read before an operation's first
-/// write: an instance of an older release in a fleet switched to a newer format writes
-/// nothing.
-pub(crate) async fn writes(queue: &Batches) -> Result<i64, QueueError> {
-    Ok(queue.store.writes_format().await?)
-}
-
-/// `filter` of a write on a batch or a service, matching it only while it is of a format this
-/// store reads.
-pub(crate) fn guarded(queue: &Batches, filter: Document) -> Document {
-    format::guard(filter, queue.store.reads_format())
-}
-
-/// Refuses stored batch `d` when it is of a stored format newer than this store reads.
-pub(crate) fn check_batch(queue: &Batches, d: &Document) -> Result<(), QueueError> {
-    Ok(format::check_doc(
-        d,
-        queue.store.reads_format(),
-        &queue.name,
-    )?)
-}
-
-/// Refuses stored service `d` when it is of a stored format newer than this store reads.
-pub(crate) fn check_service(queue: &Batches, d: &Document) -> Result<(), QueueError> {
-    Ok(format::check_doc(
-        d,
-        queue.store.reads_format(),
-        queue.services.name(),
-    )?)
-}
-
-/// A stored batch as this version reads it; refused when it is of a newer format.
-pub(crate) fn parse(queue: &Batches, d: &Document) -> Result<Batch, QueueError> {
-    check_batch(queue, d)?;
-    let header = d.get_str("_id").unwrap_or("?").to_string();
-    let malformed = |reason: &str| QueueError::Malformed {
-        collection: queue.name.clone(),
-        header: header.clone(),
-        reason: reason.to_string(),
-    };
-    let status = match d.get_str("status") {
-        Err(_) => None,
-        Ok(s) => Some(parse_status(s).ok_or_else(|| malformed("unknown status"))?),
-    };
-    Ok(Batch {
-        header: header.clone(),
-        service_id: d
-            .get_str("service_id")
-            .map_err(|_| malformed("no service id"))?
-            .to_string(),
-        created_at: d
-            .get_datetime("created_at")
-            .map_err(|_| malformed("no creation time"))?
-            .to_chrono(),
-        submitted: d.get_bool("submitted").unwrap_or(false),
-        status,
-        last_submitted_at: d
-            .get_datetime("last_submitted_at")
-            .ok()
-            .map(|at| at.to_chrono()),
-        keys: parse_keys(d).map_err(|reason| malformed(&reason))?,
-        strategy: Strategy::parse(d.get_str("strategy").ok())
-            .ok_or_else(|| malformed("unknown strategy"))?,
-    })
-}
-
-pub(crate) fn parse_status(s: &str) -> Option<BatchStatus> {
-    [
-        BatchStatus::Pending,
-        BatchStatus::Invalid,
-        BatchStatus::Valid,
-        BatchStatus::Committed,
-        BatchStatus::Unknown,
-        BatchStatus::Delayed,
-    ]
-    .into_iter()
-    .find(|status| status.as_str() == s)
 }

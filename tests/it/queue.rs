@@ -364,6 +364,63 @@ async fn sequential_adds_are_stamped_in_order_and_a_late_stamp_goes_after_what_w
     assert_eq!(headers(&batches.round().await.unwrap()), vec!["z19"]);
 }
 
+/// An add that finds its batch stored and never taken (the first add died between its insert and
+/// its check, while a batch added meanwhile went ahead) does the check itself: what it returns
+/// is the batch's final place, after the one that went, and before a batch added after it
+/// returned. Without the check it would return the old stamp, and the batch would later be
+/// stamped again by a claimant, behind the batch added after it.
+#[tokio::test]
+async fn adding_again_a_batch_whose_adder_died_places_it_before_batches_added_later() {
+    let t = TestDb::new().await;
+    let batches = Batches::open(&t.store).await.unwrap();
+    let went = batches.add(&NewBatch::new("s", "went", "x")).await.unwrap();
+    let queued = batches.round().await.unwrap();
+    assert_eq!(headers(&queued), vec!["went"]);
+    let claim = batches
+        .claim(&queued[0], "me", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    batches.record(&claim, Submission::Accepted).await.unwrap();
+    // The dead add's insert, with the stamp it drew before "went" drew its own.
+    let old = bson::DateTime::from_millis(went.created_at.timestamp_millis() - 1_000);
+    t.db.collection::<Document>(BATCHES_COLLECTION)
+        .insert_one(doc! {
+            "_id": "late", "service_id": "s", "content": "y",
+            "created_at": old, "submitted": false,
+        })
+        .await
+        .unwrap();
+    let late = batches.add(&NewBatch::new("s", "late", "y")).await.unwrap();
+    assert!(
+        late.created_at > went.created_at,
+        "placed after the batch that went: {} <= {}",
+        late.created_at,
+        went.created_at
+    );
+    assert_eq!(batches.get("late").await.unwrap(), late, "as stored");
+    let after = batches
+        .add(&NewBatch::new("s", "after", "z"))
+        .await
+        .unwrap();
+    assert!(after.created_at > late.created_at);
+    batches
+        .record_status(&batches.get("went").await.unwrap(), BatchStatus::Committed)
+        .await
+        .unwrap();
+    let queued = batches.round().await.unwrap();
+    assert_eq!(headers(&queued), vec!["late"], "the older add goes first");
+    assert!(batches
+        .claim(&queued[0], "me", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        batches.get("late").await.unwrap().created_at,
+        late.created_at
+    );
+}
+
 /// Three submitters (one holding its claims 5 s; two only 40 ms, pausing up to 60 ms between
 /// claiming a batch and sending it, so that claims run out around their sends while monitors ask
 /// the ledger about their batches) and two monitors move 3 × 30 batches through a

@@ -281,6 +281,54 @@ async fn batches_that_do_not_conflict_go_together_and_conflicting_ones_wait_for_
     assert!(take(&batches, "f").await.is_none(), "d and e are in flight");
 }
 
+/// As in the serial queue: an add that finds its batch stored and never sent (the first add died
+/// between its insert and its check, while a younger conflicting batch went) does the check
+/// itself, and returns the batch's final place, after the one that went and before a
+/// conflicting batch added after it returned.
+#[tokio::test]
+async fn adding_again_a_batch_whose_adder_died_places_it_after_the_conflicting_batch_that_went() {
+    let t = TestDb::new().await;
+    let batches = parallel(&t, &["s"]).await;
+    let went = batches.add(&keyed("s", "went", &[], &["k"])).await.unwrap();
+    let claim = take(&batches, "went").await.expect("went");
+    batches.record(&claim, Submission::Accepted).await.unwrap();
+    // The dead add's insert, with the stamp it drew before "went" drew its own.
+    let old = bson::DateTime::from_millis(went.created_at.timestamp_millis() - 1_000);
+    t.db.collection::<Document>("batches")
+        .insert_one(doc! {
+            "_id": "late", "service_id": "s", "content": "late",
+            "created_at": old, "submitted": false, "strategy": "parallel",
+            "keys": { "reads": ["k"], "writes": [] }, "_format": 2_i64,
+        })
+        .await
+        .unwrap();
+    let late = batches.add(&keyed("s", "late", &["k"], &[])).await.unwrap();
+    assert!(
+        late.created_at > went.created_at,
+        "placed after the batch that went: {} <= {}",
+        late.created_at,
+        went.created_at
+    );
+    assert_eq!(batches.get("late").await.unwrap(), late, "as stored");
+    let after = batches
+        .add(&keyed("s", "after", &[], &["k"]))
+        .await
+        .unwrap();
+    assert!(after.created_at > late.created_at);
+    let went_now = batches.get("went").await.unwrap();
+    batches
+        .record_status(&went_now, BatchStatus::Committed)
+        .await
+        .unwrap();
+    assert_eq!(headers(&batches.round().await.unwrap()), ["late"]);
+    assert!(take(&batches, "after").await.is_none(), "late is older");
+    assert!(take(&batches, "late").await.is_some());
+    assert_eq!(
+        batches.get("late").await.unwrap().created_at,
+        late.created_at
+    );
+}
+
 #[tokio::test]
 async fn a_claim_that_names_another_strategy_than_the_stored_batch_takes_nothing() {
     let t = TestDb::new().await;
