@@ -114,6 +114,11 @@ impl Batches {
     /// ahead of it. Four round trips (a look for the header, the draw, the insert, a look at the
     /// service).
     ///
+    /// Adding a stored batch again (a retry after an add that failed, or whose caller died)
+    /// makes that last check itself while another batch may still go ahead of it, so the batch
+    /// returned is in its final place. Two adds of one batch at the same time are the exception:
+    /// its place is final once both have returned.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -132,8 +137,8 @@ impl Batches {
     pub async fn add(&self, batch: &NewBatch) -> Result<Batch, QueueError> {
         match store::add(self, batch).await? {
             store::Added::Placed(batch) => Ok(batch),
-            store::Added::ToPlace { at, writes } => {
-                parallel::place_after_went(self, batch, at, writes).await
+            store::Added::ToPlace { at, writes, again } => {
+                parallel::place_after_went(self, batch, at, writes, again).await
             }
         }
     }

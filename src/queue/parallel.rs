@@ -265,12 +265,15 @@ async fn stamp_again(
 
 /// The adder's half of the ordering, once a batch of a parallel service is inserted: a younger
 /// conflicting batch that went (its add overlapping this one, its stamp drawn later) may have
-/// missed this one in its count. Then this one is stamped again, after it.
+/// missed this one in its count. Then this one is stamped again, after it. `again`: the batch
+/// was found stored by a later add (the first died or failed before this check), and may carry
+/// a monitor's word or a claim: what is returned is read back.
 pub(crate) async fn place_after_went(
     queue: &Batches,
     batch: &NewBatch,
     created_at: DateTime,
     writes: i64,
+    again: bool,
 ) -> Result<Batch, QueueError> {
     let header = batch.header.as_str();
     let service = batch.service_id.as_str();
@@ -282,6 +285,9 @@ pub(crate) async fn place_after_went(
     let (mut stamps, mut waits) = (0, 0);
     while stamps < STAMPS && waits < CLAIM_WAITS {
         let went = count(queue, header, younger_went(service, &place, keys, false)).await?;
+        if went == 0 && again {
+            return db::parse(queue, &db::stored(queue, header).await?);
+        }
         if went == 0 {
             return Ok(batch.unsent(place.at, Strategy::Parallel));
         }

@@ -22,7 +22,7 @@ use crate::server::codes;
 use crate::queue::db::{check_batch, db_error, parse, service, stored, writes};
 use crate::queue::error::QueueError;
 use crate::queue::model::{
-    keys_doc, keys_problem, parse_keys, Batch, Keys, Place, Strategy, DEFAULT_DELAY,
+    keys_doc, keys_problem, parse_keys, Batch, BatchStatus, Keys, Place, Strategy, DEFAULT_DELAY,
 };
 use crate::queue::queuer::one_round;
 use crate::queue::stamp::{draw, stamp_again};
@@ -183,11 +183,16 @@ pub(crate) async fn with_collection(
 }
 
 /// What `add` did: the batch is in its place, or it is a batch of a parallel service, inserted
-/// or found never sent, that its adder's check must still place (`parallel::place_after_went`,
-/// which `Batches::add` calls: the parallel strategy builds on this module).
+/// (`again` false) or found stored and never sent (`again` true), that its adder's check must
+/// still place (`parallel::place_after_went`, which `Batches::add` calls: the parallel strategy
+/// builds on this module).
 pub(crate) enum Added {
     Placed(Batch),
-    ToPlace { at: DateTime, writes: i64 },
+    ToPlace {
+        at: DateTime,
+        writes: i64,
+        again: bool,
+    },
 }
 
 /// The body of [`Batches::add`], but for a parallel service's check.
@@ -281,6 +286,7 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Added, Queu
         Ok(_) if drawn.strategy == Strategy::Parallel => Ok(Added::ToPlace {
             at: created_at,
             writes,
+            again: false,
         }),
         Ok(_) => Ok(Added::Placed(
             place_after_the_service(queue, batch, created_at, writes).await?,
@@ -294,9 +300,9 @@ pub(crate) async fn add(queue: &Batches, batch: &NewBatch) -> Result<Added, Queu
 }
 
 /// `batch` found stored: the same batch (the stored one is returned), or its header reused. A
-/// batch that never went is looked at as its adder would have (its adder may have died, or
-/// failed, before it did), so that it is not stamped again after this add returned, behind
-/// batches added later.
+/// batch that a later one may still go ahead of is looked at as its adder would have (its adder
+/// may have died, or failed, before it did), so that it is not stamped again after this add
+/// returned, behind batches added later.
 async fn added_before(
     queue: &Batches,
     batch: &NewBatch,
@@ -315,15 +321,36 @@ async fn added_before(
         });
     }
     let found = parse(queue, stored)?;
-    let never_went =
-        found.status.is_none() && !found.submitted && !stored.get_bool("sent").unwrap_or(false);
-    if !never_went {
+    // Whether a batch added later may still go ahead of it, so that a claimant would stamp it
+    // again later. Serial: a new batch nobody took (one taken holds the slot, and nothing passes
+    // it). Parallel: a batch never marked sent that the ledger never had, a claimant deciding on
+    // it or not (the check waits for the claimant).
+    let movable = match found.strategy {
+        Strategy::Serial => found.status.is_none() && !found.submitted,
+        Strategy::Parallel => {
+            !stored.get_bool("sent").unwrap_or(false)
+                && !matches!(
+                    found.status,
+                    Some(
+                        BatchStatus::Pending
+                            | BatchStatus::Valid
+                            | BatchStatus::Committed
+                            | BatchStatus::Invalid
+                    )
+                )
+        }
+    };
+    if !movable {
         return Ok(Added::Placed(found));
     }
     let writes = writes(queue).await?;
     let at = DateTime::from_chrono(found.created_at);
     Ok(match found.strategy {
-        Strategy::Parallel => Added::ToPlace { at, writes },
+        Strategy::Parallel => Added::ToPlace {
+            at,
+            writes,
+            again: true,
+        },
         Strategy::Serial => Added::Placed(place_after_the_service(queue, batch, at, writes).await?),
     })
 }

@@ -8,7 +8,8 @@
 //! A few batches of one service, each declaring its keys; their adds overlap as badly as they
 //! can: every stamp is drawn before any insert, and the inserts land in any order. Each batch
 //! gets an adder and up to a few claimants, started at any moment on any batch (the queuer's
-//! round is left out: a claimant may try any batch, which is more than a round allows). Every
+//! round is left out: a claimant may try any batch, which is more than a round allows), and may
+//! be added again by its header once its adder died or failed. Every
 //! write and every count is one step, and any process may crash between steps. A claim runs out
 //! at any moment except while its claimant is sending (a submitter sends only before its
 //! deadline, which comes before the expiry); a claimant whose claim ran out does not send. A
@@ -127,6 +128,8 @@ pub(crate) struct State {
     tokens: u8,
     /// Claimants started so far.
     claims: u8,
+    /// Adds of a stored batch by its header started so far.
+    readds: u8,
     bad: Option<String>,
 }
 
@@ -148,6 +151,13 @@ pub(crate) struct QueueModel {
     pub submitted_not_went: bool,
     /// Mutation: no `sent` mark (a batch counts as gone only while submitted or at the ledger).
     pub no_sent_mark: bool,
+    /// How many times over the run a batch may be added again by its header once its add ended
+    /// without returning (it died after the insert, or failed): `Batches::add` finding it
+    /// stored.
+    pub readds: u8,
+    /// Mutation: adding a stored batch again makes the adder's check only when the batch is
+    /// new and with no submitter (the rule before 2026-11-28); otherwise the add returns.
+    pub readd_only_new: bool,
 }
 
 impl QueueModel {
@@ -164,6 +174,8 @@ impl QueueModel {
             adder_skips_check: false,
             submitted_not_went: false,
             no_sent_mark: false,
+            readds: 0,
+            readd_only_new: false,
         }
     }
 
@@ -491,6 +503,7 @@ impl Model for QueueModel {
             newest: u8::try_from(count).unwrap_or(u8::MAX),
             tokens: 0,
             claims: 0,
+            readds: 0,
             bad: None,
         }]
     }
@@ -525,6 +538,42 @@ impl QueueModel {
         }
         for b in 0..s.batches.len() {
             let bat = &s.batches[b];
+            // The batch added again by its header after its add ended without returning (died
+            // after the insert, or failed): the add finds it stored and makes the adder's check
+            // (see `store::added_before`) unless it may have been sent (marked sent, or the
+            // ledger has or had it): then its place is fixed, and the add returns. (Two adds of
+            // one batch at once are left out: one may return while the other still stamps the
+            // batch again, a limit docs/queue.md states.)
+            let adding = s.procs.iter().any(|p| {
+                p.batch as usize == b
+                    && matches!(
+                        p.step,
+                        Step::Insert | Step::Check | Step::Draw | Step::Stamp(_)
+                    )
+            });
+            if s.readds < self.readds && bat.inserted && !bat.returned && !adding {
+                let mut n = s.clone();
+                n.readds += 1;
+                let checks = if self.readd_only_new {
+                    bat.status == St::New && !bat.submitted && !bat.flag
+                } else {
+                    !bat.flag && !bat.status.at_ledger()
+                };
+                if checks {
+                    n.procs.push(Proc {
+                        batch: u8::try_from(b).unwrap_or(u8::MAX),
+                        step: Step::Check,
+                        token: 0,
+                        seen: bat.stamp,
+                        prev: St::New,
+                        late: false,
+                        counted_clear: false,
+                    });
+                } else {
+                    n.batches[b].returned = true;
+                }
+                out.push(n);
+            }
             // A new claimant.
             if s.claims < self.claims && Self::claimable(s, b) {
                 let mut n = s.clone();
@@ -712,6 +761,26 @@ mod tests {
 
     fn pair() -> Vec<Option<(Vec<u8>, Vec<u8>)>> {
         vec![Some((vec![], vec![1])), Some((vec![1], vec![]))]
+    }
+
+    #[test]
+    #[ignore = "millions of states: run with the crate optimised, see docs/queue.md"]
+    fn a_batch_added_again_keeps_the_rule_in_every_state() {
+        let mut model = QueueModel::new(pair());
+        model.readds = 1;
+        let found = run(&model);
+        assert!(!found.truncated);
+        assert!(found.violation.is_none(), "{:?}", found.violation);
+    }
+
+    #[test]
+    fn an_add_again_that_checks_only_new_batches_is_caught() {
+        let mut model = QueueModel::new(pair());
+        model.readds = 1;
+        model.readd_only_new = true;
+        let found = run(&model);
+        let (why, _) = found.violation.expect("the mutation must be caught");
+        assert!(why.contains("after its add returned"), "{why}");
     }
 
     #[test]

@@ -284,7 +284,9 @@ async fn batches_that_do_not_conflict_go_together_and_conflicting_ones_wait_for_
 /// As in the serial queue: an add that finds its batch stored and never sent (the first add died
 /// between its insert and its check, while a younger conflicting batch went) does the check
 /// itself, and returns the batch's final place, after the one that went and before a
-/// conflicting batch added after it returned.
+/// conflicting batch added after it returned. So does one that finds its batch recorded unknown
+/// but never marked sent (a claimant took it and died before it was clear to send; a monitor
+/// then found the ledger without it): a claimant would otherwise stamp it again later.
 #[tokio::test]
 async fn adding_again_a_batch_whose_adder_died_places_it_after_the_conflicting_batch_that_went() {
     let t = TestDb::new().await;
@@ -292,41 +294,55 @@ async fn adding_again_a_batch_whose_adder_died_places_it_after_the_conflicting_b
     let went = batches.add(&keyed("s", "went", &[], &["k"])).await.unwrap();
     let claim = take(&batches, "went").await.expect("went");
     batches.record(&claim, Submission::Accepted).await.unwrap();
-    // The dead add's insert, with the stamp it drew before "went" drew its own.
-    let old = bson::DateTime::from_millis(went.created_at.timestamp_millis() - 1_000);
-    t.db.collection::<Document>("batches")
-        .insert_one(doc! {
-            "_id": "late", "service_id": "s", "content": "late",
+    // The dead adds' inserts, with the stamps they drew before "went" drew its own.
+    for (header, ago, status) in [("late", 2_000, None), ("lost", 1_000, Some("unknown"))] {
+        let old = bson::DateTime::from_millis(went.created_at.timestamp_millis() - ago);
+        let mut stored = doc! {
+            "_id": header, "service_id": "s", "content": header,
             "created_at": old, "submitted": false, "strategy": "parallel",
             "keys": { "reads": ["k"], "writes": [] }, "_format": 2_i64,
-        })
-        .await
-        .unwrap();
-    let late = batches.add(&keyed("s", "late", &["k"], &[])).await.unwrap();
-    assert!(
-        late.created_at > went.created_at,
-        "placed after the batch that went: {} <= {}",
-        late.created_at,
-        went.created_at
-    );
-    assert_eq!(batches.get("late").await.unwrap(), late, "as stored");
+        };
+        if let Some(status) = status {
+            stored.insert("status", status);
+        }
+        t.db.collection::<Document>("batches")
+            .insert_one(stored)
+            .await
+            .unwrap();
+    }
+    let mut placed = Vec::new();
+    for header in ["late", "lost"] {
+        let b = batches.add(&keyed("s", header, &["k"], &[])).await.unwrap();
+        assert!(
+            b.created_at > went.created_at,
+            "{header} placed after the batch that went: {} <= {}",
+            b.created_at,
+            went.created_at
+        );
+        assert_eq!(b.status, None, "{header}: a new batch in its new place");
+        assert_eq!(batches.get(header).await.unwrap(), b, "as stored");
+        placed.push(b);
+    }
     let after = batches
         .add(&keyed("s", "after", &[], &["k"]))
         .await
         .unwrap();
-    assert!(after.created_at > late.created_at);
+    assert!(after.created_at > placed[1].created_at);
     let went_now = batches.get("went").await.unwrap();
     batches
         .record_status(&went_now, BatchStatus::Committed)
         .await
         .unwrap();
-    assert_eq!(headers(&batches.round().await.unwrap()), ["late"]);
-    assert!(take(&batches, "after").await.is_none(), "late is older");
-    assert!(take(&batches, "late").await.is_some());
-    assert_eq!(
-        batches.get("late").await.unwrap().created_at,
-        late.created_at
+    assert_eq!(headers(&batches.round().await.unwrap()), ["late", "lost"]);
+    assert!(
+        take(&batches, "after").await.is_none(),
+        "late and lost are older"
     );
+    for b in &placed {
+        assert!(take(&batches, &b.header).await.is_some());
+        let now = batches.get(&b.header).await.unwrap();
+        assert_eq!(now.created_at, b.created_at, "never stamped again");
+    }
 }
 
 #[tokio::test]
