@@ -116,14 +116,33 @@ pub enum Submission {
 
 /// Filter: batches of `service` strictly before `place`.
 pub(crate) fn before(service: &str, place: &Place) -> Document {
+    beside(service, place, "$lt")
+}
+
+/// Filter: batches of `service` strictly after `place`.
+pub(crate) fn after(service: &str, place: &Place) -> Document {
+    beside(service, place, "$gt")
+}
+
+/// Filter: batches of `service` on the `side` (`$lt` or `$gt`) of `place`, by stamp, then
+/// header.
+fn beside(service: &str, place: &Place, side: &str) -> Document {
     let at = DateTime::from_millis(place.at);
     doc! {
         "service_id": service,
         "$or": [
-            { "created_at": { "$lt": at } },
-            { "created_at": at, "_id": { "$lt": &place.header } },
+            { "created_at": { side: at } },
+            { "created_at": at, "_id": { side: &place.header } },
         ],
     }
+}
+
+/// Filter: batches of `service` before `place` that the ledger is not done with (committed or
+/// invalid).
+pub(crate) fn older_open(service: &str, place: &Place) -> Document {
+    let mut older = before(service, place);
+    older.insert("status", doc! { "$nin": DONE.to_vec() });
+    older
 }
 
 /// Whether the slot's taking has run out by the server's clock (a slot without `until`, from
@@ -322,11 +341,14 @@ pub(crate) async fn claim(
         ),
         terms.claiming(),
     );
-    let mut older = before(service, &place);
-    older.insert("status", doc! { "$nin": DONE.to_vec() });
     let (claimed, waiting) = tokio::join!(
         async { claim.return_document(ReturnDocument::Before).await },
-        async { queue.coll.count_documents(older).await }
+        async {
+            queue
+                .coll
+                .count_documents(older_open(service, &place))
+                .await
+        }
     );
     let claimed = claimed.map_err(|e| db::db_error(queue, header, "claim", e));
     let waiting = waiting.map_err(|e| db::db_error(queue, header, "claim", e));

@@ -51,6 +51,22 @@ impl BatchStatus {
     }
 }
 
+/// Statuses of a batch the ledger has or had: under the parallel strategy, with `submitted` and
+/// `sent`, what makes a batch have gone.
+pub(crate) const AT_LEDGER: [BatchStatus; 4] = [
+    BatchStatus::Pending,
+    BatchStatus::Valid,
+    BatchStatus::Committed,
+    BatchStatus::Invalid,
+];
+
+impl BatchStatus {
+    /// Whether the ledger has or had a batch of this status (see [`AT_LEDGER`]).
+    pub(crate) fn at_ledger(self) -> bool {
+        AT_LEDGER.contains(&self)
+    }
+}
+
 impl fmt::Display for BatchStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

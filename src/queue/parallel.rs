@@ -42,10 +42,10 @@ use std::time::Duration;
 use bson::{doc, DateTime, Document};
 use mongodb::options::ReturnDocument;
 
-use crate::queue::claim::{before, unclaim_submitted, Claim, Claimed, Previous, Terms, DONE};
+use crate::queue::claim::{after, older_open, unclaim_submitted, Claim, Claimed, Previous, Terms};
 use crate::queue::db::{self, check_service, db_error, guarded, writes};
 use crate::queue::error::QueueError;
-use crate::queue::model::{Batch, BatchStatus, Keys, Place, Strategy};
+use crate::queue::model::{Batch, BatchStatus, Keys, Place, Strategy, AT_LEDGER};
 use crate::queue::stamp;
 use crate::queue::store::{before_parallel_format, NewBatch, PARALLEL_FORMAT};
 use crate::queue::Batches;
@@ -53,9 +53,10 @@ use crate::repo::format::{self, mark_update};
 use crate::repo::names::{name_problem, shown};
 use crate::server::codes;
 
-/// Statuses of a batch the ledger has or had: with `submitted` and `sent`, what makes a batch
-/// have gone.
-const AT_LEDGER: [&str; 4] = ["pending", "valid", "committed", "invalid"];
+/// The stored names of [`AT_LEDGER`], for filters.
+fn at_ledger() -> Vec<&'static str> {
+    AT_LEDGER.map(BatchStatus::as_str).to_vec()
+}
 
 /// How many times adding a batch stamps it again before giving up (as the serial add).
 const STAMPS: u32 = 32;
@@ -81,18 +82,6 @@ pub(crate) fn conflicting(keys: Option<&Keys>) -> Document {
     doc! { "$or": either }
 }
 
-/// Filter: batches of `service` strictly after `place`.
-fn after(service: &str, place: &Place) -> Document {
-    let at = DateTime::from_millis(place.at);
-    doc! {
-        "service_id": service,
-        "$or": [
-            { "created_at": { "$gt": at } },
-            { "created_at": at, "_id": { "$gt": &place.header } },
-        ],
-    }
-}
-
 /// Filter: `filter` and `more` both.
 fn both(filter: Document, more: Document) -> Document {
     if more.is_empty() {
@@ -103,10 +92,8 @@ fn both(filter: Document, more: Document) -> Document {
 
 /// Filter: the older batches of `service` conflicting with the one at `place` that the ledger
 /// is not done with.
-fn older_open(service: &str, place: &Place, keys: Option<&Keys>) -> Document {
-    let mut older = before(service, place);
-    older.insert("status", doc! { "$nin": DONE.to_vec() });
-    both(older, conflicting(keys))
+fn older_conflicting(service: &str, place: &Place, keys: Option<&Keys>) -> Document {
+    both(older_open(service, place), conflicting(keys))
 }
 
 /// Filter: the younger batches of `service` conflicting with the one at `place` that went
@@ -115,7 +102,7 @@ fn older_open(service: &str, place: &Place, keys: Option<&Keys>) -> Document {
 fn younger_went(service: &str, place: &Place, keys: Option<&Keys>, surely: bool) -> Document {
     let mut went = vec![
         doc! { "sent": true },
-        doc! { "status": { "$in": AT_LEDGER.to_vec() } },
+        doc! { "status": { "$in": at_ledger() } },
     ];
     if !surely {
         went.push(doc! { "submitted": true });
@@ -173,7 +160,7 @@ pub(crate) async fn claim(
     // Round 2: what must go first, counted after the claim landed (the claimant's half of the
     // ordering), from the keys as stored.
     let (older, younger) = tokio::join!(
-        count(queue, header, older_open(service, &place, keys)),
+        count(queue, header, older_conflicting(service, &place, keys)),
         count(queue, header, younger_went(service, &place, keys, false)),
     );
     let (older, younger) = (older?, younger?);
@@ -258,7 +245,7 @@ async fn stamp_again(
 ) -> Result<Option<DateTime>, QueueError> {
     let condition = doc! {
         "sent": { "$exists": false },
-        "status": { "$nin": AT_LEDGER.to_vec() },
+        "status": { "$nin": at_ledger() },
     };
     stamp::stamp_again(queue, service, place, condition, writes).await
 }
@@ -299,9 +286,7 @@ pub(crate) async fn place_after_went(
         let found = db::stored(queue, header).await?;
         let stored = db::parse(queue, &found)?;
         // Sent, or at the ledger: its claimant found its place right.
-        let at_ledger = stored
-            .status
-            .is_some_and(|s| AT_LEDGER.contains(&s.as_str()));
+        let at_ledger = stored.status.is_some_and(BatchStatus::at_ledger);
         if at_ledger || found.get_bool("sent").unwrap_or(false) {
             return Ok(stored);
         }

@@ -329,15 +329,7 @@ async fn added_before(
         Strategy::Serial => found.status.is_none() && !found.submitted,
         Strategy::Parallel => {
             !stored.get_bool("sent").unwrap_or(false)
-                && !matches!(
-                    found.status,
-                    Some(
-                        BatchStatus::Pending
-                            | BatchStatus::Valid
-                            | BatchStatus::Committed
-                            | BatchStatus::Invalid
-                    )
-                )
+                && !found.status.is_some_and(BatchStatus::at_ledger)
         }
     };
     if !movable {

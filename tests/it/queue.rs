@@ -66,11 +66,15 @@ async fn adding_is_idempotent_and_bad_batches_are_refused_without_writing() {
     }
     let after = common::raw_snapshot(&t.db, BATCHES_COLLECTION).await;
     assert_eq!(after, before, "nothing written by a refusal");
+    assert_schema_kept(&after);
+}
 
+/// Asserts that every stored batch in `batches` keeps the batches' JSON Schema.
+pub(crate) fn assert_schema_kept(batches: &[Document]) {
     let schema = JsonSchema::parse(BATCHES_COLLECTION, BATCHES_SCHEMA).unwrap();
-    for d in after {
+    for d in batches {
         schema
-            .validate(&d)
+            .validate(d)
             .unwrap_or_else(|v| panic!("{d} breaks the schema: {v}"));
     }
 }
@@ -215,10 +219,7 @@ async fn one_claimant_per_batch_and_one_batch_in_flight_per_service() {
     for d in &services {
         schema.validate(d).unwrap_or_else(|v| panic!("{d}: {v}"));
     }
-    let schema = JsonSchema::parse(BATCHES_COLLECTION, BATCHES_SCHEMA).unwrap();
-    for d in common::raw_snapshot(&t.db, BATCHES_COLLECTION).await {
-        schema.validate(&d).unwrap_or_else(|v| panic!("{d}: {v}"));
-    }
+    assert_schema_kept(&common::raw_snapshot(&t.db, BATCHES_COLLECTION).await);
 }
 
 async fn batch_of(t: &TestDb, header: &str) -> mongotx::queue::Batch {
